@@ -1,0 +1,164 @@
+"""The seam between autotune and an inference engine.
+
+Everything engine-specific (how flags are spelled, which env vars exist, how a failure looks in
+the log, what a config file for the engine looks like) lives behind :class:`Engine`, so adding
+SGLang or llama.cpp means adding one module beside ``vllm.py`` and ``command.py``.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.space import SearchSpace
+    from autotune.spec import StudySpec
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What a trial asks of the server, resolved from parameter values, still engine-neutral.
+
+    ``flags`` maps a flag to its value (``True`` for a bare flag), ``json_flags`` maps a flag
+    that takes a JSON object to that object, ``env`` holds variables, ``patches`` patch choices.
+    """
+
+    flags: Mapping[str, Any] = field(default_factory=dict)
+    json_flags: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    patches: Mapping[str, Any] = field(default_factory=dict)
+
+    def flag_argv(self) -> list[str]:
+        """Flags as an argv fragment, in a stable order. Values are never shell-quoted."""
+        argv: list[str] = []
+        for flag, value in self.flags.items():
+            if value is True:
+                argv.append(flag)
+            elif value is None or value is False:
+                continue
+            else:
+                argv += [flag, str(value)]
+        for flag, obj in self.json_flags.items():
+            argv += [flag, json.dumps(obj, sort_keys=True, separators=(",", ":"))]
+        return argv
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Exactly how one server process is started: argv (no shell), env additions, address."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    host: str
+    port: int
+    api_key: str
+    served_model: str
+    health_path: str = "/health"
+    #: names of env vars whose values are secret and must never be stored or printed
+    secret_env: tuple[str, ...] = ()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def redacted_env(self) -> dict[str, str]:
+        return {k: ("***" if k in self.secret_env else v) for k, v in self.env.items()}
+
+    def redacted_argv(self) -> list[str]:
+        return [("***" if self.api_key and a == self.api_key else a) for a in self.argv]
+
+
+@dataclass(frozen=True)
+class ValidationIssue:
+    """One line of ``autotune validate``: a parameter and what is wrong with it (or None)."""
+
+    parameter: str
+    target: str
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Engine(abc.ABC):
+    """An inference engine autotune can start, classify and export for."""
+
+    #: short name used in specs (``engine.kind``)
+    name: str = ""
+
+    def __init__(self, spec: StudySpec) -> None:
+        self.spec = spec
+
+    @abc.abstractmethod
+    def version(self) -> str:
+        """The installed engine's version, recorded in every trial."""
+
+    @abc.abstractmethod
+    def build_launch(self, settings: ServerSettings, *, host: str, port: int,
+                     api_key: str) -> LaunchConfig:
+        """The argv and env that start a server with ``settings``; builds, starts nothing."""
+
+    def classify_failure(self, log_tail: str) -> str | None:
+        """A failure reason recognised in the server log, or None. Shared markers first."""
+        return classify_common(log_tail)
+
+    def validate_space(self, space: SearchSpace) -> list[ValidationIssue]:
+        """Check each parameter against the installed engine. Default: nothing to check."""
+        return [ValidationIssue(p.name, p.target.describe(), None) for p in space.parameters]
+
+    @abc.abstractmethod
+    def export_config(self, settings: ServerSettings) -> dict[str, Any]:
+        """The engine's own config-file form of ``settings`` (flags only; env kept apart)."""
+
+    def launch_command(self, settings: ServerSettings, config_file: str) -> list[str]:
+        """The command a user runs to start the exported config."""
+        return [*self.spec.engine.command, "--config", config_file]
+
+
+_OOM_MARKERS = (
+    "out of memory",
+    "outofmemoryerror",
+    "cuda error: out of memory",
+    "cannot allocate memory",
+    "memoryerror",
+    "less than desired",  # vLLM CPU: not enough free memory for the requested fraction
+    "no available memory for the cache blocks",
+    "insufficient memory",
+)
+_INVALID_MARKERS = (
+    "unrecognized arguments",
+    "invalid choice",
+    "error: argument",
+    "validationerror",
+    "value error,",
+    "invalid value",
+)
+
+
+def classify_common(log_tail: str) -> str | None:
+    """Markers every engine shares: autotune's patch marker, OOM, argparse/pydantic rejection."""
+    lowered = log_tail.lower()
+    if "autotune_patch_failed" in lowered:
+        return "patch_failed"
+    if any(m in lowered for m in _OOM_MARKERS):
+        return "oom"
+    if any(m in lowered for m in _INVALID_MARKERS):
+        return "invalid_config"
+    return None
+
+
+def merge_json_key(target: dict[str, Any], dotted_key: str, value: Any) -> None:
+    """Set ``a.b.c`` inside a nested dict, creating levels as needed."""
+    *parents, last = dotted_key.split(".")
+    node = target
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def argv_tail(argv: Sequence[str]) -> str:
+    return " ".join(argv)

