@@ -166,6 +166,16 @@ class SearchSpace:
                 values[param.name] = param.suggest(trial)
         return values
 
+    def suggest_baseline(self, trial: optuna.Trial) -> dict[str, Any]:
+        """The baseline trial: only parameters with a ``baseline`` value are set (the trial was
+        enqueued with them, so Optuna returns exactly those); every other one is left out, so
+        the engine runs with its own defaults."""
+        values: dict[str, Any] = {}
+        for param in self.parameters:
+            if param.has_baseline and self.is_active(param, values):
+                values[param.name] = param.suggest(trial)
+        return values
+
     def baseline_values(self) -> dict[str, Any]:
         """The baseline: each parameter's ``baseline`` value where given, engine default else."""
         values: dict[str, Any] = {}
@@ -207,7 +217,7 @@ class SearchSpace:
                 if param.type == "bool" and value is False and target.false_flag:
                     flags[target.false_flag] = True
                 elif param.type == "int_list":
-                    flags[target.name] = ",".join(str(v) for v in value)
+                    flags[target.name] = [int(v) for v in value]
                 else:
                     flags[target.name] = value
             elif target.kind == "env":
@@ -258,6 +268,9 @@ def load_space(path: str | Path) -> SearchSpace:
         constraints.append(_parse_constraint(doc, f"constraints[{index}]", expr, names))
     space = SearchSpace(path=Path(path), parameters=tuple(params), constraints=tuple(constraints))
     _check_targets_unique(doc, space)
+    broken = space.violated(space.baseline_values())
+    if broken:
+        raise doc.error("constraints", f"the baseline values violate {broken[0]!r}")
     _check_satisfiable(doc, space)
     return space
 
@@ -388,8 +401,6 @@ def _check_targets_unique(doc: YamlDoc, space: SearchSpace) -> None:
 def _check_satisfiable(doc: YamlDoc, space: SearchSpace) -> None:
     """A space whose constraints no configuration meets would burn every trial: refuse it."""
     if not space.constraints:
-        return
-    if not space.violated(space.baseline_values()):
         return
     rng = random.Random(0)
     for _ in range(_FEASIBILITY_DRAWS):

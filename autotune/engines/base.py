@@ -39,6 +39,8 @@ class ServerSettings:
                 argv.append(flag)
             elif value is None or value is False:
                 continue
+            elif isinstance(value, list | tuple):
+                argv += [flag, *(str(v) for v in value)]  # argparse nargs="+" style
             else:
                 argv += [flag, str(value)]
         for flag, obj in self.json_flags.items():

@@ -1,0 +1,246 @@
+"""The benchmark client: autotune's own async, streaming load generator.
+
+It takes an ``httpx.AsyncClient`` and never builds one, so tests can hand it a
+``MockTransport``. Every request is greedy with ``ignore_eos`` (fixed output lengths, and the
+responses can be checked against the reference: correctness under load). Each request's
+timestamps are kept; nothing is averaged away and a failed request is counted, never dropped.
+
+Measurements, per repeat:
+
+* **single-request decode** (the motivating case's headline): ``single_requests`` requests one
+  after another; decode tok/s of one request = (tokens - 1) / (last token time - first token
+  time), i.e. steady-state decoding without the prefill.
+* **load**: ``num_requests`` requests with ``concurrency`` in flight; output tok/s = tokens /
+  wall time, requests/s, TTFT, inter-token latency (ITL) and end-to-end percentiles.
+
+Metrics are the median over repeats; the spread ((max - min) / median) is recorded beside them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from autotune.spec import WorkloadSpec
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One streamed request as the client saw it."""
+
+    prompt: str
+    ok: bool
+    error: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    token_times_s: tuple[float, ...] = ()  # arrival of each token, relative to the send
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    output_tokens: int = 0
+
+    @property
+    def itls_s(self) -> list[float]:
+        t = self.token_times_s
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        t = self.token_times_s
+        if len(t) < 2 or t[-1] <= t[0]:
+            return None
+        return (len(t) - 1) / (t[-1] - t[0])
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    records: tuple[RequestRecord, ...]
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """Median metrics over repeats, their spread, every repeat's metrics, failures, samples."""
+
+    metrics: dict[str, float]
+    spread: dict[str, float]
+    repeats: tuple[dict[str, float], ...]
+    total_requests: int
+    failed_requests: int
+    errors: tuple[str, ...] = ()
+    #: successful load-phase records, kept for the correctness-under-load check
+    samples: tuple[RequestRecord, ...] = field(default=(), repr=False)
+
+
+async def stream_request(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
+                         *, read_timeout_s: float = 30.0, total_timeout_s: float = 120.0
+                         ) -> RequestRecord:
+    """Send one streaming completion and time every token. Never raises for server faults."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+            "return_token_ids": True}
+    start = time.perf_counter()
+    times: list[float] = []
+    ids: list[int] = []
+    text: list[str] = []
+    usage_tokens = None
+    timeout = httpx.Timeout(connect=10.0, read=read_timeout_s, write=10.0, pool=total_timeout_s)
+    try:
+        async with asyncio.timeout(total_timeout_s):
+            async with client.stream("POST", "/v1/completions", json=body,
+                                     timeout=timeout) as response:
+                if response.status_code != 200:
+                    detail = (await response.aread()).decode("utf-8", "replace")[:200]
+                    return RequestRecord(prompt=prompt, ok=False,
+                                         error=f"http {response.status_code}: {detail}",
+                                         e2e_s=time.perf_counter() - start)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    now = time.perf_counter() - start
+                    chunk = json.loads(payload)
+                    if chunk.get("usage") and not chunk.get("choices"):
+                        usage_tokens = chunk["usage"].get("completion_tokens")
+                        continue
+                    if chunk.get("usage"):
+                        usage_tokens = chunk["usage"].get("completion_tokens")
+                    for choice in chunk.get("choices") or []:
+                        new_ids = choice.get("token_ids") or []
+                        piece = choice.get("text") or ""
+                        count = len(new_ids) if new_ids else (1 if piece else 0)
+                        times.extend([now] * count)
+                        ids.extend(new_ids)
+                        text.append(piece)
+    except (TimeoutError, httpx.TimeoutException):
+        return RequestRecord(prompt=prompt, ok=False, error="hang: no token within the deadline",
+                             e2e_s=time.perf_counter() - start, token_times_s=tuple(times))
+    except httpx.HTTPError as exc:
+        return RequestRecord(prompt=prompt, ok=False, error=f"{type(exc).__name__}: {exc}",
+                             e2e_s=time.perf_counter() - start, token_times_s=tuple(times))
+    except json.JSONDecodeError as exc:
+        return RequestRecord(prompt=prompt, ok=False, error=f"bad stream chunk: {exc}",
+                             e2e_s=time.perf_counter() - start)
+    e2e = time.perf_counter() - start
+    n_tokens = usage_tokens if usage_tokens is not None else len(times)
+    if not times:
+        return RequestRecord(prompt=prompt, ok=False, error="stream ended without tokens",
+                             e2e_s=e2e)
+    return RequestRecord(prompt=prompt, ok=True, ttft_s=times[0], e2e_s=e2e,
+                         token_times_s=tuple(times), token_ids=tuple(ids), text="".join(text),
+                         output_tokens=int(n_tokens))
+
+
+async def run_phase(client: httpx.AsyncClient, model: str, prompts: Sequence[str],
+                    num_requests: int, concurrency: int, max_tokens: int, *,
+                    read_timeout_s: float, total_timeout_s: float) -> PhaseResult:
+    """``num_requests`` requests, prompts taken round-robin, at most ``concurrency`` at once."""
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(index: int) -> RequestRecord:
+        async with semaphore:
+            return await stream_request(client, model, prompts[index % len(prompts)],
+                                        max_tokens, read_timeout_s=read_timeout_s,
+                                        total_timeout_s=total_timeout_s)
+
+    start = time.perf_counter()
+    records = await asyncio.gather(*(one(i) for i in range(num_requests)))
+    return PhaseResult(records=tuple(records), wall_s=time.perf_counter() - start)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
+    if not values:
+        return float("nan")
+    data = sorted(values)
+    if len(data) == 1:
+        return data[0]
+    pos = (len(data) - 1) * q / 100.0
+    low = int(pos)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (pos - low)
+
+
+def summarize(single: PhaseResult, load: PhaseResult) -> dict[str, float]:
+    """The metrics of one repeat, units in the names."""
+    metrics: dict[str, float] = {}
+    decode = [r.decode_tokens_per_s for r in single.records if r.ok]
+    decode = [d for d in decode if d is not None]
+    if decode:
+        metrics["decode_tokens_per_s"] = statistics.median(decode)
+    ok = [r for r in load.records if r.ok]
+    tokens = sum(r.output_tokens for r in ok)
+    if load.wall_s > 0:
+        metrics["output_tokens_per_s"] = tokens / load.wall_s
+        metrics["requests_per_s"] = len(ok) / load.wall_s
+    ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
+    itls = [x * 1000 for r in ok for x in r.itls_s]
+    e2es = [r.e2e_s * 1000 for r in ok if r.e2e_s is not None]
+    for name, values in (("ttft", ttfts), ("itl", itls), ("e2e", e2es)):
+        if values:
+            for q in (50, 95, 99):
+                metrics[f"{name}_p{q}_ms"] = percentile(values, q)
+    return metrics
+
+
+def combine(repeats: Sequence[dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Median over repeats and relative spread ((max - min) / median) per metric."""
+    medians: dict[str, float] = {}
+    spread: dict[str, float] = {}
+    names = sorted({k for r in repeats for k in r})
+    for name in names:
+        values = [r[name] for r in repeats if name in r]
+        med = statistics.median(values)
+        medians[name] = med
+        spread[name] = (max(values) - min(values)) / med if med else 0.0
+    return medians, spread
+
+
+async def run_benchmark(client: httpx.AsyncClient, model: str, workload: WorkloadSpec, *,
+                        on_repeat: Callable[[int, dict[str, float]], None] | None = None,
+                        hang_timeout_s: float | None = None) -> BenchResult:
+    """Warm up, then ``repeats`` x (single-request decode, load). See the module docstring."""
+    read_timeout = hang_timeout_s or workload.request_timeout_s
+    kwargs = {"read_timeout_s": read_timeout, "total_timeout_s": workload.request_timeout_s * 4}
+    prompts = list(workload.prompts)
+    all_records: list[RequestRecord] = []
+    if workload.warmup_requests:
+        warm = await run_phase(client, model, prompts, workload.warmup_requests,
+                               min(workload.concurrency, workload.warmup_requests),
+                               workload.max_tokens, **kwargs)
+        all_records += warm.records
+    repeats: list[dict[str, float]] = []
+    samples: list[RequestRecord] = []
+    for index in range(workload.repeats):
+        single = await run_phase(client, model, prompts, workload.single_requests, 1,
+                                 workload.max_tokens, **kwargs)
+        load = await run_phase(client, model, prompts, workload.num_requests,
+                               workload.concurrency, workload.max_tokens, **kwargs)
+        all_records += single.records + load.records
+        samples += [r for r in load.records if r.ok]
+        metrics = summarize(single, load)
+        repeats.append(metrics)
+        if on_repeat is not None:
+            on_repeat(index, metrics)
+        if any(not r.ok for r in single.records + load.records):
+            break  # the caller decides what failures mean; no point measuring on
+    medians, spread = combine(repeats) if repeats else ({}, {})
+    failed = [r for r in all_records if not r.ok]
+    return BenchResult(metrics=medians, spread=spread, repeats=tuple(repeats),
+                       total_requests=len(all_records), failed_requests=len(failed),
+                       errors=tuple(sorted({r.error or "" for r in failed}))[:10],
+                       samples=tuple(samples))
+
+
+def bench_summary(result: BenchResult) -> dict[str, Any]:
+    return {"total_requests": result.total_requests, "failed_requests": result.failed_requests,
+            "errors": list(result.errors), "spread": result.spread,
+            "repeats": list(result.repeats)}

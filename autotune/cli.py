@@ -1,0 +1,303 @@
+"""The ``autotune`` command line: parse options, call one library function, render with rich.
+
+Exit codes: 0 success, 1 a run ended without success, 2 bad input (spec, search space, CLI value,
+storage URL), 3 preflight failed (engine missing, baseline broken), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from autotune.errors import AutotuneError, PreflightError, SpecError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Autonomous, correctness-gated tuner for LLM inference servers.")
+console = Console()
+err = Console(stderr=True)
+
+DEFAULT_SPEC = Path("studies/demo.yaml")
+SpecOpt = Annotated[Path, typer.Option("--spec", help="Study spec YAML.")]
+StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name (default: the spec's).")]
+StorageOpt = Annotated[str | None, typer.Option(
+    "--storage", help="SQLAlchemy URL (default: SQLite studies/<study>.db beside the spec).")]
+
+
+def _fail(exc: AutotuneError) -> typer.Exit:
+    if isinstance(exc, SpecError):
+        err.print(f"[bold red]error:[/] {exc}")
+        return typer.Exit(code=2)
+    if isinstance(exc, PreflightError):
+        err.print(f"[bold red]preflight failed:[/] {exc}")
+        return typer.Exit(code=3)
+    err.print(f"[bold red]error:[/] {exc}")
+    return typer.Exit(code=1)
+
+
+def _load_spec(path: Path):
+    from autotune.spec import load_spec
+
+    return load_spec(path)
+
+
+def _study_target(spec_path: Path, study: str | None, storage: str | None) -> tuple[str, str]:
+    """(storage URL, study name) from the options, falling back to the spec's defaults."""
+    from autotune.study import storage_url_for
+
+    spec = _load_spec(spec_path)
+    return storage_url_for(spec, storage), study or spec.name
+
+
+@app.command()
+def run(
+    trials: Annotated[int, typer.Option("--trials", min=1, help="Trials to launch.")] = 50,
+    spec: SpecOpt = DEFAULT_SPEC,
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Sampler seed.")] = None,
+    artifact_dir: Annotated[str | None, typer.Option(
+        "--artifact-dir", help="Where server logs and outputs are stored.")] = None,
+) -> None:
+    """Tune: run N trials of the study (resuming it if it exists)."""
+    from autotune.study import RunOptions, run_study
+
+    try:
+        study_spec = _load_spec(spec)
+        view = _LiveView(trials)
+        with Live(view.render(), console=console, refresh_per_second=4,
+                  transient=False) as live:
+            view.live = live
+            summary = run_study(study_spec, RunOptions(trials=trials, storage_url=storage,
+                                                       study_name=study, seed=seed,
+                                                       artifact_dir=artifact_dir),
+                                on_phase=view.on_phase, on_trial=view.on_trial)
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted:[/] the current trial was stopped and recorded; "
+                  "run the same command again to resume.")
+        raise typer.Exit(code=130) from None
+    for line in summary.cleaned:
+        console.print(f"[dim]cleanup:[/] {line}")
+    if summary.stopped_because:
+        err.print(f"[bold red]stopped:[/] {summary.stopped_because}")
+    console.print(f"Study [bold]{summary.study_name}[/] in {summary.storage_url}")
+    _print_report(summary.storage_url, summary.study_name)
+    if summary.stopped_because:
+        raise typer.Exit(code=1)
+
+
+class _LiveView:
+    """Trial number, phase, elapsed time and best so far, refreshed while a run goes on."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.number: int | None = None
+        self.phase = "starting"
+        self.started = time.monotonic()
+        self.trial_started = time.monotonic()
+        self.done = 0
+        self.best: str = "-"
+        self.last: str = ""
+        self.live: Live | None = None
+
+    def render(self) -> Table:
+        table = Table.grid(padding=(0, 2))
+        trial = "-" if self.number is None else str(self.number)
+        table.add_row("[bold]trial[/]", trial, "[bold]phase[/]", self.phase,
+                      "[bold]elapsed[/]", f"{time.monotonic() - self.trial_started:5.1f} s",
+                      "[bold]done[/]", f"{self.done}/{self.total}")
+        table.add_row("[bold]best[/]", self.best, "[bold]last[/]", self.last, "", "", "", "")
+        return table
+
+    def refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self.render())
+
+    def on_phase(self, number: int, phase: str) -> None:
+        if number != self.number:
+            self.trial_started = time.monotonic()
+        self.number, self.phase = number, phase
+        self.refresh()
+
+    def on_trial(self, outcome, study) -> None:
+        from autotune.report import best_trials
+
+        if outcome.verdict != "constraint_violated" and not outcome.infrastructure:
+            self.done += 1
+        values = ", ".join(f"{v:.1f}" for v in outcome.values) if outcome.values else ""
+        self.last = f"#{outcome.number} {outcome.verdict} {values}".strip()
+        best = best_trials(study)
+        if best:
+            self.best = ", ".join(f"#{t.number} " + "/".join(f"{v:.1f}" for v in t.values)
+                                  for t in best[:3])
+        self.phase = "done"
+        self.refresh()
+        console.print(f"trial {outcome.number} [{outcome.role}]: {outcome.verdict} {values}")
+
+
+def _print_report(storage_url: str, study_name: str, *, limit: int | None = None) -> None:
+    from autotune.report import load_report
+
+    report = load_report(storage_url, study_name)
+    metric_cols = ["decode_tokens_per_s", "output_tokens_per_s", "ttft_p95_ms", "itl_p95_ms"]
+    table = Table(title=f"study {report.name} ({', '.join(report.directions)})")
+    for col in ("#", "role", "state", "verdict", "params", *metric_cols, "startup_s",
+                "reason"):
+        table.add_column(col, overflow="fold")
+    rows = report.rows if limit is None else report.rows[-limit:]
+    for row in rows:
+        params = ", ".join(f"{k}={v}" for k, v in row.params.items())
+        style = "bold green" if row.is_best else ("red" if row.verdict not in
+                                                  ("correct", "running", "waiting") else "")
+        table.add_row(f"{row.number}{' *' if row.is_best else ''}", row.role, row.state,
+                      row.verdict, params,
+                      *[f"{row.metrics[c]:.1f}" if c in row.metrics else "" for c in
+                        metric_cols],
+                      f"{row.startup_s:.1f}" if row.startup_s else "", row.detail[:80],
+                      style=style)
+    console.print(table)
+    if report.failures_by_reason:
+        console.print("failures by reason: " + ", ".join(
+            f"{k}: {v}" for k, v in report.failures_by_reason.items()))
+    if report.reference:
+        console.print(f"reference: {report.reference['prompts']} prompts, logprob tolerance "
+                      f"{report.reference['tolerance']:.4f} (baseline drift "
+                      f"{report.reference['drift_observed']:.4f})")
+    roofline = report.attrs.get("roofline")
+    if roofline and report.best:
+        best_row = next(r for r in report.rows if r.number == report.best[0])
+        measured = best_row.metrics.get("decode_tokens_per_s")
+        bound = roofline.get("tokens_per_s")
+        if measured and bound:
+            console.print(f"decode roofline: {bound:.1f} tok/s; best measured {measured:.1f} "
+                          f"tok/s = {measured / bound:.1%} of it")
+    if report.best:
+        console.print(f"best (verified correct): trial {', '.join(map(str, report.best))}")
+    else:
+        console.print("no verified correct trial yet")
+
+
+@app.command()
+def show(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None,
+         storage: StorageOpt = None) -> None:
+    """A table of trials: state, verdict, key params, metrics, reason; best marked with *."""
+    try:
+        url, name = _study_target(spec, study, storage)
+        _print_report(url, name)
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def export(
+    spec: SpecOpt = DEFAULT_SPEC,
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="YAML file to write.")] = Path(
+        "best.yaml"),
+    pareto: Annotated[bool, typer.Option("--pareto", help="Export the whole Pareto front.")
+                      ] = False,
+) -> None:
+    """Write the best verified config as YAML for `vllm serve --config FILE`."""
+    import optuna
+
+    from autotune import storage as keys
+    from autotune.export import export_best
+
+    try:
+        study_spec = _load_spec(spec)
+        url, name = _study_target(spec, study, storage)
+        try:
+            loaded = optuna.load_study(storage=keys.open_storage(url, heartbeat=False),
+                                       study_name=name)
+        except KeyError:
+            raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
+        results = export_best(study_spec, loaded, output, pareto=pareto)
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    for result in results:
+        console.print(f"trial {result.trial_number} -> {result.path}"
+                      + (f" (+ {result.env_path})" if result.env_path else ""))
+        console.print("  launch: " + " ".join(result.command))
+
+
+@app.command()
+def dashboard(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None,
+              storage: StorageOpt = None,
+              port: Annotated[int, typer.Option("--port")] = 8080) -> None:
+    """Open optuna-dashboard on the study's storage (with its artifacts)."""
+    from autotune import storage as keys
+
+    try:
+        url, name = _study_target(spec, study, storage)
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent /
+                                                  "optuna-dashboard")
+    argv = [exe, url, "--host", "127.0.0.1", "--port", str(port),
+            "--artifact-dir", str(keys.artifact_dir(url, name))]
+    console.print(f"optuna-dashboard on http://127.0.0.1:{port} (study {name})")
+    raise typer.Exit(code=subprocess.call(argv))
+
+
+@app.command()
+def validate(spec: Annotated[Path, typer.Argument(help="Study spec YAML.")]) -> None:
+    """Check every parameter against the installed engine; exit 2 on any error."""
+    from autotune.engines import build_engine
+
+    try:
+        study_spec = _load_spec(spec)
+        issues = build_engine(study_spec).validate_space(study_spec.space)
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    bad = 0
+    for issue in issues:
+        if issue.ok:
+            console.print(f"[green]OK[/]    {issue.parameter}  ({issue.target})")
+        else:
+            bad += 1
+            console.print(f"[red]ERROR[/] {issue.parameter}  ({issue.target}): {issue.error}")
+    if bad:
+        err.print(f"{bad} of {len(issues)} parameters invalid in {study_spec.space.path}")
+        raise typer.Exit(code=2)
+    console.print(f"all {len(issues)} parameters valid against {study_spec.engine.kind} "
+                  f"{build_engine(study_spec).version()}")
+
+
+@app.command()
+def cleanup(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None,
+            storage: StorageOpt = None) -> None:
+    """Stop servers left by killed runs and mark their trials interrupted (re-enqueued)."""
+    from autotune.study import cleanup_stale, open_study
+
+    try:
+        study_spec = _load_spec(spec)
+        url, name = _study_target(spec, study, storage)
+        loaded, _ = open_study(study_spec, url, study_name=name)
+        messages = cleanup_stale(loaded)
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    for line in messages or ["nothing to clean up"]:
+        console.print(line)
+
+
+def main() -> None:
+    try:
+        app()
+    except AutotuneError as exc:  # pragma: no cover - commands map their own errors
+        err.print(f"[bold red]error:[/] {exc}")
+        sys.exit(2 if isinstance(exc, SpecError) else 1)
+
+
+if __name__ == "__main__":
+    main()

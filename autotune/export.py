@@ -1,0 +1,95 @@
+"""Write the best correct configuration as a config file the engine itself accepts.
+
+For vLLM that is a YAML file for ``vllm serve --config FILE`` (keys are long flag names, JSON
+flags nested mappings). Environment variables and patches cannot live in that file, so they are
+written as comments at its top, with the exact launch command, and as a ``.env`` file beside it.
+Only verified, feasible trials are ever exported (``report.best_trials``).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from autotune import storage as keys
+from autotune.engines import build_engine
+from autotune.engines.vllm import PATCH_DIRS_ENV, PATCHES_ENV
+from autotune.errors import SpecError
+from autotune.report import best_trials
+from autotune.spec import StudySpec
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    trial_number: int
+    config: dict[str, Any]
+    env: dict[str, str]
+    command: list[str]
+    env_path: Path | None
+
+
+def export_trial(spec: StudySpec, trial: optuna.trial.FrozenTrial, out: Path) -> ExportResult:
+    engine = build_engine(spec)
+    values = {}
+    for name, value in (trial.user_attrs.get(keys.PARAMS_RESOLVED) or trial.params).items():
+        values[name] = spec.space.parameter(name).from_optuna(value)
+    settings = spec.space.resolve(values)
+    config = engine.export_config(settings)
+    env = dict(spec.engine.env)
+    env.update(settings.env)
+    if settings.patches:
+        import json
+
+        env[PATCHES_ENV] = json.dumps(dict(settings.patches), sort_keys=True)
+        env[PATCH_DIRS_ENV] = os.pathsep.join(str(d) for d in spec.engine.patch_dirs)
+    command = engine.launch_command(settings, str(out))
+    metrics = trial.user_attrs.get(keys.METRICS) or {}
+    header = [f"# autotune export: study {spec.name}, trial {trial.number} "
+              f"(verified correct against the baseline's reference)"]
+    for name in spec.objective.metrics:
+        if name in metrics:
+            header.append(f"#   {name}: {metrics[name]}")
+    if env:
+        header.append("# Environment this config needs (also in the .env file beside it):")
+        header += [f"#   {k}={v}" for k, v in env.items()]
+    if settings.patches:
+        header.append(f"# Patches (applied by autotune's vLLM plugin): {dict(settings.patches)}")
+    header.append("# Launch:")
+    env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    header.append(f"#   {env_prefix + ' ' if env_prefix else ''}{shlex.join(command)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text("\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False),
+                   encoding="utf-8")
+    os.replace(tmp, out)  # never leave a half-written file
+    env_path = None
+    if env:
+        env_path = out.with_suffix(".env")
+        env_path.write_text("".join(f"{k}={v}\n" for k, v in env.items()), encoding="utf-8")
+    return ExportResult(path=out, trial_number=trial.number, config=config, env=env,
+                        command=command, env_path=env_path)
+
+
+def export_best(spec: StudySpec, study: optuna.Study, out: Path, *, pareto: bool = False
+                ) -> list[ExportResult]:
+    best = best_trials(study)
+    if not best:
+        raise SpecError(f"study {study.study_name!r} has no verified correct trial to export",
+                        key="--study")
+    if len(best) > 1 and not pareto:
+        raise SpecError("this study has several objectives: its best is a Pareto front; "
+                        "use --pareto to export every config on it", key="--pareto")
+    if not pareto:
+        return [export_trial(spec, best[0], out)]
+    results = []
+    for trial in best:
+        path = out.with_name(f"{out.stem}-trial{trial.number}{out.suffix or '.yaml'}")
+        results.append(export_trial(spec, trial, path))
+    return results

@@ -1,0 +1,334 @@
+"""One trial, end to end: suggest, launch, prove ready, verify, benchmark, record.
+
+Read :meth:`TrialRunner.__call__` top to bottom to see the whole life of a trial. The verdict
+policy (see ``docs/ARCHITECTURE.md``):
+
+* correct and measured -> COMPLETE with the objective value(s), constraint ``correct`` = 0
+  (and one constraint per SLO, positive when violated);
+* a configuration fault (wrong output, crash, OOM, rejected flags, ...) -> PRUNED with
+  constraint ``correct`` = 1: the sampler learns the region is bad, yet no speed is made up
+  for a config that was never measured, and it can never be the best trial;
+* an infrastructure fault -> FAIL (the sampler ignores it), re-enqueued once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import socket
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import optuna
+import psutil
+from optuna.artifacts import upload_artifact
+
+from autotune import storage as keys
+from autotune._proc import free_port
+from autotune.bench import BenchResult, bench_summary, run_benchmark
+from autotune.check import (
+    CheckResult,
+    Reference,
+    collect_outputs,
+    compare,
+    compare_tokens,
+    record_reference,
+    sanity_problem,
+)
+from autotune.client import build_client
+from autotune.engines.base import Engine, ServerSettings
+from autotune.errors import CandidateError, InfrastructureError, TrialFailure
+from autotune.server import ServerProcess
+from autotune.spec import StudySpec
+
+HOST = "127.0.0.1"
+#: a benchmark with more failed requests than this fraction fails the trial
+MAX_FAILED_FRACTION = 0.02
+_LOG_TAIL_CHARS = 6000
+
+
+@dataclass
+class TrialContext:
+    """What every trial of one ``autotune run`` shares."""
+
+    spec: StudySpec
+    engine: Engine
+    log_dir: Path
+    artifacts: Any  # optuna ArtifactStore
+    worker: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    on_phase: Callable[[int, str], None] = lambda _number, _phase: None
+    #: extra settings merged into every trial (device plans of parallel workers)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    extra_flags: dict[str, Any] = field(default_factory=dict)
+    #: the study being run; the baseline stores the reference in its attributes
+    study: optuna.Study | None = None
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    number: int
+    role: str
+    verdict: str  # "correct" | a failure reason
+    values: tuple[float, ...] | None = None
+    infrastructure: bool = False
+
+
+class TrialRunner:
+    """The Optuna objective. Holds the last outcome for the loop in ``study.py``."""
+
+    def __init__(self, ctx: TrialContext) -> None:
+        self.ctx = ctx
+        self.last: TrialOutcome | None = None
+
+    def __call__(self, trial: optuna.Trial) -> float | list[float]:
+        spec = self.ctx.spec
+        role = trial.user_attrs.get(keys.ROLE, "search")
+        if role == "baseline":
+            values = spec.space.suggest_baseline(trial)
+        else:
+            values = spec.space.suggest(trial)
+        trial.set_user_attr(keys.PARAMS_RESOLVED, values)
+        trial.set_user_attr(keys.ROLE, role)
+        violated = spec.space.violated(values)
+        if violated:
+            self._record_failure(trial, role, CandidateError(
+                "constraint_violated", "; ".join(violated)), launched=False)
+            raise optuna.TrialPruned(f"constraint_violated: {violated[0]}")
+        settings = self._with_worker_settings(spec.space.resolve(values))
+        try:
+            metrics = asyncio.run(self._run_server_trial(trial, role, settings))
+        except CandidateError as exc:
+            self._record_failure(trial, role, exc)
+            raise optuna.TrialPruned(f"{exc.reason}: {exc.detail}") from None
+        except InfrastructureError as exc:
+            self._record_failure(trial, role, exc)
+            raise
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            self._record_failure(trial, role, InfrastructureError(
+                "interrupted", "stopped by the user (Ctrl-C) while this trial ran"))
+            raise
+        return self._score(trial, role, metrics)
+
+    # --- the server part of a trial ---------------------------------------------------------
+
+    async def _run_server_trial(self, trial: optuna.Trial, role: str,
+                                settings: ServerSettings) -> dict[str, float]:
+        ctx, spec = self.ctx, self.ctx.spec
+        launch = ctx.engine.build_launch(settings, host=HOST, port=free_port(HOST),
+                                         api_key=secrets.token_urlsafe(24))
+        server_attrs: dict[str, Any] = {
+            "argv": launch.redacted_argv(), "env": launch.redacted_env(),
+            "engine_version": ctx.engine.version(), "host": HOST, "port": launch.port,
+            "worker": ctx.worker, "hostname": socket.gethostname()}
+        trial.set_user_attr(keys.SERVER, server_attrs)
+        log_path = ctx.log_dir / f"trial-{trial.number:05d}.log"
+
+        def on_spawn(pid: int, pgid: int) -> None:
+            # Recorded at once: if autotune itself is killed, the next run finds this server.
+            server_attrs.update(pid=pid, pgid=pgid, create_time=_create_time(pid))
+            trial.set_user_attr(keys.SERVER, server_attrs)
+
+        server = ServerProcess(launch, log_path, startup_timeout_s=spec.startup_timeout_s,
+                               classify=ctx.engine.classify_failure, on_spawn=on_spawn)
+        try:
+            self._phase(trial, "launching")
+            server.start()
+            async with build_client(launch, max_connections=spec.workload.concurrency + 8,
+                                    timeout_s=spec.workload.request_timeout_s) as client:
+                started = await server.wait_ready(client)
+                server_attrs["startup_s"] = round(started.startup_s, 3)
+                trial.set_user_attr(keys.SERVER, server_attrs)
+
+                self._phase(trial, "verifying")
+                reference = await self._reference(client, launch.served_model, role, server)
+                check = await self._verify(client, launch.served_model, reference, server)
+                trial.set_user_attr(keys.CHECK, _trim(check.to_dict()))
+                if not check.passed:
+                    raise CandidateError("incorrect_output", check.problems[0],
+                                         evidence={"first_divergence":
+                                                   asdict(check.first_divergence)})
+
+                self._phase(trial, "benchmarking")
+                bench = await self._benchmark(client, launch.served_model, server, trial)
+                self._check_under_load(trial, reference, bench)
+                if not server.alive():
+                    raise server.failure("server_crashed", "server died during the benchmark")
+                return bench.metrics
+        except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+            if not server.alive():
+                raise server.failure("server_crashed", f"server died: {exc}") from None
+            if isinstance(exc, httpx.TimeoutException):
+                raise server.failure("hang", f"request timed out: {exc}") from None
+            raise server.failure("server_crashed", f"request failed: {exc}") from None
+        finally:
+            self._phase(trial, "stopping")
+            try:
+                server.stop()
+            finally:
+                server_attrs["stopped_cleanly"] = server.stopped_cleanly
+                trial.set_user_attr(keys.SERVER, server_attrs)
+                self._upload(trial, log_path)
+
+    async def _reference(self, client: httpx.AsyncClient, model: str, role: str,
+                         server: ServerProcess) -> Reference:
+        study = self.ctx.study
+        stored = study.user_attrs.get(keys.REFERENCE) if study is not None else None
+        if role == "baseline" and stored is None:
+            spec = self.ctx.spec
+            reference = await record_reference(
+                client, model, spec.check, spec.workload.prompts, spec.workload.max_tokens,
+                engine_version=self.ctx.engine.version())
+            for prompt, entry in reference.entries.items():
+                problem = sanity_problem(entry.completion.text, entry.completion.token_ids)
+                if problem and prompt in spec.check.prompts:
+                    raise CandidateError("incorrect_output",
+                                         f"baseline output fails sanity for {prompt!r}: "
+                                         f"{problem}")
+            if study is not None:
+                study.set_user_attr(keys.REFERENCE, reference.to_dict())
+            return reference
+        if stored is None:
+            raise InfrastructureError("interrupted", "no reference recorded yet for this study")
+        return Reference.from_dict(stored)
+
+    async def _verify(self, client: httpx.AsyncClient, model: str, reference: Reference,
+                      server: ServerProcess) -> CheckResult:
+        prompts = [p for p in self.ctx.spec.check.prompts if p in reference.entries]
+        completions, teacher = await collect_outputs(client, model, reference, prompts)
+        return compare(reference, completions, teacher, self.ctx.spec.check)
+
+    async def _benchmark(self, client: httpx.AsyncClient, model: str, server: ServerProcess,
+                         trial: optuna.Trial) -> BenchResult:
+        workload = self.ctx.spec.workload
+
+        def on_repeat(index: int, metrics: dict[str, float]) -> None:
+            value = metrics.get(self.ctx.spec.objective.metrics[0])
+            if value is not None:
+                trial.report(value, index)
+
+        bench = await run_benchmark(client, model, workload, on_repeat=on_repeat)
+        trial.set_user_attr(keys.BENCH, bench_summary(bench))
+        if bench.failed_requests:
+            fraction = bench.failed_requests / max(1, bench.total_requests)
+            if not server.alive():
+                raise server.failure("server_crashed",
+                                     f"server died during the benchmark "
+                                     f"({bench.failed_requests} requests failed)")
+            if fraction > MAX_FAILED_FRACTION:
+                hung = all((e or "").startswith("hang") for e in bench.errors)
+                raise server.failure("hang" if hung else "request_errors",
+                                     f"{bench.failed_requests} of {bench.total_requests} "
+                                     f"requests failed: {bench.errors[0]}")
+        return bench
+
+    def _check_under_load(self, trial: optuna.Trial, reference: Reference,
+                          bench: BenchResult) -> None:
+        """Benchmark responses, at the batch shapes where batching bugs live, vs the reference."""
+        sample = [r for r in bench.samples if r.prompt in reference.entries]
+        sample = sample[: self.ctx.spec.check.under_load_sample]
+        divergences = []
+        for record in sample:
+            if not record.token_ids:
+                continue
+            divergence = compare_tokens(reference, record.prompt, record.token_ids, record.text)
+            if divergence is not None:
+                divergences.append(divergence)
+        check = dict(trial.user_attrs.get(keys.CHECK) or {})
+        check["under_load_checked"] = len(sample)
+        check["under_load_divergent"] = len(divergences)
+        trial.set_user_attr(keys.CHECK, check)
+        if divergences:
+            first = divergences[0]
+            raise CandidateError("incorrect_output",
+                                 f"{len(divergences)} of {len(sample)} benchmark responses "
+                                 f"diverged under load (first at token {first.position})",
+                                 evidence={"first_divergence": asdict(first)})
+
+    # --- recording --------------------------------------------------------------------------
+
+    def _score(self, trial: optuna.Trial, role: str, metrics: dict[str, float]
+               ) -> float | list[float]:
+        spec = self.ctx.spec
+        trial.set_user_attr(keys.METRICS, {k: round(v, 4) for k, v in metrics.items()})
+        trial.set_user_attr(keys.CORRECT, True)
+        trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
+        missing = [m for m in spec.objective.metrics if m not in metrics]
+        for slo in spec.objective.slos:
+            value = metrics.get(slo.metric)
+            trial.set_constraint(f"slo:{slo.metric}",
+                                 slo.violation(value) if value is not None else 1.0)
+        if missing:
+            self._record_failure(trial, role, CandidateError(
+                "request_errors", f"no measurement of {', '.join(missing)}"), launched=True)
+            raise optuna.TrialPruned("request_errors")
+        values = tuple(metrics[m] for m in spec.objective.metrics)
+        self.last = TrialOutcome(trial.number, role, "correct", values)
+        return values[0] if len(values) == 1 else list(values)
+
+    def _record_failure(self, trial: optuna.Trial, role: str, exc: TrialFailure, *,
+                        launched: bool = True) -> None:
+        infra = isinstance(exc, InfrastructureError)
+        evidence = dict(exc.evidence)
+        if "log_tail" in evidence:
+            evidence["log_tail"] = str(evidence["log_tail"])[-_LOG_TAIL_CHARS:]
+        trial.set_user_attr(keys.FAIL_REASON, exc.reason)
+        trial.set_user_attr(keys.FAIL_DETAIL, exc.detail[:2000])
+        trial.set_user_attr(keys.EVIDENCE, _trim(evidence))
+        if exc.reason == "incorrect_output":
+            trial.set_user_attr(keys.CORRECT, False)
+        if not infra:
+            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 1.0)
+        self.last = TrialOutcome(trial.number, role, exc.reason, None, infrastructure=infra)
+
+    def _phase(self, trial: optuna.Trial, phase: str) -> None:
+        self.ctx.on_phase(trial.number, phase)
+
+    def _upload(self, trial: optuna.Trial, log_path: Path) -> None:
+        if self.ctx.artifacts is None or not log_path.exists():
+            return
+        try:
+            upload_artifact(artifact_store=self.ctx.artifacts, file_path=str(log_path),
+                            study_or_trial=trial, mimetype="text/plain", encoding="utf-8")
+            outputs = {k: trial.user_attrs.get(k) for k in (keys.CHECK, keys.EVIDENCE)}
+            with tempfile.NamedTemporaryFile("w", suffix=f"-trial{trial.number}-outputs.json",
+                                             delete=False) as handle:
+                json.dump(outputs, handle, indent=2, default=str)
+            upload_artifact(artifact_store=self.ctx.artifacts, file_path=handle.name,
+                            study_or_trial=trial, mimetype="application/json")
+            os.unlink(handle.name)
+        except OSError:
+            pass  # artifacts are a convenience; the trial's record is in the storage
+
+    def _with_worker_settings(self, settings: ServerSettings) -> ServerSettings:
+        if not self.ctx.extra_env and not self.ctx.extra_flags:
+            return settings
+        env = dict(settings.env)
+        env.update(self.ctx.extra_env)
+        flags = dict(settings.flags)
+        flags.update(self.ctx.extra_flags)
+        return ServerSettings(flags=flags, json_flags=settings.json_flags, env=env,
+                              patches=settings.patches)
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _trim(data: Any, limit: int = 4000) -> Any:
+    """Keep stored attributes small: long strings are cut from the front (tails matter)."""
+    if isinstance(data, str):
+        return data if len(data) <= limit else "..." + data[-limit:]
+    if isinstance(data, dict):
+        return {k: _trim(v, limit) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_trim(v, limit) for v in data]
+    return data

@@ -1,0 +1,144 @@
+"""Read a study back into rows and dataclasses for the CLI to render. Prints nothing.
+
+"Best" here is autotune's own rule, never a bare ``study.best_trial``: a COMPLETE trial whose
+output was verified correct and whose constraints (correctness, SLOs) all hold. When the
+confirmation phase has re-measured the top candidates, its winner is the best.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import storage as keys
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    number: int
+    state: str
+    role: str
+    verdict: str  # "correct", "incorrect", a failure reason, "running", "waiting"
+    detail: str
+    params: dict[str, Any]
+    metrics: dict[str, float]
+    values: tuple[float, ...] | None
+    startup_s: float | None
+    feasible: bool
+    is_best: bool = False
+
+
+@dataclass(frozen=True)
+class StudyReport:
+    name: str
+    directions: tuple[str, ...]
+    metric_names: tuple[str, ...]
+    rows: tuple[TrialRow, ...]
+    best: tuple[int, ...]
+    failures_by_reason: dict[str, int]
+    reference: dict[str, Any] | None
+    engine_version: str | None
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def is_verified_feasible(trial: FrozenTrial) -> bool:
+    """Correct, measured, and within every constraint: the only trials that can be best."""
+    if trial.state != TrialState.COMPLETE or trial.user_attrs.get(keys.CORRECT) is not True:
+        return False
+    return all(v <= 0.0 for v in trial.constraints.values())
+
+
+def best_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Single objective: the best verified trial (or the confirmed winner); multi: the front."""
+    candidates = [t for t in study.get_trials(deepcopy=False) if is_verified_feasible(t)]
+    if not candidates:
+        return []
+    confirmed = (study.user_attrs.get(keys.CONFIRMATION) or {}).get("winner")
+    if confirmed is not None:
+        by_number = {t.number: t for t in candidates}
+        if confirmed in by_number:
+            return [by_number[confirmed]]
+    directions = study.directions
+    signs = [1.0 if d == optuna.study.StudyDirection.MAXIMIZE else -1.0 for d in directions]
+    if len(directions) == 1:
+        return [max(candidates, key=lambda t: signs[0] * t.values[0])]
+    front = []
+    for t in candidates:
+        dominated = False
+        for other in candidates:
+            if other is t:
+                continue
+            better_or_equal = all(s * o >= s * v for s, o, v in
+                                  zip(signs, other.values, t.values, strict=True))
+            strictly = any(s * o > s * v for s, o, v in
+                           zip(signs, other.values, t.values, strict=True))
+            if better_or_equal and strictly:
+                dominated = True
+                break
+        if not dominated:
+            front.append(t)
+    return sorted(front, key=lambda t: t.number)
+
+
+def verdict_of(trial: FrozenTrial) -> str:
+    if trial.state == TrialState.RUNNING:
+        return "running"
+    if trial.state == TrialState.WAITING:
+        return "waiting"
+    reason = trial.user_attrs.get(keys.FAIL_REASON)
+    if reason:
+        return "incorrect" if reason == "incorrect_output" else reason
+    if trial.user_attrs.get(keys.CORRECT) is True:
+        return "correct"
+    if trial.state == TrialState.FAIL:
+        return "interrupted" if trial.user_attrs.get(keys.SERVER) else "failed"
+    return trial.state.name.lower()
+
+
+def row_of(trial: FrozenTrial, best: set[int]) -> TrialRow:
+    server = trial.user_attrs.get(keys.SERVER) or {}
+    return TrialRow(
+        number=trial.number, state=trial.state.name, role=trial.user_attrs.get(keys.ROLE, ""),
+        verdict=verdict_of(trial), detail=str(trial.user_attrs.get(keys.FAIL_DETAIL, "")),
+        params=dict(trial.user_attrs.get(keys.PARAMS_RESOLVED) or trial.params),
+        metrics=dict(trial.user_attrs.get(keys.METRICS) or {}),
+        values=tuple(trial.values) if trial.values else None,
+        startup_s=server.get("startup_s"), feasible=is_verified_feasible(trial),
+        is_best=trial.number in best)
+
+
+def load_report(storage_url: str, study_name: str) -> StudyReport:
+    storage = keys.open_storage(storage_url, heartbeat=False)
+    try:
+        study = optuna.load_study(storage=storage, study_name=study_name)
+    except KeyError:
+        from autotune.errors import SpecError
+
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise SpecError(f"no study named {study_name!r} in this storage "
+                        f"(studies: {', '.join(names) or 'none'})", key="--study") from None
+    return report_of(study)
+
+
+def report_of(study: optuna.Study) -> StudyReport:
+    trials = study.get_trials(deepcopy=False)
+    best = {t.number for t in best_trials(study)}
+    rows = tuple(row_of(t, best) for t in trials)
+    reasons = Counter(r.verdict for r in rows if r.verdict not in ("correct", "running",
+                                                                  "waiting"))
+    metric_names = tuple(study.metric_names or []) if study.metric_names else ()
+    attrs = dict(study.user_attrs)
+    reference = attrs.pop(keys.REFERENCE, None)
+    return StudyReport(
+        name=study.study_name,
+        directions=tuple(d.name.lower() for d in study.directions),
+        metric_names=metric_names, rows=rows, best=tuple(sorted(best)),
+        failures_by_reason=dict(reasons.most_common()),
+        reference={"tolerance": reference["tolerance"],
+                   "drift_observed": reference["drift_observed"],
+                   "prompts": len(reference["entries"])} if reference else None,
+        engine_version=attrs.get(keys.ENGINE_VERSION), attrs=attrs)

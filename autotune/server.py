@@ -1,0 +1,219 @@
+"""The server lifecycle: start one server, prove it answers, stop it, prove it is gone.
+
+``ServerProcess`` is a context manager. On entry it starts the engine's argv (never a shell
+string) in a new session, so the whole process tree (vLLM's API server, engine core, workers)
+shares one process group, bound to 127.0.0.1, its output captured to a per-trial log file. On
+exit it sends SIGTERM to the group, SIGKILL after a grace period, and confirms that no process
+of the group, nor any descendant seen while it ran, survives.
+
+Ready means more than ``/health``: a server can report healthy and fail its first request (vLLM's
+CPU attention rejects some head sizes only then), so readiness also requires a one-token
+completion to succeed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from autotune import _proc
+from autotune.engines.base import LaunchConfig
+from autotune.errors import CandidateError, InfrastructureError
+
+#: how often /health is polled while waiting; readiness is detected within this much time
+HEALTH_POLL_S = 0.05
+_PORT_TAKEN = ("address already in use", "errno 98")
+_DISK_FULL = ("no space left on device",)
+
+
+@dataclass(frozen=True)
+class ServerStart:
+    """What the lifecycle learned while starting: kept in the trial record."""
+
+    pid: int
+    pgid: int
+    startup_s: float
+    log_path: str
+
+
+class ServerProcess:
+    """One engine server, alive for the ``with`` block.
+
+    Args:
+        launch: argv, env additions and address, from the engine module.
+        log_path: where the server's stdout and stderr go.
+        startup_timeout_s: deadline for readiness.
+        classify: maps a log tail to a failure reason (the engine's knowledge).
+        on_spawn: called with (pid, pgid) right after the process starts, so a crash of
+            autotune itself can later find and stop this server (see study.cleanup).
+    """
+
+    def __init__(self, launch: LaunchConfig, log_path: Path, *, startup_timeout_s: float,
+                 classify: Callable[[str], str | None] | None = None,
+                 on_spawn: Callable[[int, int], None] | None = None,
+                 stop_grace_s: float = 10.0) -> None:
+        self.launch = launch
+        self.log_path = Path(log_path)
+        self.startup_timeout_s = startup_timeout_s
+        self.classify = classify or (lambda _tail: None)
+        self.on_spawn = on_spawn
+        self.stop_grace_s = stop_grace_s
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._seen_pids: set[int] = set()
+        self._started_at = 0.0
+        self.stopped_cleanly: bool | None = None
+
+    # --- context manager -------------------------------------------------------------------
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # --- start -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(self.launch.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        try:
+            log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it until it exits
+        except OSError as exc:
+            raise InfrastructureError("disk_full" if exc.errno == 28 else "storage_unreachable",
+                                      f"cannot write server log {self.log_path}: {exc}") from exc
+        try:
+            self._popen = subprocess.Popen(
+                list(self.launch.argv), env=env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        except FileNotFoundError as exc:
+            raise CandidateError("startup_failed",
+                                 f"engine command not found: {self.launch.argv[0]}") from exc
+        finally:
+            log.close()
+        self._started_at = time.monotonic()
+        if self.on_spawn is not None:
+            self.on_spawn(self._popen.pid, self.pgid)
+
+    @property
+    def pid(self) -> int:
+        assert self._popen is not None, "server not started"
+        return self._popen.pid
+
+    @property
+    def pgid(self) -> int:
+        # start_new_session makes the child the leader of its own group: pgid == pid.
+        return self.pid
+
+    def exit_code(self) -> int | None:
+        return None if self._popen is None else self._popen.poll()
+
+    def alive(self) -> bool:
+        return self.exit_code() is None
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                handle.seek(max(0, size - 64 * 1024))
+                text = handle.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        if self.launch.api_key:
+            text = text.replace(self.launch.api_key, "***")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _remember_children(self) -> None:
+        if self._popen is not None:
+            self._seen_pids |= _proc.descendants(self._popen.pid)
+
+    def failure(self, default_reason: str, detail: str) -> CandidateError | InfrastructureError:
+        """Turn 'the server is gone or broken' into the most specific recorded reason."""
+        tail = self.log_tail()
+        lowered = tail.lower()
+        evidence = {"log_tail": tail, "exit_code": self.exit_code()}
+        code = self.exit_code()
+        if code is not None and code < 0:
+            evidence["signal"] = -code
+        if any(m in lowered for m in _PORT_TAKEN):
+            return InfrastructureError("port_taken", detail, evidence=evidence)
+        if any(m in lowered for m in _DISK_FULL):
+            return InfrastructureError("disk_full", detail, evidence=evidence)
+        reason = self.classify(tail)
+        if code == -9 and reason is None and default_reason != "startup_timeout":
+            reason = "oom"  # SIGKILL nobody asked for: the kernel's OOM killer
+        return CandidateError(reason or default_reason, detail, evidence=evidence)
+
+    async def wait_ready(self, client: httpx.AsyncClient) -> ServerStart:
+        """Poll ``/health`` until 200, then require a one-token completion to succeed."""
+        deadline = self._started_at + self.startup_timeout_s
+        healthy = False
+        last_error = ""
+        while time.monotonic() < deadline:
+            self._remember_children()
+            if not self.alive():
+                raise self.failure("startup_failed",
+                                   f"server exited with code {self.exit_code()} before ready")
+            try:
+                if not healthy:
+                    response = await client.get(self.launch.health_path, timeout=2.0)
+                    healthy = response.status_code == 200
+                    last_error = f"/health answered {response.status_code}"
+                if healthy:
+                    await self._first_completion(client)
+                    return ServerStart(pid=self.pid, pgid=self.pgid,
+                                       startup_s=time.monotonic() - self._started_at,
+                                       log_path=str(self.log_path))
+            except httpx.TransportError as exc:
+                last_error = f"{type(exc).__name__}"
+            await asyncio.sleep(HEALTH_POLL_S)
+        if not self.alive():
+            raise self.failure("startup_failed", f"server exited with code {self.exit_code()}")
+        raise self.failure("startup_timeout", f"not ready within {self.startup_timeout_s:.0f} s "
+                                              f"(last: {last_error or 'no answer'})")
+
+    async def _first_completion(self, client: httpx.AsyncClient) -> None:
+        body = {"model": self.launch.served_model, "prompt": "a", "max_tokens": 1,
+                "temperature": 0.0}
+        try:
+            response = await client.post("/v1/completions", json=body, timeout=60.0)
+        except httpx.TimeoutException as exc:
+            raise self.failure("hang", "the first one-token completion timed out") from exc
+        if response.status_code != 200:
+            if not self.alive():
+                raise self.failure("startup_failed", "server died on its first completion")
+            raise self.failure("startup_failed",
+                               f"healthy, but the first completion failed with "
+                               f"{response.status_code}: {response.text[:300]}")
+        choices = response.json().get("choices") or []
+        if not choices:
+            raise self.failure("startup_failed", "the first completion returned no choices")
+
+    # --- stop ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop the whole group and prove it gone; a survivor is an infrastructure fault."""
+        if self._popen is None:
+            return
+        self._remember_children()
+        survivors = _proc.stop_group(self.pgid, extra_pids=self._seen_pids,
+                                     grace_s=self.stop_grace_s)
+        try:
+            self._popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            survivors.append(self._popen.pid)
+        self.stopped_cleanly = not survivors
+        if survivors:
+            raise InfrastructureError("orphan_process",
+                                      f"processes {survivors} survived SIGKILL",
+                                      evidence={"pids": survivors})

@@ -1,0 +1,108 @@
+"""Where a study lives: the storage URL, its engine options, the attribute keys, the artifacts.
+
+Nothing here adds tables of its own: trial values, constraints and namespaced ``user_attrs`` go
+into Optuna's RDB storage, so ``optuna-dashboard`` and plain ``optuna.load_study`` read
+everything autotune writes. This is the only module that knows the key names.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.artifacts import FileSystemArtifactStore
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from autotune.errors import SpecError
+
+# --- trial attribute keys (user_attrs) ---------------------------------------------------------
+CORRECT = "correct"  # True, False, or None when never verified
+FAIL_REASON = "fail_reason"
+FAIL_DETAIL = "fail_detail"
+EVIDENCE = "evidence"  # log tail, exit code, signal, first divergence ...
+METRICS = "metrics"
+BENCH = "bench"  # spread, repeats, request counts
+SERVER = "server"  # argv, env (redacted), startup_s, engine_version, pid/pgid, host, worker
+CHECK = "check"
+PARAMS_RESOLVED = "params_resolved"  # values as the engine got them (int_list as lists)
+ROLE = "role"  # "baseline" | "search" | "retry" | "ablation" | "confirm"
+RETRY_OF = "retry_of"
+PHASE = "phase"
+# --- study attribute keys ----------------------------------------------------------------------
+REFERENCE = "reference"
+SPEC_PATH = "spec_path"
+ENGINE_VERSION = "engine_version"
+ROOFLINE = "roofline"
+ABLATION = "ablation"
+CONFIRMATION = "confirmation"
+
+#: the constraint key that marks a trial whose configuration is bad (not measured, never best)
+CORRECTNESS_CONSTRAINT = "correct"
+
+HEARTBEAT_INTERVAL_S = 10
+HEARTBEAT_GRACE_S = 30
+
+
+def resolve_url(url: str) -> str:
+    """Validate an SQLAlchemy URL; for SQLite make sure the directory exists and is writable."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise SpecError(f"not a valid SQLAlchemy storage URL: {url!r}", key="--storage") from None
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database or ""
+        if database and database != ":memory:":
+            directory = Path(database).resolve().parent
+            if not directory.is_dir():
+                raise SpecError(f"directory for the SQLite study does not exist: {directory}",
+                                key="--storage")
+            if not os.access(directory, os.W_OK):
+                raise SpecError(f"directory for the SQLite study is not writable: {directory}",
+                                key="--storage")
+    return url
+
+
+def open_storage(url: str, *, heartbeat: bool = True) -> optuna.storages.RDBStorage:
+    """An RDBStorage with settings suited to long trials and several workers.
+
+    SQLite gets a long busy timeout (several local workers write the same file); other
+    databases get ``pool_pre_ping`` so a connection dropped overnight is replaced. Heartbeats
+    let a killed run's RUNNING trials be found and failed by the next run (or another worker).
+    """
+    url = resolve_url(url)
+    backend = make_url(url).get_backend_name()
+    engine_kwargs: dict[str, Any] = {}
+    if backend == "sqlite":
+        engine_kwargs["connect_args"] = {"timeout": 60}
+    else:
+        engine_kwargs["pool_pre_ping"] = True
+    kwargs: dict[str, Any] = {}
+    if heartbeat:
+        kwargs = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": HEARTBEAT_GRACE_S}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
+    except Exception as exc:  # SQLAlchemy's connection and driver errors have no common base
+        raise SpecError(f"storage unreachable: {type(exc).__name__}: {exc}".splitlines()[0],
+                        key="--storage") from None
+
+
+def artifact_dir(url: str, study_name: str, override: str | None = None) -> Path:
+    """Server logs and verified outputs live beside an SQLite file, or where the user says."""
+    if override:
+        return Path(override)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        return Path(parsed.database).resolve().parent / f"{study_name}-artifacts"
+    return Path("studies") / f"{study_name}-artifacts"
+
+
+def artifact_store(directory: Path) -> FileSystemArtifactStore:
+    directory.mkdir(parents=True, exist_ok=True)
+    return FileSystemArtifactStore(str(directory))
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"

