@@ -31,6 +31,10 @@ import httpx
 from autotune.spec import WorkloadSpec
 
 
+#: inter-token gaps below this are "arrived together" rather than measured decode steps
+BUNCHED_GAP_S = 0.0001
+
+
 @dataclass(frozen=True)
 class RequestRecord:
     """One streamed request as the client saw it."""
@@ -51,10 +55,24 @@ class RequestRecord:
         return [b - a for a, b in zip(t, t[1:], strict=False)]
 
     @property
+    def bunched(self) -> bool:
+        """Tokens delivered in bursts (a starved API server process, or an engine that batches
+        its stream output): per-token timing then says nothing about decode speed."""
+        gaps = self.itls_s
+        return len(gaps) >= 4 and sum(g < BUNCHED_GAP_S for g in gaps) > len(gaps) / 2
+
+    @property
     def decode_tokens_per_s(self) -> float | None:
+        """Steady-state decode rate of this request, excluding the prefill.
+
+        When delivery was bunched the per-token clock is meaningless, so the rate falls back to
+        tokens / end-to-end time, a lower bound that cannot be inflated by bursts.
+        """
         t = self.token_times_s
         if len(t) < 2 or t[-1] <= t[0]:
             return None
+        if self.bunched and self.e2e_s:
+            return len(t) / self.e2e_s
         return (len(t) - 1) / (t[-1] - t[0])
 
 

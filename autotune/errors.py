@@ -28,6 +28,7 @@ CANDIDATE_REASONS: dict[str, str] = {
     "incorrect_output": "the output diverged from the pinned reference",
     "patch_failed": "a selected patch could not be applied",
     "constraint_violated": "the sampled parameters violate a search-space constraint",
+    "duplicate": "another worker is running the same parameters right now (not launched)",
     "slo_violated": "a measured value broke a service-level constraint",
 }
 INFRA_REASONS: dict[str, str] = {

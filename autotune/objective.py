@@ -95,6 +95,12 @@ class TrialRunner:
             values = spec.space.suggest(trial)
         trial.set_user_attr(keys.PARAMS_RESOLVED, values)
         trial.set_user_attr(keys.ROLE, role)
+        duplicate = _running_duplicate(trial, values)
+        if duplicate is not None:
+            # Parallel workers must not spend two servers on one config at the same time.
+            self._record_failure(trial, role, CandidateError(
+                "duplicate", f"same parameters as running trial {duplicate}"), launched=False)
+            raise optuna.TrialPruned("duplicate")
         violated = spec.space.violated(values)
         if violated:
             self._record_failure(trial, role, CandidateError(
@@ -314,6 +320,16 @@ class TrialRunner:
         flags.update(self.ctx.extra_flags)
         return ServerSettings(flags=flags, json_flags=settings.json_flags, env=env,
                               patches=settings.patches)
+
+
+def _running_duplicate(trial: optuna.Trial, values: dict[str, Any]) -> int | None:
+    """The number of another RUNNING trial with exactly these parameters, if any."""
+    study = trial.study
+    for other in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if other.number != trial.number and \
+                other.user_attrs.get(keys.PARAMS_RESOLVED) == values:
+            return other.number
+    return None
 
 
 def _create_time(pid: int) -> float | None:

@@ -214,7 +214,7 @@ def run_study(spec: StudySpec, options: RunOptions, *,
         summary.outcomes.append(outcome)
         if on_trial is not None:
             on_trial(outcome, study)
-        if outcome.verdict == "constraint_violated":
+        if outcome.verdict in ("constraint_violated", "duplicate"):
             unlaunched += 1
             if unlaunched > MAX_UNLAUNCHED_PER_TRIAL * max(1, options.trials):
                 summary.stopped_because = "the sampler keeps proposing configurations that " \

