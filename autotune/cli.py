@@ -66,20 +66,42 @@ def run(
     seed: Annotated[int | None, typer.Option("--seed", help="Sampler seed.")] = None,
     artifact_dir: Annotated[str | None, typer.Option(
         "--artifact-dir", help="Where server logs and outputs are stored.")] = None,
+    parallel: Annotated[int, typer.Option(
+        "--parallel", min=1, help="Trials run at once on this machine (one worker each).")] = 1,
+    gpus: Annotated[str | None, typer.Option(
+        "--gpus", help="GPUs the workers share out, e.g. 0-7 or 0,1,2,3.")] = None,
+    gpus_per_trial: Annotated[int, typer.Option("--gpus-per-trial", min=1)] = 1,
+    cpus: Annotated[str | None, typer.Option(
+        "--cpus", help="CPU cores the workers share out (CPU engines), e.g. 0-15.")] = None,
+    cpus_per_trial: Annotated[int | None, typer.Option("--cpus-per-trial", min=1)] = None,
+    worker_env: Annotated[str | None, typer.Option(
+        "--worker-env", hidden=True, help="JSON env of one worker's device set (internal).")
+    ] = None,
 ) -> None:
     """Tune: run N trials of the study (resuming it if it exists)."""
+    import json
+
     from autotune.study import RunOptions, run_study
 
     try:
         study_spec = _load_spec(spec)
+        options = RunOptions(trials=trials, storage_url=storage, study_name=study, seed=seed,
+                             artifact_dir=artifact_dir)
+        if parallel > 1:
+            from autotune.parallel import DevicePlanSpec, run_parallel
+
+            plan = DevicePlanSpec(gpus=gpus, gpus_per_trial=gpus_per_trial, cpus=cpus,
+                                  cpus_per_trial=cpus_per_trial)
+            code = run_parallel(spec, options, workers=parallel, plan=plan, console=console)
+            _print_report(*_study_target(spec, study, storage))
+            raise typer.Exit(code=code)
+        extra_env = json.loads(worker_env) if worker_env else None
         view = _LiveView(trials)
         with Live(view.render(), console=console, refresh_per_second=4,
                   transient=False) as live:
             view.live = live
-            summary = run_study(study_spec, RunOptions(trials=trials, storage_url=storage,
-                                                       study_name=study, seed=seed,
-                                                       artifact_dir=artifact_dir),
-                                on_phase=view.on_phase, on_trial=view.on_trial)
+            summary = run_study(study_spec, options, on_phase=view.on_phase,
+                                on_trial=view.on_trial, extra_env=extra_env)
     except AutotuneError as exc:
         raise _fail(exc) from None
     except KeyboardInterrupt:
@@ -132,7 +154,8 @@ class _LiveView:
     def on_trial(self, outcome, study) -> None:
         from autotune.report import best_trials
 
-        if outcome.verdict != "constraint_violated" and not outcome.infrastructure:
+        if outcome.verdict not in ("constraint_violated", "duplicate") and \
+                not outcome.infrastructure:
             self.done += 1
         values = ", ".join(f"{v:.1f}" for v in outcome.values) if outcome.values else ""
         self.last = f"#{outcome.number} {outcome.verdict} {values}".strip()
