@@ -1,0 +1,142 @@
+"""The benchmark client against canned streams (httpx.MockTransport): timing, statistics,
+failures counted and never dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from autotune.bench import (
+    PhaseResult,
+    RequestRecord,
+    combine,
+    percentile,
+    run_benchmark,
+    stream_request,
+    summarize,
+)
+from autotune.spec import WorkloadSpec
+
+
+def sse(chunks: list[dict]) -> bytes:
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    return body.encode()
+
+
+def stream_body(n_tokens: int) -> bytes:
+    chunks = [{"choices": [{"index": 0, "text": f" t{i}", "token_ids": [i]}]}
+              for i in range(n_tokens)]
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n_tokens}})
+    return sse(chunks)
+
+
+def client_for(handler) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://test")
+
+
+def test_stream_request_counts_tokens_and_sends_greedy_fixed_length():
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.update(json.loads(request.content))
+        return httpx.Response(200, content=stream_body(8))
+
+    async def go():
+        async with client_for(handler) as client:
+            return await stream_request(client, "m", "1 2 3", 8)
+
+    record = asyncio.run(go())
+    assert record.ok and record.output_tokens == 8 and record.token_ids == tuple(range(8))
+    assert record.text == "".join(f" t{i}" for i in range(8))
+    assert seen["temperature"] == 0.0 and seen["ignore_eos"] is True and seen["stream"] is True
+    assert seen["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(("response", "error"), [
+    (httpx.Response(500, content=b"boom"), "http 500"),
+    (httpx.Response(200, content=b"data: [DONE]\n\n"), "without tokens"),
+])
+def test_failed_requests_are_records_not_exceptions(response, error):
+    async def go():
+        async with client_for(lambda request: response) as client:
+            return await stream_request(client, "m", "p", 4)
+
+    record = asyncio.run(go())
+    assert not record.ok and error in record.error
+
+
+def test_connection_errors_are_recorded():
+    def handler(request):
+        raise httpx.ConnectError("refused")
+
+    async def go():
+        async with client_for(handler) as client:
+            return await stream_request(client, "m", "p", 4)
+
+    record = asyncio.run(go())
+    assert not record.ok and "ConnectError" in record.error
+
+
+def rec(times, e2e=None, ok=True):
+    return RequestRecord(prompt="p", ok=ok, ttft_s=times[0] if times else None,
+                         e2e_s=e2e or (times[-1] if times else 1.0),
+                         token_times_s=tuple(times), output_tokens=len(times))
+
+
+def test_decode_rate_excludes_prefill():
+    record = rec([0.5, 0.6, 0.7, 0.8, 0.9])  # 4 gaps of 100 ms after a 500 ms prefill
+    assert record.decode_tokens_per_s == pytest.approx(10.0)
+
+
+def test_bunched_delivery_falls_back_to_end_to_end_rate():
+    record = rec([1.0] * 5 + [1.00001] * 5, e2e=2.0)
+    assert record.bunched
+    assert record.decode_tokens_per_s == pytest.approx(10 / 2.0)
+
+
+def test_summarize_percentiles_and_throughput():
+    single = PhaseResult(records=(rec([0.1, 0.2, 0.3]),), wall_s=0.3)
+    load = PhaseResult(records=(rec([0.1, 0.2]), rec([0.3, 0.5]), rec([], ok=False)),
+                       wall_s=1.0)
+    metrics = summarize(single, load)
+    assert metrics["decode_tokens_per_s"] == pytest.approx(10.0)
+    assert metrics["output_tokens_per_s"] == pytest.approx(4.0)
+    assert metrics["requests_per_s"] == pytest.approx(2.0)
+    assert metrics["ttft_p50_ms"] == pytest.approx(200.0)
+    assert metrics["itl_p50_ms"] == pytest.approx(150.0)
+
+
+def test_percentile_matches_linear_interpolation():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([10], 95) == 10
+    assert percentile(list(range(101)), 95) == pytest.approx(95)
+
+
+def test_combine_reports_median_and_spread():
+    medians, spread = combine([{"x": 90.0}, {"x": 100.0}, {"x": 110.0}])
+    assert medians["x"] == 100.0 and spread["x"] == pytest.approx(0.2)
+
+
+def test_run_benchmark_counts_every_failure():
+    calls = {"n": 0}
+
+    def handler(request):
+        calls["n"] += 1
+        if calls["n"] % 5 == 0:
+            return httpx.Response(503, content=b"overloaded")
+        return httpx.Response(200, content=stream_body(4))
+
+    workload = WorkloadSpec(prompts=("a", "b"), max_tokens=4, concurrency=2, num_requests=6,
+                            single_requests=2, warmup_requests=1, repeats=2)
+
+    async def go():
+        async with client_for(handler) as client:
+            return await run_benchmark(client, "m", workload)
+
+    result = asyncio.run(go())
+    assert result.failed_requests >= 1
+    assert result.total_requests == calls["n"]
+    assert all("503" in e for e in result.errors)

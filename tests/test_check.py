@@ -1,0 +1,131 @@
+"""The correctness gate on outputs recorded from the real vLLM CPU server (tests/fixtures).
+
+The fixture holds the baseline's reference and three candidates' outputs: the baseline again,
+the qkv_shard_swap fault patch, and an fp8 KV cache (re-record them with
+tests/fixtures/record_gate_fixtures.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.check import (
+    Completion,
+    Reference,
+    compare,
+    compare_tokens,
+    sanity_problem,
+)
+from autotune.spec import CheckSpec, KnownAnswer
+
+FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "gate_demo.json").read_text())
+REFERENCE = Reference.from_dict(FIXTURE["reference"])
+CHECK = CheckSpec(prompts=tuple(p for p in REFERENCE.entries if " " in p)[:5],
+                  known_answers=(KnownAnswer("one two three", "^ four five six"),))
+
+
+def candidate(name: str):
+    raw = FIXTURE["candidates"][name]
+    completions = {}
+    for prompt, c in raw["completions"].items():
+        completions[prompt] = Completion(**{k: tuple(v) if isinstance(v, list) else v
+                                            for k, v in c.items()})
+    return completions, {p: tuple(v) for p, v in raw["teacher"].items()}
+
+
+def test_reference_round_trips_and_carries_its_tolerance():
+    again = Reference.from_dict(REFERENCE.to_dict())
+    assert again == REFERENCE
+    assert REFERENCE.tolerance >= REFERENCE.drift_observed
+    first = REFERENCE.entries["one two three"].completion
+    assert first.text.startswith(" four five six")
+    assert len(first.token_ids) == len(first.logprobs) == len(first.margins) > 0
+
+
+def test_baseline_again_passes():
+    completions, teacher = candidate("baseline_again")
+    result = compare(REFERENCE, completions, teacher, CHECK)
+    assert result.passed, result.problems
+    assert result.first_divergence is None
+    assert result.max_logprob_drift <= REFERENCE.tolerance
+
+
+def test_fault_patch_fails_with_first_divergent_token():
+    completions, teacher = candidate("qkv_shard_swap")
+    result = compare(REFERENCE, completions, teacher, CHECK)
+    assert not result.passed
+    div = result.first_divergence
+    assert div.kind == "token" and div.position == 0
+    assert div.expected_text.startswith(" four") and not div.got_text.startswith(" four")
+    assert any("known answer" in p for p in result.problems)
+
+
+def test_fp8_kv_cache_keeps_tokens_but_moves_logprobs_beyond_tolerance():
+    completions, teacher = candidate("fp8_kv_cache")
+    for prompt, got in completions.items():
+        assert got.token_ids == REFERENCE.entries[prompt].completion.token_ids
+    result = compare(REFERENCE, completions, teacher, CHECK)
+    assert result.max_logprob_drift > 0  # the lossy cache really changes the distribution
+    assert not result.passed
+    assert result.first_divergence.kind == "logprob"
+
+
+def test_a_wider_tolerance_accepts_fp8():
+    completions, teacher = candidate("fp8_kv_cache")
+    loose = dataclasses.replace(REFERENCE, tolerance=0.5)
+    assert compare(loose, completions, teacher, CHECK).passed
+
+
+def _ref(ids, margins, tolerance=0.01):
+    completion = Completion(prompt="p", text="x", token_ids=tuple(ids),
+                            tokens=tuple(f"t{i}" for i in ids),
+                            logprobs=tuple(-0.1 for _ in ids), margins=tuple(margins))
+    return Reference(entries={"p": type(REFERENCE.entries["one two three"])(completion)},
+                     max_tokens={"p": len(ids)}, tolerance=tolerance, drift_observed=0.0)
+
+
+def test_divergence_at_a_near_tie_is_a_tie_flip_not_an_error():
+    reference = _ref([1, 2, 3, 4], [5.0, 0.001, 5.0, 5.0])
+    got = Completion(prompt="p", text="x", token_ids=(1, 9, 9, 9))
+    result = compare(reference, {"p": got}, {})
+    assert result.passed and result.tie_flips == 1
+
+
+def test_divergence_at_a_confident_position_fails():
+    reference = _ref([1, 2, 3, 4], [5.0, 5.0, 5.0, 5.0])
+    got = Completion(prompt="p", text="x", token_ids=(1, 2, 7, 4))
+    result = compare(reference, {"p": got}, {})
+    assert not result.passed and result.first_divergence.position == 2
+
+
+def test_length_mismatch_fails():
+    reference = _ref([1, 2, 3, 4], [5.0] * 4)
+    result = compare(reference, {"p": Completion(prompt="p", text="x", token_ids=(1, 2))}, {})
+    assert not result.passed and result.first_divergence.kind == "length"
+
+
+def test_compare_tokens_under_load():
+    reference = _ref([1, 2, 3, 4], [5.0] * 4)
+    assert compare_tokens(reference, "p", [1, 2, 3, 4], "x") is None
+    div = compare_tokens(reference, "p", [1, 2, 3, 5], "y")
+    assert div.position == 3 and div.kind == "token_under_load"
+
+
+@pytest.mark.parametrize(("text", "ids", "problem"), [
+    ("", (), "empty"),
+    ("   \n ", (1, 1), "whitespace-only"),
+    ("ab\x00c", (1, 2), "non-printable"),
+    ("7 7 7 7", tuple([5] * 20), "runaway repetition"),
+    ("a b a b", tuple([5, 6] * 10), "runaway repetition"),
+])
+def test_sanity_problems(text, ids, problem):
+    assert problem in sanity_problem(text, ids)
+
+
+def test_sane_patterns_are_not_repetition():
+    # "red green blue" repeats with a period of several tokens: legitimate for the demo.
+    assert sanity_problem(" red green blue red green blue", tuple([5, 6, 7] * 8)) is None

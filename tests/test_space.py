@@ -1,0 +1,195 @@
+"""The search-space parser: types, targets, conditions, constraints, and their errors."""
+
+from __future__ import annotations
+
+import textwrap
+
+import optuna
+import pytest
+
+from autotune.errors import SpecError
+from autotune.space import load_space
+
+GOOD = """
+parameters:
+  enforce_eager:
+    type: bool
+    baseline: true
+    target: {flag: --enforce-eager}
+  cudagraph_mode:
+    type: categorical
+    choices: [PIECEWISE, FULL]
+    target: {json: --compilation-config, key: cudagraph_mode}
+    when: {enforce_eager: false}
+  cudagraph_capture_sizes:
+    type: int_list
+    choices: [[1, 2, 4], [1, 2, 4, 8, 16]]
+    target: {json: --compilation-config, key: cudagraph_capture_sizes}
+    when: {enforce_eager: false}
+  max_num_seqs:
+    type: int
+    low: 4
+    high: 256
+    log: true
+    target: {flag: --max-num-seqs}
+  max_num_batched_tokens:
+    type: int
+    low: 64
+    high: 8192
+    step: 64
+    target: {flag: --max-num-batched-tokens}
+  NCCL_PROTO:
+    type: categorical
+    choices: [LL, LL128, Simple]
+    target: {env: NCCL_PROTO}
+  prefix:
+    type: bool
+    target: {flag: --enable-prefix-caching, false_flag: --no-enable-prefix-caching}
+  mla_path:
+    type: categorical
+    choices: [custom_op, direct_call]
+    baseline: custom_op
+    target: {patch: mla_path}
+constraints:
+  - max_num_batched_tokens >= max_num_seqs
+  - max(cudagraph_capture_sizes) <= max_num_seqs
+"""
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "space.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_parses_every_type_and_target(tmp_path):
+    space = load_space(write(tmp_path, GOOD))
+    assert space.names[:3] == ["enforce_eager", "cudagraph_mode", "cudagraph_capture_sizes"]
+    settings = space.resolve({"enforce_eager": False, "cudagraph_mode": "FULL",
+                              "cudagraph_capture_sizes": [1, 2, 4], "max_num_seqs": 8,
+                              "max_num_batched_tokens": 512, "NCCL_PROTO": "LL",
+                              "prefix": False, "mla_path": "direct_call"})
+    assert settings.flags == {"--enforce-eager": False, "--max-num-seqs": 8,
+                              "--max-num-batched-tokens": 512,
+                              "--no-enable-prefix-caching": True}
+    assert settings.json_flags == {"--compilation-config": {
+        "cudagraph_mode": "FULL", "cudagraph_capture_sizes": [1, 2, 4]}}
+    assert settings.env == {"NCCL_PROTO": "LL"}
+    assert settings.patches == {"mla_path": "direct_call"}
+    argv = settings.flag_argv()
+    assert argv[:6] == ["--max-num-seqs", "8", "--max-num-batched-tokens", "512",
+                        "--no-enable-prefix-caching", "--compilation-config"]
+    assert argv[6] == '{"cudagraph_capture_sizes":[1,2,4],"cudagraph_mode":"FULL"}'
+
+
+def test_conditional_parameters_follow_their_condition(tmp_path):
+    space = load_space(write(tmp_path, GOOD))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    seen_eager, seen_graphs = False, False
+    for _ in range(30):
+        trial = study.ask()
+        values = space.suggest(trial)
+        if values["enforce_eager"]:
+            seen_eager = True
+            assert "cudagraph_mode" not in values
+        else:
+            seen_graphs = True
+            assert values["cudagraph_mode"] in ("PIECEWISE", "FULL")
+            assert values["cudagraph_capture_sizes"] in ([1, 2, 4], [1, 2, 4, 8, 16])
+        assert 4 <= values["max_num_seqs"] <= 256
+        assert values["max_num_batched_tokens"] % 64 == 0
+        study.tell(trial, 1.0)
+    assert seen_eager and seen_graphs
+
+
+def test_constraints_evaluate_and_skip_inactive_parameters(tmp_path):
+    space = load_space(write(tmp_path, GOOD))
+    base = {"enforce_eager": True, "max_num_seqs": 64, "max_num_batched_tokens": 64}
+    assert space.violated(base) == []
+    assert space.violated({**base, "max_num_batched_tokens": 32}) == [
+        "max_num_batched_tokens >= max_num_seqs"]
+    graphs = {**base, "enforce_eager": False, "cudagraph_capture_sizes": [1, 2, 4, 8, 16],
+              "max_num_seqs": 8, "max_num_batched_tokens": 64}
+    assert space.violated(graphs) == ["max(cudagraph_capture_sizes) <= max_num_seqs"]
+
+
+def test_baseline_uses_only_declared_baseline_values(tmp_path):
+    space = load_space(write(tmp_path, GOOD))
+    assert space.baseline_values() == {"enforce_eager": True, "mla_path": "custom_op"}
+    assert space.baseline_optuna_params() == {"enforce_eager": True, "mla_path": "custom_op"}
+
+
+@pytest.mark.parametrize(("snippet", "key", "message"), [
+    ("  x:\n    type: int\n    low: 5\n    high: 1\n    target: {flag: --x}\n",
+     "parameters.x", "empty domain"),
+    ("  x:\n    type: float\n    low: 0\n    high: 1\n    log: true\n    target: {flag: --x}\n",
+     "parameters.x.low", "log domain"),
+    ("  x:\n    type: intt\n    target: {flag: --x}\n", "parameters.x.type", "unknown type"),
+    ("  x:\n    type: categorical\n    choices: []\n    target: {flag: --x}\n",
+     "parameters.x.choices", "non-empty"),
+    ("  x:\n    type: bool\n    target: {flag: x}\n", "parameters.x.target.flag", "starts with"),
+    ("  x:\n    type: bool\n    target: {flag: --x, env: X}\n", "parameters.x.target",
+     "exactly one"),
+    ("  x:\n    type: bool\n    colour: red\n    target: {flag: --x}\n", "parameters.x.colour",
+     "unknown key"),
+    ("  x:\n    type: int\n    low: 1\n    high: 2\n    baseline: 9\n    target: {flag: --x}\n",
+     "parameters.x.baseline", "outside"),
+    ("  x:\n    type: bool\n    when: {y: 1}\n    target: {flag: --x}\n", "parameters.x.when.y",
+     "declared earlier"),
+    ("  x:\n    type: int_list\n    choices: [[1, 0]]\n    target: {flag: --x}\n",
+     "parameters.x.choices[0]", "positive integers"),
+])
+def test_bad_parameters_name_file_key_and_line(tmp_path, snippet, key, message):
+    path = write(tmp_path, "parameters:\n" + snippet)
+    with pytest.raises(SpecError) as info:
+        load_space(path)
+    error = info.value
+    assert error.file == str(path)
+    assert error.key == key
+    assert message in error.message
+    assert error.line is not None and error.line >= 2
+
+
+def test_unsatisfiable_constraints_are_refused(tmp_path):
+    text = """
+    parameters:
+      a: {type: int, low: 1, high: 10, target: {flag: --a}}
+      b: {type: int, low: 20, high: 30, target: {flag: --b}}
+    constraints:
+      - a > b
+    """
+    with pytest.raises(SpecError, match="no configuration satisfies"):
+        load_space(write(tmp_path, text))
+
+
+@pytest.mark.parametrize(("expr", "message"), [
+    ("a >= nope", "unknown parameter 'nope'"),
+    ("__import__('os')", "only len, max, min may be called"),
+    ("a.real > 1", "Attribute is not allowed"),
+    ("a >=", "invalid expression"),
+])
+def test_constraint_expressions_are_checked_not_evaluated(tmp_path, expr, message):
+    text = f"""
+    parameters:
+      a: {{type: int, low: 1, high: 10, target: {{flag: --a}}}}
+    constraints:
+      - "{expr}"
+    """
+    with pytest.raises(SpecError, match=message):
+        load_space(write(tmp_path, text))
+
+
+def test_malformed_yaml_reports_line(tmp_path):
+    path = write(tmp_path, "parameters:\n  x: [unclosed\n  y: 2\n")
+    with pytest.raises(SpecError) as info:
+        load_space(path)
+    assert "malformed YAML" in str(info.value) and info.value.line is not None
+
+
+def test_demo_and_glm5_spaces_load():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for name in ("cpu-demo.yaml", "glm5-8gpu.yaml"):
+        space = load_space(root / "search_spaces" / name)
+        assert space.parameters
