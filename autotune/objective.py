@@ -132,6 +132,8 @@ class TrialRunner:
             "argv": launch.redacted_argv(), "env": launch.redacted_env(),
             "engine_version": ctx.engine.version(), "host": HOST, "port": launch.port,
             "worker": ctx.worker, "hostname": socket.gethostname()}
+        if ctx.extra_env:  # a parallel worker's device set (CUDA_VISIBLE_DEVICES, core binding)
+            server_attrs["devices"] = dict(ctx.extra_env)
         trial.set_user_attr(keys.SERVER, server_attrs)
         log_path = ctx.log_dir / f"trial-{trial.number:05d}.log"
 

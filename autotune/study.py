@@ -84,7 +84,7 @@ def open_study(spec: StudySpec, url: str, *, study_name: str | None = None,
                seed: int | None = None) -> tuple[optuna.Study, bool]:
     """Load the study or create it. Exactly one worker creates it, even when several start
     together: creation is an INSERT guarded by the database's unique study name."""
-    storage = keys.open_storage(url)
+    storage = _open_storage(url)
     name = study_name or spec.name
     sampler = build_sampler(spec, seed)
     try:
@@ -105,6 +105,20 @@ def open_study(spec: StudySpec, url: str, *, study_name: str | None = None,
         study.enqueue_trial(spec.space.baseline_optuna_params(),
                             user_attrs={keys.ROLE: "baseline"})
     return study, created
+
+
+def _open_storage(url: str, attempts: int = 4) -> optuna.storages.RDBStorage:
+    """Workers starting together on an empty database race to create Optuna's tables; the
+    losers get IntegrityError/ProgrammingError ("already exists") once, then find them made."""
+    for attempt in range(attempts):
+        try:
+            return keys.open_storage(url)
+        except SpecError as exc:
+            transient = "IntegrityError" in str(exc) or "ProgrammingError" in str(exc)
+            if not transient or attempt == attempts - 1:
+                raise
+            time.sleep(0.5 + 0.5 * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def build_sampler(spec: StudySpec, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -189,6 +203,8 @@ def run_study(spec: StudySpec, options: RunOptions, *,
     study, _created = open_study(spec, url, study_name=options.study_name, seed=options.seed)
     summary = RunSummary(study_name=study.study_name, storage_url=url)
     summary.cleaned = cleanup_stale(study)
+    if not _created:
+        _wait_for_creator(study)
     if study.user_attrs.get(keys.REFERENCE) is None and not _baseline_pending(study):
         study.enqueue_trial(spec.space.baseline_optuna_params(),
                             user_attrs={keys.ROLE: "baseline"})
@@ -246,6 +262,14 @@ def _baseline_pending(study: optuna.Study) -> bool:
     return any(t.state in (TrialState.WAITING, TrialState.RUNNING)
                and t.user_attrs.get(keys.ROLE) == "baseline"
                for t in study.get_trials(deepcopy=False))
+
+
+def _wait_for_creator(study: optuna.Study, timeout_s: float = 10.0) -> None:
+    """A study another worker created a moment ago gets its baseline queued right after; wait
+    for it rather than queue a second baseline (the creator may have died: then give up)."""
+    deadline = time.monotonic() + timeout_s
+    while not study.get_trials(deepcopy=False) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _wait_for_reference(study: optuna.Study, timeout_s: float = 3600.0) -> None:
