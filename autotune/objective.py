@@ -19,6 +19,7 @@ import os
 import secrets
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -108,6 +109,8 @@ class TrialRunner:
             raise optuna.TrialPruned(f"constraint_violated: {violated[0]}")
         settings = self._with_worker_settings(spec.space.resolve(values))
         try:
+            if role != "baseline":
+                self._await_reference(trial)
             metrics = asyncio.run(self._run_server_trial(trial, role, settings))
         except CandidateError as exc:
             self._record_failure(trial, role, exc)
@@ -120,6 +123,18 @@ class TrialRunner:
                 "interrupted", "stopped by the user (Ctrl-C) while this trial ran"))
             raise
         return self._score(trial, role, metrics)
+
+    def _await_reference(self, trial: optuna.Trial, timeout_s: float = 3600.0) -> None:
+        """Another worker is running the baseline: wait for its reference before a server is
+        spent (a worker that sampled a trial while another took the queued baseline)."""
+        study = self.ctx.study
+        deadline = time.monotonic() + timeout_s
+        while study is not None and study.user_attrs.get(keys.REFERENCE) is None and any(
+                t.state == optuna.trial.TrialState.RUNNING and t.number != trial.number
+                and t.user_attrs.get(keys.ROLE) == "baseline"
+                for t in study.get_trials(deepcopy=False)) and time.monotonic() < deadline:
+            self._phase(trial, "waiting for the baseline")
+            time.sleep(1.0)
 
     # --- the server part of a trial ---------------------------------------------------------
 
