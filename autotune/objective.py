@@ -142,7 +142,7 @@ class TrialRunner:
                                 settings: ServerSettings) -> dict[str, float]:
         ctx, spec = self.ctx, self.ctx.spec
         launch = ctx.engine.build_launch(settings, host=HOST, port=free_port(HOST),
-                                         api_key=secrets.token_urlsafe(24))
+                                         api_key=_api_key())
         server_attrs: dict[str, Any] = {
             "argv": launch.redacted_argv(), "env": launch.redacted_env(),
             "engine_version": ctx.engine.version(), "host": HOST, "port": launch.port,
@@ -183,6 +183,11 @@ class TrialRunner:
                 if not server.alive():
                     raise server.failure("server_crashed", "server died during the benchmark")
                 return bench.metrics
+        except TrialFailure as exc:
+            # e.g. incorrect_output: the server's log and state are evidence too
+            exc.evidence.setdefault("log_tail", server.log_tail())
+            exc.evidence.setdefault("exit_code", server.exit_code())
+            raise
         except (httpx.TransportError, httpx.HTTPStatusError) as exc:
             if not server.alive():
                 raise server.failure("server_crashed", f"server died: {exc}") from None
@@ -347,6 +352,12 @@ def _running_duplicate(trial: optuna.Trial, values: dict[str, Any]) -> int | Non
                 other.user_attrs.get(keys.PARAMS_RESOLVED) == values:
             return other.number
     return None
+
+
+def _api_key() -> str:
+    """A per-trial key. Hex, never token_urlsafe: a key starting with '-' is parsed as an
+    option by the server's argparse ('--api-key: expected one argument')."""
+    return secrets.token_hex(24)
 
 
 def _create_time(pid: int) -> float | None:

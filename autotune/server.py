@@ -29,6 +29,8 @@ from autotune.errors import CandidateError, InfrastructureError
 
 #: how often /health is polled while waiting; readiness is detected within this much time
 HEALTH_POLL_S = 0.05
+#: seconds between SIGTERM and SIGKILL when a server is stopped; env AUTOTUNE_STOP_GRACE_S
+STOP_GRACE_S = 10.0
 _PORT_TAKEN = ("address already in use", "errno 98")
 _DISK_FULL = ("no space left on device",)
 
@@ -58,13 +60,13 @@ class ServerProcess:
     def __init__(self, launch: LaunchConfig, log_path: Path, *, startup_timeout_s: float,
                  classify: Callable[[str], str | None] | None = None,
                  on_spawn: Callable[[int, int], None] | None = None,
-                 stop_grace_s: float = 10.0) -> None:
+                 stop_grace_s: float | None = None) -> None:
         self.launch = launch
         self.log_path = Path(log_path)
         self.startup_timeout_s = startup_timeout_s
         self.classify = classify or (lambda _tail: None)
         self.on_spawn = on_spawn
-        self.stop_grace_s = stop_grace_s
+        self.stop_grace_s = stop_grace_s if stop_grace_s is not None else _stop_grace_s()
         self._popen: subprocess.Popen[bytes] | None = None
         self._seen_pids: set[int] = set()
         self._started_at = 0.0
@@ -185,10 +187,13 @@ class ServerProcess:
     async def _first_completion(self, client: httpx.AsyncClient) -> None:
         body = {"model": self.launch.served_model, "prompt": "a", "max_tokens": 1,
                 "temperature": 0.0}
+        # The client's own timeout is the workload's request deadline: a server that accepts
+        # the request and never answers is a hang after that long, not after a fixed minute.
         try:
-            response = await client.post("/v1/completions", json=body, timeout=60.0)
+            response = await client.post("/v1/completions", json=body)
         except httpx.TimeoutException as exc:
-            raise self.failure("hang", "the first one-token completion timed out") from exc
+            raise self.failure("hang", f"healthy, but the first one-token completion got no "
+                                       f"answer within {_read_timeout(client)}") from exc
         if response.status_code != 200:
             if not self.alive():
                 raise self.failure("startup_failed", "server died on its first completion")
@@ -217,3 +222,15 @@ class ServerProcess:
             raise InfrastructureError("orphan_process",
                                       f"processes {survivors} survived SIGKILL",
                                       evidence={"pids": survivors})
+
+
+def _stop_grace_s() -> float:
+    try:
+        return float(os.environ.get("AUTOTUNE_STOP_GRACE_S", STOP_GRACE_S))
+    except ValueError:
+        return STOP_GRACE_S
+
+
+def _read_timeout(client: httpx.AsyncClient) -> str:
+    read = client.timeout.read
+    return "no deadline" if read is None else f"{read:g} s"
