@@ -1,0 +1,452 @@
+"""Several workers on one study: independent ``autotune run`` processes against one PostgreSQL
+study, ``autotune run --parallel`` (device plan, exact trial split, Ctrl-C), and the refusal of
+``--parallel`` on SQLite.
+
+PostgreSQL comes from ``AUTOTUNE_TEST_POSTGRES_URL`` (``.ci/run`` starts one). Without it a
+private cluster is started here when the PostgreSQL server binaries are installed; in CI
+(``CI`` set) a missing URL fails the tests instead of skipping them.
+
+The servers are the fake OpenAI-compatible test double (``autotune.testing.fake_server``) driven
+through the ``command`` engine, so a trial takes a second or two.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+from autotune import storage as keys
+from autotune.errors import SpecError
+from autotune.parallel import (
+    CONTENTION_ATTR,
+    CPU_BIND_ENV,
+    GPU_ENV,
+    DevicePlanSpec,
+    build_plan,
+    format_ids,
+    parse_ids,
+    split_trials,
+)
+
+PG_ENV = "AUTOTUNE_TEST_POSTGRES_URL"
+IN_CI = bool(os.environ.get("CI"))
+NOT_LAUNCHED = ("duplicate", "constraint_violated")
+RUN_TIMEOUT_S = 300
+
+
+def _pg_bin() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+                   key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0)
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def _can_start_pg() -> bool:
+    if _pg_bin() is None:
+        return False
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        return False
+    if os.geteuid() != 0:
+        return True
+    try:  # PostgreSQL refuses to run as root; run it as the postgres user
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return False
+    return shutil.which("runuser") is not None
+
+
+HAVE_PG = bool(os.environ.get(PG_ENV)) or IN_CI or _can_start_pg()
+
+def needs_pg(test):
+    """A test against a real PostgreSQL (skipped locally without one, never in CI)."""
+    test = pytest.mark.skipif(not HAVE_PG, reason=f"no PostgreSQL: set {PG_ENV} or install "
+                                                   "the postgresql server")(test)
+    return pytest.mark.postgres(test)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def pg_url():
+    url = os.environ.get(PG_ENV)
+    if url:
+        yield url
+        return
+    if IN_CI:
+        pytest.fail(f"{PG_ENV} is not set in CI: .ci/run must start PostgreSQL (tests/pg_start.sh)"
+                    " before the multi-worker tests")
+    bindir = _pg_bin()
+    assert bindir is not None
+    root = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(root, user="postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = _free_port()
+    data = root / "data"
+
+    def pg(*argv: str) -> None:
+        subprocess.run(as_user + list(argv), check=True, capture_output=True, timeout=120)
+
+    pg(str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust")
+    pg(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-o",
+       f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={root} "
+       f"-c max_connections=200", "start")
+    try:
+        pg(str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
+           "autotune_test")
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/autotune_test"
+    finally:
+        with contextlib.suppress(subprocess.SubprocessError):
+            pg(str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# --- a study on the fake server -----------------------------------------------------------------
+
+def write_spec(directory: Path, *, token: str, decode_ms: float | None = None,
+               slow: bool = False) -> Path:
+    """A command-engine study on the fake server; ``token`` is in every server's argv."""
+    space = directory / "space.yaml"
+    space.write_text(
+        "parameters:\n"
+        "  max_num_seqs:\n"
+        "    type: categorical\n"
+        "    choices: [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]\n"
+        "    target: {flag: --max-num-seqs}\n"
+        + ("" if slow else
+           "  batch_penalty:\n"
+           "    type: categorical\n"
+           "    choices: [0.0, 0.05]\n"
+           "    target: {flag: --batch-penalty}\n"))
+    args = ["--decode-ms", str(decode_ms)] if decode_ms else []
+    workload = ("  max_tokens: 32\n  concurrency: 2\n  num_requests: 24\n" if slow else
+                "  max_tokens: 8\n  concurrency: 4\n  num_requests: 8\n")
+    spec = directory / "spec.yaml"
+    spec.write_text(
+        f"study: {token}\n"
+        "engine:\n"
+        "  kind: command\n"
+        f"  command: [{sys.executable}, -m, autotune.testing.fake_server, --host, '{{host}}',"
+        " --port, '{port}', --api-key, '{api_key}', --model, '{served_name}']\n"
+        f"  args: {args!r}\n"
+        "model:\n"
+        f"  path: {token}\n"
+        f"  served_name: {token}\n"
+        "search_space: space.yaml\n"
+        "check:\n"
+        "  prompts: ['one two three', '1 2 3']\n"
+        "  max_tokens: 8\n"
+        "workload:\n"
+        "  prompts: ['a b c', '4 5 6']\n"
+        + workload +
+        "  single_requests: 1\n"
+        "  warmup_requests: 1\n"
+        "  repeats: 1\n"
+        "timeouts:\n"
+        "  startup_s: 60\n")
+    return spec
+
+
+def autotune_argv(spec: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "autotune", "run", "--spec", str(spec), *args]
+
+
+def run_all(argvs: list[list[str]], cwd: Path) -> list[subprocess.CompletedProcess[str]]:
+    """Start every argv at once, wait for all; kill all and fail on timeout."""
+    env = dict(os.environ, COLUMNS="200")
+    procs = [subprocess.Popen(a, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for a in argvs]
+    results = []
+    try:
+        for argv, proc in zip(argvs, procs, strict=True):
+            out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+            results.append(subprocess.CompletedProcess(argv, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+def load(url: str, name: str) -> optuna.Study:
+    return optuna.load_study(storage=keys.open_storage(url, heartbeat=False), study_name=name)
+
+
+def counted(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """Trials that launched a server and ended with a verdict on the config (what --trials
+    counts): COMPLETE, or PRUNED for a config fault."""
+    return [t for t in trials if t.state == TrialState.COMPLETE or (
+        t.state == TrialState.PRUNED and t.user_attrs.get(keys.FAIL_REASON) not in NOT_LAUNCHED)]
+
+
+def fake_servers(token: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):
+            cmdline = proc.info["cmdline"] or []
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and token in cmdline and \
+                    "autotune.testing.fake_server" in cmdline:
+                found.append(proc)
+    return found
+
+
+def assert_clean_study(url: str, name: str, *, launched: int, token: str) -> optuna.Study:
+    """The invariants of a multi-worker study that ran to the end."""
+    study = load(url, name)
+    trials = study.get_trials(deepcopy=False)
+    # nothing left running or queued
+    assert [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)] == []
+    # exactly the requested number of launched trials, the baseline among them
+    assert len(counted(trials)) == launched, [
+        (t.number, t.state.name, t.user_attrs.get(keys.FAIL_REASON)) for t in trials]
+    # exactly one baseline trial and one reference
+    baselines = [t for t in trials if t.user_attrs.get(keys.ROLE) == "baseline"]
+    assert len(baselines) == 1, [(t.number, t.state.name) for t in baselines]
+    assert baselines[0].state == TrialState.COMPLETE
+    assert study.user_attrs.get(keys.REFERENCE) is not None
+    # none half-written: a verdict on every finished trial
+    for t in trials:
+        if t.state == TrialState.COMPLETE:
+            assert t.user_attrs.get(keys.CORRECT) is True, t.number
+            assert t.user_attrs.get(keys.METRICS), t.number
+            assert t.values is not None, t.number
+        else:
+            assert t.user_attrs.get(keys.FAIL_REASON), (t.number, t.state.name)
+    # no infrastructure faults either (e.g. a worker sampling a trial before the reference)
+    assert [(t.number, t.user_attrs.get(keys.FAIL_REASON), t.user_attrs.get(keys.FAIL_DETAIL))
+            for t in trials if t.state == TrialState.FAIL] == []
+    # no two launched trials with the same parameters ran at overlapping times
+    launched_trials = [t for t in trials
+                       if t.user_attrs.get(keys.FAIL_REASON) not in NOT_LAUNCHED]
+    for i, a in enumerate(launched_trials):
+        for b in launched_trials[i + 1:]:
+            if a.params == b.params:
+                assert a.datetime_complete <= b.datetime_start or \
+                    b.datetime_complete <= a.datetime_start, (a.number, b.number, a.params)
+    # no server survives: neither a recorded pid nor any process of this test's servers
+    for t in trials:
+        pid = (t.user_attrs.get(keys.SERVER) or {}).get("pid")
+        if pid:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc = psutil.Process(pid)
+                created = t.user_attrs[keys.SERVER].get("create_time")
+                assert proc.status() == psutil.STATUS_ZOMBIE or (
+                    created is not None and abs(proc.create_time() - created) > 1.0), \
+                    f"trial {t.number}'s server (pid {pid}) is still running"
+    assert fake_servers(token) == []
+    return study
+
+
+# --- independent workers on one PostgreSQL study ------------------------------------------------
+
+@needs_pg
+def test_three_workers_share_one_postgres_study(pg_url: str, tmp_path: Path) -> None:
+    token = f"mw{uuid.uuid4().hex[:10]}"
+    spec = write_spec(tmp_path, token=token)
+    argv = autotune_argv(spec, "--trials", "2", "--storage", pg_url, "--study", token)
+    results = run_all([argv, argv, argv], cwd=tmp_path)
+    for result in results:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    study = assert_clean_study(pg_url, token, launched=3 * 2, token=token)
+    # every worker launched exactly its two trials (the baseline counts for whoever ran it)
+    per_worker = collections.Counter(t.user_attrs[keys.SERVER]["worker"]
+                                     for t in counted(study.get_trials(deepcopy=False)))
+    assert sorted(per_worker.values()) == [2, 2, 2], per_worker
+
+
+# --- autotune run --parallel --------------------------------------------------------------------
+
+@needs_pg
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores for 2 workers")
+def test_parallel_runs_exact_trials_and_records_devices(pg_url: str, tmp_path: Path) -> None:
+    token = f"mp{uuid.uuid4().hex[:10]}"
+    spec = write_spec(tmp_path, token=token)
+    argv = autotune_argv(spec, "--trials", "5", "--parallel", "2", "--storage", pg_url,
+                         "--study", token, "--seed", "7")
+    [result] = run_all([argv], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    assert "[w0]" in result.stdout and "[w1]" in result.stdout
+    assert "contend" in result.stdout
+    study = assert_clean_study(pg_url, token, launched=5, token=token)
+    assert study.user_attrs[CONTENTION_ATTR]["workers"] == 2
+
+    by_worker: dict[str, set[str]] = collections.defaultdict(set)
+    for t in counted(study.get_trials(deepcopy=False)):
+        server = t.user_attrs[keys.SERVER]
+        devices = server["devices"]
+        assert set(devices) == {CPU_BIND_ENV}, devices
+        assert server["env"][CPU_BIND_ENV] == devices[CPU_BIND_ENV]  # the server really got it
+        by_worker[server["worker"]].add(devices[CPU_BIND_ENV])
+    assert len(by_worker) == 2
+    assert all(len(binds) == 1 for binds in by_worker.values()), by_worker  # one set per worker
+    core_sets = [set(parse_ids(next(iter(b)), option="x")) for b in by_worker.values()]
+    assert core_sets[0].isdisjoint(core_sets[1]), core_sets
+    assert sorted(len(counted([t for t in study.get_trials(deepcopy=False)
+                               if t.user_attrs.get(keys.SERVER, {}).get("worker") == w]))
+                  for w in by_worker) == [2, 3]
+    # a PostgreSQL study keeps its artifacts in studies/ below the working directory
+    logs = sorted(p.name for p in (tmp_path / "studies" / f"{token}-artifacts" / "workers"
+                                   ).iterdir())
+    assert logs == ["worker-0.log", "worker-1.log"]
+
+
+@needs_pg
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores for 2 workers")
+def test_parallel_ctrl_c_stops_every_worker_cleanly(pg_url: str, tmp_path: Path) -> None:
+    token = f"mi{uuid.uuid4().hex[:10]}"
+    spec = write_spec(tmp_path, token=token, decode_ms=15.0, slow=True)
+    argv = autotune_argv(spec, "--trials", "40", "--parallel", "2", "--storage", pg_url,
+                         "--study", token, "--artifact-dir", str(tmp_path / "artifacts"))
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        # wait until both workers have a server up (a search trial beside another trial)
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(KeyError):
+                running = [t for t in load(pg_url, token).get_trials(
+                    deepcopy=False, states=(TrialState.RUNNING,))
+                    if (t.user_attrs.get(keys.SERVER) or {}).get("pid")]
+                if len(running) >= 2:
+                    break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.3)
+        else:
+            pytest.fail("two trials never ran at once")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out[-3000:] + err[-3000:]
+    assert "exit 130" in out
+    study = load(pg_url, token)
+    trials = study.get_trials(deepcopy=False)
+    assert [t.number for t in trials if t.state == TrialState.RUNNING] == []
+    interrupted = [t for t in trials if t.user_attrs.get(keys.FAIL_REASON) == "interrupted"]
+    assert len(interrupted) >= 2, [(t.number, t.state.name) for t in trials]
+    assert all(t.state == TrialState.FAIL for t in interrupted)
+    for t in interrupted:
+        assert t.user_attrs[keys.SERVER].get("stopped_cleanly") is not None
+    assert fake_servers(token) == []
+
+
+# --- SQLite ------------------------------------------------------------------------------------
+
+def test_parallel_on_sqlite_is_refused(tmp_path: Path) -> None:
+    """SQLite cannot hand a queued trial to exactly one of several writers (see parallel.py)."""
+    token = f"ms{uuid.uuid4().hex[:10]}"
+    spec = write_spec(tmp_path, token=token)
+    db = tmp_path / "study.db"
+    [result] = run_all([autotune_argv(spec, "--trials", "4", "--parallel", "2", "--storage",
+                                      f"sqlite:///{db}")], cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--storage" in result.stderr and "SQLite" in result.stderr
+    assert "PostgreSQL" in result.stderr
+    assert not db.exists()  # refused before anything was written
+    assert fake_servers(token) == []
+
+
+# --- the device plan ---------------------------------------------------------------------------
+
+def test_parse_and_format_ids() -> None:
+    assert parse_ids("0-7", option="--gpus") == list(range(8))
+    assert parse_ids("0,2,4,6", option="--gpus") == [0, 2, 4, 6]
+    assert parse_ids("0-3,8-11", option="--cpus") == [0, 1, 2, 3, 8, 9, 10, 11]
+    assert format_ids([0, 1, 2, 3, 8, 9, 10, 11]) == "0-3,8-11"
+    assert format_ids([5]) == "5"
+    assert format_ids([0, 2, 3]) == "0,2-3"
+    for bad in ("a", "3-1", "0,,x", "-2", "0-3,2"):
+        with pytest.raises(SpecError) as info:
+            parse_ids(bad, option="--gpus")
+        assert "--gpus" in str(info.value)
+
+
+def test_gpu_plan_is_disjoint() -> None:
+    plan = build_plan(DevicePlanSpec(gpus="0-7", gpus_per_trial=2), 4, available_cpus=range(8))
+    assert [w.env for w in plan] == [{GPU_ENV: "0,1"}, {GPU_ENV: "2,3"}, {GPU_ENV: "4,5"},
+                                     {GPU_ENV: "6,7"}]
+    plan = build_plan(DevicePlanSpec(gpus="0,2,4,6"), 3, available_cpus=range(8))
+    sets = [set(w.gpus) for w in plan]
+    assert all(a.isdisjoint(b) for i, a in enumerate(sets) for b in sets[i + 1:])
+    # detected GPUs (no --gpus) are shared out the same way
+    plan = build_plan(DevicePlanSpec(gpus_per_trial=2), 2, available_gpus=("0", "1", "2", "3"))
+    assert [w.env for w in plan] == [{GPU_ENV: "0,1"}, {GPU_ENV: "2,3"}]
+    # with GPUs the core binding is added only when asked for
+    plan = build_plan(DevicePlanSpec(gpus="0-1", cpus="0-7"), 2, available_cpus=range(8))
+    assert [w.env for w in plan] == [{GPU_ENV: "0", CPU_BIND_ENV: "0-3"},
+                                     {GPU_ENV: "1", CPU_BIND_ENV: "4-7"}]
+
+
+def test_gpu_plan_errors() -> None:
+    with pytest.raises(SpecError) as info:  # 8 GPUs / 2 per trial < 5 workers
+        build_plan(DevicePlanSpec(gpus="0-7", gpus_per_trial=2), 5)
+    text = str(info.value)
+    assert "--parallel" in text and "--gpus" in text and "10" in text and "8" in text
+    with pytest.raises(SpecError, match="--gpus"):
+        build_plan(DevicePlanSpec(gpus="0,0,1"), 2)
+    with pytest.raises(SpecError, match="--gpus"):
+        build_plan(DevicePlanSpec(gpus_per_trial=2), 2, available_gpus=())
+
+
+def test_cpu_plan_is_disjoint() -> None:
+    plan = build_plan(DevicePlanSpec(), 3, available_gpus=(), available_cpus=range(16))
+    assert [w.env for w in plan] == [{CPU_BIND_ENV: "0-4"}, {CPU_BIND_ENV: "5-9"},
+                                     {CPU_BIND_ENV: "10-14"}]
+    plan = build_plan(DevicePlanSpec(), 2, available_gpus=(), available_cpus=[0, 1])
+    assert [w.env for w in plan] == [{CPU_BIND_ENV: "0"}, {CPU_BIND_ENV: "1"}]
+    plan = build_plan(DevicePlanSpec(cpus="0-3,8-11", cpus_per_trial=4), 2, available_gpus=(),
+                      available_cpus=range(16))
+    assert [w.env for w in plan] == [{CPU_BIND_ENV: "0-3"}, {CPU_BIND_ENV: "8-11"}]
+    # the default uses this process's affinity
+    mine = sorted(os.sched_getaffinity(0))
+    plan = build_plan(DevicePlanSpec(), 1, available_gpus=())
+    assert parse_ids(plan[0].env[CPU_BIND_ENV], option="x") == mine
+
+
+def test_cpu_plan_errors() -> None:
+    with pytest.raises(SpecError) as info:
+        build_plan(DevicePlanSpec(), 3, available_gpus=(), available_cpus=[0, 1])
+    assert "--parallel" in str(info.value) and "disjoint" in str(info.value)
+    with pytest.raises(SpecError, match="--cpus-per-trial"):
+        build_plan(DevicePlanSpec(cpus_per_trial=3), 2, available_gpus=(),
+                   available_cpus=range(4))
+    with pytest.raises(SpecError, match="--cpus"):
+        build_plan(DevicePlanSpec(cpus="0-7"), 2, available_gpus=(), available_cpus=range(4))
+
+
+def test_split_trials_is_exact() -> None:
+    assert split_trials(5, 2) == [3, 2]
+    assert split_trials(6, 3) == [2, 2, 2]
+    for total in range(1, 30):
+        for workers in range(1, 8):
+            shares = split_trials(total, workers)
+            assert sum(shares) == total and max(shares) - min(shares) <= 1
