@@ -30,7 +30,6 @@ import httpx
 
 from autotune.spec import WorkloadSpec
 
-
 #: inter-token gaps below this are "arrived together" rather than measured decode steps
 BUNCHED_GAP_S = 0.0001
 

@@ -230,7 +230,7 @@ async def record_reference(client: httpx.AsyncClient, model: str, check: CheckSp
                                                                              completion)
     teacher_batched = await asyncio.gather(*(teacher_forced_logprobs(client, model, c)
                                              for c in alone if c.prompt in teacher_alone))
-    for (prompt, first), second in zip(teacher_alone.items(), teacher_batched, strict=True):
+    for first, second in zip(teacher_alone.values(), teacher_batched, strict=True):
         drift = max(drift, _max_abs_diff(first, second))
     for completion in alone:
         entries[completion.prompt] = ReferenceEntry(

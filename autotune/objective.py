@@ -167,6 +167,10 @@ class TrialRunner:
                 started = await server.wait_ready(client)
                 server_attrs["startup_s"] = round(started.startup_s, 3)
                 trial.set_user_attr(keys.SERVER, server_attrs)
+                problem = ctx.engine.verify_started(settings, server.log_text())
+                if problem:
+                    raise CandidateError("patch_failed", problem,
+                                         evidence={"log_tail": server.log_tail()})
 
                 self._phase(trial, "verifying")
                 reference = await self._reference(client, launch.served_model, role, server)

@@ -122,6 +122,13 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.exit_code() is None
 
+    def log_text(self) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return text.replace(self.launch.api_key, "***") if self.launch.api_key else text
+
     def log_tail(self, lines: int = 60) -> str:
         try:
             with open(self.log_path, "rb") as handle:

@@ -417,6 +417,8 @@ _ALLOWED = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, a
             ast.NotIn, ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod,
             ast.Name, ast.Load, ast.Constant, ast.List, ast.Tuple, ast.Call)
 _FUNCS = {"len": len, "max": max, "min": min}
+_ORDER = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
+          ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b}
 
 
 def _parse_constraint(doc: YamlDoc, key: str, expr: Any, names: set[str]) -> Constraint:
@@ -474,8 +476,7 @@ def _evaluate(node: ast.AST, values: Mapping[str, Any]) -> Any:
                   ast.In: left in right if isinstance(right, list) else False,
                   ast.NotIn: left not in right if isinstance(right, list) else True}.get(type(op))
             if ok is None:
-                ok = {ast.Lt: lambda: left < right, ast.LtE: lambda: left <= right,
-                      ast.Gt: lambda: left > right, ast.GtE: lambda: left >= right}[type(op)]()
+                ok = _ORDER[type(op)](left, right)
             if not ok:
                 return False
             left = right

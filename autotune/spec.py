@@ -247,10 +247,7 @@ def _check(doc: YamlDoc, raw: Any) -> CheckSpec:
             raise doc.error(f"{key}.expect", f"invalid regular expression: {exc}") from None
         answers.append(KnownAnswer(prompt=str(item["prompt"]), expect=str(item["expect"])))
     tol = raw.get("logprob_tolerance", "auto")
-    if tol != "auto":
-        tol = _number(doc, "check.logprob_tolerance", tol, positive=True)
-    else:
-        tol = None
+    tol = None if tol == "auto" else _number(doc, "check.logprob_tolerance", tol, positive=True)
     return CheckSpec(
         prompts=prompts,
         max_tokens=int(_number(doc, "check.max_tokens", raw.get("max_tokens", 32),

@@ -108,6 +108,10 @@ class Engine(abc.ABC):
         """A failure reason recognised in the server log, or None. Shared markers first."""
         return classify_common(log_tail)
 
+    def verify_started(self, settings: ServerSettings, log_text: str) -> str | None:
+        """After readiness: a reason the server is not running what was asked, or None."""
+        return None
+
     def validate_space(self, space: SearchSpace) -> list[ValidationIssue]:
         """Check each parameter against the installed engine. Default: nothing to check."""
         return [ValidationIssue(p.name, p.target.describe(), None) for p in space.parameters]

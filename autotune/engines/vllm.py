@@ -66,6 +66,32 @@ class VllmEngine(Engine):
     def classify_failure(self, log_tail: str) -> str | None:
         return classify_common(log_tail)
 
+    def verify_started(self, settings: ServerSettings, log_text: str) -> str | None:
+        """Every selected non-default patch must have announced itself in the server log.
+
+        vLLM only logs (and goes on) when a plugin cannot be imported, and skips plugins not
+        listed in ``VLLM_PLUGINS``; a trial must never be measured unpatched by accident.
+        """
+        if not settings.patches:
+            return None
+        from autotune.patching import PatchError, discover_patches
+
+        try:
+            known = discover_patches(self.spec.engine.patch_dirs)
+        except PatchError as exc:
+            return str(exc)
+        for name, value in settings.patches.items():
+            patch = known.get(name)
+            if patch is None:
+                return f"patch {name!r} not found in {list(self.spec.engine.patch_dirs)}"
+            if value == patch.info.default:
+                continue
+            if f"AUTOTUNE_PATCH_APPLIED name={name} " not in log_text:
+                return (f"patch {name!r} was selected but never applied (is autotune installed "
+                        f"in the engine's environment, and VLLM_PLUGINS unset or listing "
+                        f"autotune_patches?)")
+        return None
+
     def validate_space(self, space) -> list[ValidationIssue]:
         from autotune.engines.vllm_validate import validate_space
 

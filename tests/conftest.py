@@ -1,0 +1,50 @@
+"""Shared test helpers: a copy of the demo study in a temporary folder, process checks."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO_MODEL = ROOT / "models" / "demo"
+
+
+def write_demo_spec(directory: Path, space: str, *, name: str = "e2e", workload: dict | None = None,
+                    extra_args: tuple[str, ...] = ("--enforce-eager",)) -> Path:
+    """A demo spec in ``directory`` with absolute paths, a small workload and ``space``.
+
+    ``--enforce-eager`` by default: it saves about 15 s of torch.compile per server start.
+    """
+    spec = yaml.safe_load((ROOT / "studies" / "demo.yaml").read_text())
+    spec["study"] = name
+    spec["model"]["path"] = str(DEMO_MODEL)
+    spec["engine"]["patch_dirs"] = [str(ROOT / "patches")]
+    spec["engine"]["args"] = list(spec["engine"]["args"]) + list(extra_args)
+    spec["search_space"] = "space.yaml"
+    spec["workload"].update({"num_requests": 8, "concurrency": 4, "single_requests": 1,
+                             "warmup_requests": 1, "repeats": 1, "max_tokens": 32})
+    spec["workload"].update(workload or {})
+    spec["check"]["under_load_sample"] = 8
+    (directory / "space.yaml").write_text(textwrap.dedent(space))
+    path = directory / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def processes_matching(text: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(text in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def autotune_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "autotune", *args]
