@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from autotune.errors import AutotuneError, PreflightError, SpecError
@@ -33,13 +34,16 @@ StorageOpt = Annotated[str | None, typer.Option(
 
 
 def _fail(exc: AutotuneError) -> typer.Exit:
+    # One line, never wrapped (grep-able, copy-pastable), and the message is text, not markup:
+    # a key such as ``constraints[0]`` must not be read as a rich tag.
+    text = escape(str(exc))
     if isinstance(exc, SpecError):
-        err.print(f"[bold red]error:[/] {exc}")
+        err.print(f"[bold red]error:[/] {text}", soft_wrap=True)
         return typer.Exit(code=2)
     if isinstance(exc, PreflightError):
-        err.print(f"[bold red]preflight failed:[/] {exc}")
+        err.print(f"[bold red]preflight failed:[/] {text}", soft_wrap=True)
         return typer.Exit(code=3)
-    err.print(f"[bold red]error:[/] {exc}")
+    err.print(f"[bold red]error:[/] {text}", soft_wrap=True)
     return typer.Exit(code=1)
 
 

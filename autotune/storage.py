@@ -28,6 +28,8 @@ BENCH = "bench"  # spread, repeats, request counts
 SERVER = "server"  # argv, env (redacted), startup_s, engine_version, pid/pgid, host, worker
 CHECK = "check"
 PARAMS_RESOLVED = "params_resolved"  # values as the engine got them (int_list as lists)
+PINNED = "pinned_params"  # exact values of an ablation/confirmation variant
+VARIANT = "variant"  # label of an ablation/confirmation variant
 ROLE = "role"  # "baseline" | "search" | "retry" | "ablation" | "confirm"
 RETRY_OF = "retry_of"
 PHASE = "phase"
@@ -85,8 +87,11 @@ def open_storage(url: str, *, heartbeat: bool = True) -> optuna.storages.RDBStor
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
     except Exception as exc:  # SQLAlchemy's connection and driver errors have no common base
-        raise SpecError(f"storage unreachable: {type(exc).__name__}: {exc}".splitlines()[0],
-                        key="--storage") from None
+        message = f"storage unreachable: {type(exc).__name__}: {exc}".splitlines()[0]
+        if isinstance(exc, ImportError) and exc.__cause__ is not None:
+            # Optuna hides which driver is missing: "No module named 'psycopg'"
+            message += f" ({exc.__cause__})"
+        raise SpecError(message, key="--storage") from None
 
 
 def artifact_dir(url: str, study_name: str, override: str | None = None) -> Path:
@@ -100,7 +105,14 @@ def artifact_dir(url: str, study_name: str, override: str | None = None) -> Path
 
 
 def artifact_store(directory: Path) -> FileSystemArtifactStore:
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"cannot create the artifact directory {directory}: {exc.strerror}",
+                        key="--artifact-dir") from None
+    if not os.access(directory, os.W_OK):
+        raise SpecError(f"the artifact directory is not writable: {directory}",
+                        key="--artifact-dir")
     return FileSystemArtifactStore(str(directory))
 
 

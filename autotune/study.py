@@ -200,6 +200,11 @@ def run_study(spec: StudySpec, options: RunOptions, *,
     engine = build_engine(spec)
     preflight(spec, engine, validate=options.validate)
     url = storage_url_for(spec, options.storage_url)
+    # A bad storage URL or an unwritable artifact directory is bad input: found before the
+    # storage is touched.
+    keys.resolve_url(url)
+    artifacts = keys.artifact_store(keys.artifact_dir(url, options.study_name or spec.name,
+                                                      options.artifact_dir))
     study, _created = open_study(spec, url, study_name=options.study_name, seed=options.seed)
     summary = RunSummary(study_name=study.study_name, storage_url=url)
     summary.cleaned = cleanup_stale(study)
@@ -211,7 +216,7 @@ def run_study(spec: StudySpec, options: RunOptions, *,
     artifacts_path = keys.artifact_dir(url, study.study_name, options.artifact_dir)
     ctx = TrialContext(spec=spec, engine=engine,
                        log_dir=log_dir or artifacts_path / "logs",
-                       artifacts=keys.artifact_store(artifacts_path),
+                       artifacts=artifacts,
                        on_phase=on_phase or (lambda _n, _p: None), study=study,
                        extra_env=dict(extra_env or {}), extra_flags=dict(extra_flags or {}))
     study.set_user_attr(keys.ENGINE_VERSION, engine.version())
