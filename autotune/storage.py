@@ -48,6 +48,14 @@ HEARTBEAT_INTERVAL_S = 10
 HEARTBEAT_GRACE_S = 30
 
 
+def _env_seconds(name: str, default: int) -> int:
+    """A whole number of seconds from the environment (tests shorten the heartbeat)."""
+    try:
+        return max(1, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
 def resolve_url(url: str) -> str:
     """Validate an SQLAlchemy URL; for SQLite make sure the directory exists and is writable."""
     try:
@@ -83,7 +91,10 @@ def open_storage(url: str, *, heartbeat: bool = True) -> optuna.storages.RDBStor
         engine_kwargs["pool_pre_ping"] = True
     kwargs: dict[str, Any] = {}
     if heartbeat:
-        kwargs = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": HEARTBEAT_GRACE_S}
+        # A RUNNING trial whose heartbeat is older than the grace belongs to a dead run.
+        interval = _env_seconds("AUTOTUNE_HEARTBEAT_INTERVAL_S", HEARTBEAT_INTERVAL_S)
+        grace = _env_seconds("AUTOTUNE_HEARTBEAT_GRACE_S", HEARTBEAT_GRACE_S)
+        kwargs = {"heartbeat_interval": interval, "grace_period": max(grace, interval + 1)}
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
     except Exception as exc:  # SQLAlchemy's connection and driver errors have no common base

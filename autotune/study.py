@@ -227,8 +227,16 @@ def run_study(spec: StudySpec, options: RunOptions, *,
     while launched < options.trials:
         _wait_for_reference(study)
         runner.last = None
-        study.optimize(runner, n_trials=1, catch=(InfrastructureError,),
-                       gc_after_trial=False)
+        try:
+            study.optimize(runner, n_trials=1, catch=(InfrastructureError,),
+                           gc_after_trial=False)
+        except KeyboardInterrupt:
+            # Ctrl-C: the runner stopped the server and recorded the trial `interrupted`; queue
+            # its parameters again so the next run retries it (like a killed run's trial).
+            last = runner.last
+            if last is not None and last.verdict == "interrupted":
+                enqueue_retry(study, study.trials[last.number])
+            raise
         outcome = runner.last
         if outcome is None:
             raise PreflightError("a trial ended without an outcome (see the study's last trial)")
