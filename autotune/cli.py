@@ -208,6 +208,8 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
         if measured and bound:
             console.print(f"decode roofline: {bound:.1f} tok/s; best measured {measured:.1f} "
                           f"tok/s = {measured / bound:.1%} of it")
+    if report.attrs.get("ablation"):
+        _print_ablation(report.attrs["ablation"])
     if report.best:
         console.print(f"best (verified correct): trial {', '.join(map(str, report.best))}")
     else:
@@ -299,6 +301,69 @@ def validate(spec: Annotated[Path, typer.Argument(help="Study spec YAML.")]) -> 
         raise typer.Exit(code=2)
     console.print(f"all {len(issues)} parameters valid against {study_spec.engine.kind} "
                   f"{build_engine(study_spec).version()}")
+
+
+@app.command()
+def ablate(
+    spec: SpecOpt = DEFAULT_SPEC,
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=2, help="Rounds per variant.")] = 3,
+    trial: Annotated[int | None, typer.Option("--trial", help="Trial to ablate (default: best).")
+                     ] = None,
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", help="Write the minimal config as YAML (like export).")] = None,
+    min_effect: Annotated[float, typer.Option(
+        "--min-effect", min=0.0, max=1.0,
+        help="Smallest relative change counted as an effect (default 5%).")] = 0.05,
+) -> None:
+    """Revert each change of the best config one at a time: what really helped?"""
+    import optuna
+
+    from autotune import storage as keys
+    from autotune.ablation import run_ablation
+
+    try:
+        study_spec = _load_spec(spec)
+        url, name = _study_target(spec, study, storage)
+        try:
+            loaded = optuna.load_study(storage=keys.open_storage(url), study_name=name)
+        except KeyError:
+            raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
+        report = run_ablation(study_spec, loaded, url, repeats=repeats, trial_number=trial,
+                              min_effect=min_effect,
+                              on_phase=lambda n, p: console.print(f"[dim]trial {n}: {p}[/]"))
+        _print_ablation(report.to_dict())
+        if output is not None:
+            from autotune.export import export_values
+
+            result = export_values(study_spec, report.minimal_values, output,
+                                   title=f"minimal config from ablation of trial "
+                                         f"{report.trial_number}")
+            console.print(f"minimal config -> {result.path}")
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+
+
+def _print_ablation(report: dict) -> None:
+    table = Table(title=f"ablation of trial {report['trial_number']}: {report['metric']} "
+                        f"(best median {report['best_median']:.1f}, noise band "
+                        f"±{report['noise_band']:.1f}, {report['repeats']} rounds)")
+    for col in ("change", "best", "reverted to", "delta", "range", "verdict"):
+        table.add_column(col)
+    for c in report["contributions"]:
+        delta = "" if c["delta"] is None else f"{c['delta']:+.1f}"
+        span = "" if c["delta_low"] is None else f"[{c['delta_low']:+.1f}, {c['delta_high']:+.1f}]"
+        style = {"helps": "green", "needed for correctness": "yellow"}.get(c["verdict"], "dim")
+        table.add_row(c["parameter"], str(c["best_value"]), str(c["reverted_to"]), delta, span,
+                      c["verdict"] + (f" ({c['detail']})" if c["detail"] else ""), style=style)
+    console.print(table)
+    minimal = ", ".join(f"{k}={v}" for k, v in report["minimal_values"].items()) or "(baseline)"
+    console.print(f"minimal config: {minimal}")
+    if report["minimal_keeps_gain"] is not None:
+        console.print(f"minimal config measured {report['minimal_median']:.1f}: "
+                      + ("keeps the gain" if report["minimal_keeps_gain"]
+                         else "does NOT keep the gain (interactions between changes)"))
 
 
 @app.command()

@@ -36,10 +36,19 @@ class ExportResult:
 
 
 def export_trial(spec: StudySpec, trial: optuna.trial.FrozenTrial, out: Path) -> ExportResult:
-    engine = build_engine(spec)
     values = {}
     for name, value in (trial.user_attrs.get(keys.PARAMS_RESOLVED) or trial.params).items():
         values[name] = spec.space.parameter(name).from_optuna(value)
+    metrics = trial.user_attrs.get(keys.METRICS) or {}
+    return export_values(spec, values, out, number=trial.number, metrics=metrics,
+                         title=f"trial {trial.number} (verified correct against the "
+                               f"baseline's reference)")
+
+
+def export_values(spec: StudySpec, values: dict[str, Any], out: Path, *, title: str,
+                  number: int = -1, metrics: dict[str, float] | None = None) -> ExportResult:
+    """Write parameter ``values`` as the engine's config file, with env and launch command."""
+    engine = build_engine(spec)
     settings = spec.space.resolve(values)
     config = engine.export_config(settings)
     env = dict(spec.engine.env)
@@ -50,9 +59,8 @@ def export_trial(spec: StudySpec, trial: optuna.trial.FrozenTrial, out: Path) ->
         env[PATCHES_ENV] = json.dumps(dict(settings.patches), sort_keys=True)
         env[PATCH_DIRS_ENV] = os.pathsep.join(str(d) for d in spec.engine.patch_dirs)
     command = engine.launch_command(settings, str(out))
-    metrics = trial.user_attrs.get(keys.METRICS) or {}
-    header = [f"# autotune export: study {spec.name}, trial {trial.number} "
-              f"(verified correct against the baseline's reference)"]
+    metrics = metrics or {}
+    header = [f"# autotune export: study {spec.name}, {title}"]
     for name in spec.objective.metrics:
         if name in metrics:
             header.append(f"#   {name}: {metrics[name]}")
@@ -73,7 +81,7 @@ def export_trial(spec: StudySpec, trial: optuna.trial.FrozenTrial, out: Path) ->
     if env:
         env_path = out.with_suffix(".env")
         env_path.write_text("".join(f"{k}={v}\n" for k, v in env.items()), encoding="utf-8")
-    return ExportResult(path=out, trial_number=trial.number, config=config, env=env,
+    return ExportResult(path=out, trial_number=number, config=config, env=env,
                         command=command, env_path=env_path)
 
 

@@ -90,7 +90,11 @@ class TrialRunner:
     def __call__(self, trial: optuna.Trial) -> float | list[float]:
         spec = self.ctx.spec
         role = trial.user_attrs.get(keys.ROLE, "search")
-        if role == "baseline":
+        pinned = trial.user_attrs.get(keys.PINNED)
+        if pinned is not None:
+            # ablation and confirmation variants: exactly these values, the rest left out
+            values = spec.space.suggest_pinned(trial, pinned)
+        elif role == "baseline":
             values = spec.space.suggest_baseline(trial)
         else:
             values = spec.space.suggest(trial)

@@ -176,6 +176,20 @@ class SearchSpace:
                 values[param.name] = param.suggest(trial)
         return values
 
+    def suggest_pinned(self, trial: optuna.Trial, pinned: Mapping[str, Any]) -> dict[str, Any]:
+        """Only the parameters named in ``pinned`` (the trial was enqueued with their values,
+        so Optuna returns exactly those); the others are left to the engine's defaults."""
+        values: dict[str, Any] = {}
+        for param in self.parameters:
+            if param.name in pinned and self.is_active(param, values):
+                values[param.name] = param.suggest(trial)
+        return values
+
+    def to_optuna_params(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Values as Optuna stores them (``int_list`` as its string label)."""
+        return {name: _list_label(value) if self.parameter(name).type == "int_list" else value
+                for name, value in values.items()}
+
     def baseline_values(self) -> dict[str, Any]:
         """The baseline: each parameter's ``baseline`` value where given, engine default else."""
         values: dict[str, Any] = {}
