@@ -1,0 +1,332 @@
+"""Killed and interrupted runs: nothing leaks, nothing completed is lost, the study resumes.
+
+* ``kill -9`` of ``autotune run`` while a trial's server is up leaves that server running (it is
+  in its own session). The next ``autotune run`` finds it through the pid, process group and
+  start time recorded at spawn, stops it before any new trial starts, marks the trial
+  ``interrupted`` (FAIL, not held against the config) and re-enqueues its parameters. Shown on
+  the real vLLM CPU server (``e2e``) and, fast, on the fake server (a test double).
+* Ctrl-C (SIGINT) of ``autotune run`` exits 130, stops the server, records the current trial
+  ``interrupted`` and re-enqueues it; the study stays intact.
+
+The heartbeat is shortened with ``AUTOTUNE_HEARTBEAT_INTERVAL_S`` / ``AUTOTUNE_HEARTBEAT_GRACE_S``
+so a dead run's trial is recognised as stale after seconds, not 30 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from autotune import storage as keys
+
+ROOT = Path(__file__).resolve().parents[1]
+HEARTBEAT_ENV = {
+    "AUTOTUNE_HEARTBEAT_INTERVAL_S": "1",
+    "AUTOTUNE_HEARTBEAT_GRACE_S": "3",
+    "AUTOTUNE_STOP_GRACE_S": "5",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def vllm_spec(tmp: Path, tag: str) -> Path:
+    """studies/demo.yaml and its space, copied with absolute paths, storage in ``tmp``, a small
+    workload, and ``--enforce-eager`` fixed (no torch.compile: a faster start)."""
+    spec = yaml.safe_load((ROOT / "studies" / "demo.yaml").read_text())
+    space = yaml.safe_load((ROOT / "search_spaces" / "cpu-demo.yaml").read_text())
+    space["parameters"].pop("enforce_eager", None)  # fixed below instead
+    (tmp / "space.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
+    spec["study"] = "resume"
+    spec["model"]["path"] = str(ROOT / "models" / "demo")
+    spec["model"]["served_name"] = tag  # in every server's argv: finds this test's processes
+    spec["engine"]["patch_dirs"] = [str(ROOT / "patches")]
+    spec["engine"]["args"] = [*spec["engine"]["args"], "--enforce-eager"]
+    spec["search_space"] = "space.yaml"
+    spec["check"]["prompts"] = spec["check"]["prompts"][:3]
+    spec["check"]["under_load_sample"] = 4
+    spec["workload"].update(
+        {
+            "num_requests": 4,
+            "concurrency": 2,
+            "single_requests": 1,
+            "warmup_requests": 1,
+            "repeats": 1,
+            "max_tokens": 16,
+        }
+    )
+    spec["storage"] = f"sqlite:///{tmp / 'resume.db'}"
+    path = tmp / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def fake_spec(tmp: Path, tag: str, *, decode_ms: float = 2.0) -> Path:
+    """The fake server (a test double) through the command engine; ``--spawn-child`` so the
+    leftover server has a child to be found too."""
+    (tmp / "model").mkdir(exist_ok=True)
+    space = {
+        "parameters": {
+            "max_num_seqs": {
+                "type": "categorical",
+                "choices": [2, 4, 8, 16],
+                "target": {"flag": "--max-num-seqs"},
+            }
+        }
+    }
+    (tmp / "space.yaml").write_text(yaml.safe_dump(space))
+    spec = {
+        "study": "resume",
+        "engine": {
+            "kind": "command",
+            "command": [
+                sys.executable,
+                "-m",
+                "autotune.testing.fake_server",
+                "--host",
+                "{host}",
+                "--port",
+                "{port}",
+                "--api-key",
+                "{api_key}",
+                "--model",
+                "{served_name}",
+            ],
+            "args": [
+                "--spawn-child",
+                "--child-title",
+                f"FAKE::EngineCore-{tag}",
+                "--decode-ms",
+                str(decode_ms),
+            ],
+        },
+        "model": {"path": "model", "served_name": tag},
+        "search_space": "space.yaml",
+        "check": {"prompts": ["1 2 3", "a b c"], "max_tokens": 8, "under_load_sample": 4},
+        "workload": {
+            "prompts": ["4 5 6", "d e f"],
+            "max_tokens": 16,
+            "concurrency": 2,
+            "num_requests": 4,
+            "single_requests": 1,
+            "warmup_requests": 1,
+            "repeats": 1,
+            "request_timeout_s": 30,
+        },
+        "timeouts": {"startup_s": 20},
+        "storage": f"sqlite:///{tmp / 'resume.db'}",
+    }
+    path = tmp / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    """Live processes of this test's servers: the tag is in every server's (and fake child's)
+    argv; vLLM's renamed children are found through the server's process group."""
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if (
+                any(tag in part for part in proc.info["cmdline"] or [])
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
+                found[proc.pid] = proc
+        except psutil.Error:
+            continue
+    for proc in list(found.values()):
+        try:
+            pgid = os.getpgid(proc.pid)
+        except OSError:
+            continue
+        for other in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(other.pid) == pgid and other.status() != psutil.STATUS_ZOMBIE:
+                    found[other.pid] = other
+            except (OSError, psutil.Error):
+                continue
+    return list(found.values())
+
+
+def kill_tagged(tag: str) -> None:
+    """Last resort so a failing test leaves nothing behind."""
+    for proc in tagged(tag):
+        with contextlib.suppress(OSError, psutil.Error):
+            os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+
+
+def start_run(spec: Path, trials: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **HEARTBEAT_ENV}
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "autotune", "run", "--trials", str(trials), "--spec", str(spec)],
+            cwd=spec.parent,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def load(spec: Path) -> optuna.Study:
+    url = yaml.safe_load(spec.read_text())["storage"]
+    return optuna.load_study(study_name="resume", storage=url)
+
+
+def wait_for(
+    predicate: Callable[[], object], timeout: float, proc: subprocess.Popen, log: Path, what: str
+) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except (KeyError, ValueError, optuna.exceptions.StorageInternalError):
+            value = None
+        if value:
+            return value
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"autotune exited ({proc.returncode}) before {what}:\n" + log.read_text()[-3000:]
+            )
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}:\n" + log.read_text()[-3000:])
+
+
+def running_with_server(spec: Path, min_number: int) -> optuna.trial.FrozenTrial | None:
+    """A RUNNING trial numbered >= min_number whose server pid is recorded and alive."""
+    for trial in load(spec).get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        server = trial.user_attrs.get(keys.SERVER) or {}
+        if trial.number >= min_number and server.get("pid") and psutil.pid_exists(server["pid"]):
+            return trial
+    return None
+
+
+def kill9_then_resume(
+    tmp: Path, spec: Path, tag: str, *, startup_wait: float, run_timeout: float
+) -> None:
+    log = tmp / "run1.log"
+    first = start_run(spec, 3, log)
+    try:
+        # the baseline completes, then the next trial's server is spawned
+        trial = wait_for(
+            lambda: running_with_server(spec, 1),
+            startup_wait,
+            first,
+            log,
+            "trial 1 to be RUNNING with its server spawned",
+        )
+        completed_before = [t.number for t in load(spec).trials if t.state == TrialState.COMPLETE]
+        assert 0 in completed_before
+        server = trial.user_attrs[keys.SERVER]
+        os.kill(first.pid, signal.SIGKILL)  # autotune only, not its server
+        first.wait(timeout=10)
+        assert psutil.pid_exists(server["pid"]), "the server must outlive a kill -9 of autotune"
+        leftover = {p.pid for p in tagged(tag)}
+        assert server["pid"] in leftover
+        time.sleep(4.5)  # heartbeat grace (3 s) + a margin: the trial is now stale
+
+        second_log = tmp / "run2.log"
+        second = start_run(spec, 1, second_log)
+        second.wait(timeout=run_timeout)
+        output = second_log.read_text()
+        assert second.returncode == 0, output[-3000:]
+        assert f"trial {trial.number}: stopped its leftover server" in output
+        assert f"trial {trial.number}: marked interrupted, re-enqueued" in output
+        assert not leftover & {p.pid for p in tagged(tag)}, "the leftover server survived"
+
+        study = load(spec)
+        stale = study.trials[trial.number]
+        assert stale.state == TrialState.FAIL
+        assert stale.user_attrs[keys.FAIL_REASON] == "interrupted"
+        assert "constraints:correct" not in stale.system_attrs  # not held against the config
+        retries = [t for t in study.trials if t.user_attrs.get(keys.RETRY_OF) == trial.number]
+        assert len(retries) == 1 and retries[0].params == stale.params
+        # cleanup ran before the new trial: the retry was the next trial launched, and it ran
+        assert retries[0].state == TrialState.COMPLETE, retries[0].user_attrs
+        assert retries[0].datetime_start > stale.datetime_start
+        for number in completed_before:  # no completed trial lost
+            assert study.trials[number].state == TrialState.COMPLETE
+        assert study.user_attrs.get(keys.REFERENCE) is not None
+    finally:
+        for proc in (first,):
+            if proc.poll() is None:
+                proc.kill()
+        kill_tagged(tag)
+    assert tagged(tag) == []
+
+
+def test_kill9_then_resume_fake_server(tmp_path: Path) -> None:
+    tag = f"resume{uuid.uuid4().hex[:10]}"
+    spec = fake_spec(tmp_path, tag)
+    kill9_then_resume(tmp_path, spec, tag, startup_wait=60, run_timeout=120)
+
+
+@pytest.mark.e2e
+def test_kill9_then_resume_vllm(tmp_path: Path) -> None:
+    tag = f"resume{uuid.uuid4().hex[:10]}"
+    spec = vllm_spec(tmp_path, tag)
+    kill9_then_resume(tmp_path, spec, tag, startup_wait=400, run_timeout=400)
+
+
+def test_ctrl_c_exits_130_and_records_interrupted(tmp_path: Path) -> None:
+    tag = f"sigint{uuid.uuid4().hex[:10]}"
+    spec = fake_spec(tmp_path, tag, decode_ms=25)  # slow decode: the trial is still running
+    log = tmp_path / "run.log"
+    proc = start_run(spec, 5, log)
+    try:
+        trial = wait_for(
+            lambda: running_with_server(spec, 1),
+            60,
+            proc,
+            log,
+            "trial 1 to be RUNNING with its server spawned",
+        )
+        server_pid = trial.user_attrs[keys.SERVER]["pid"]
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+        output = log.read_text()
+        assert proc.returncode == 130, output[-3000:]
+        assert "interrupted" in output
+        assert (
+            not psutil.pid_exists(server_pid)
+            or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
+        )
+        assert tagged(tag) == []
+
+        study = load(spec)
+        stopped = study.trials[trial.number]
+        assert stopped.state == TrialState.FAIL
+        assert stopped.user_attrs[keys.FAIL_REASON] == "interrupted"
+        assert stopped.user_attrs[keys.SERVER].get("stopped_cleanly") is True
+        assert study.trials[0].state == TrialState.COMPLETE
+        assert study.user_attrs.get(keys.REFERENCE) is not None
+        waiting = [t for t in study.trials if t.state == TrialState.WAITING]
+        assert [
+            (t.system_attrs.get("fixed_params"), t.user_attrs.get(keys.RETRY_OF)) for t in waiting
+        ] == [(stopped.params, trial.number)]
+        assert not [t for t in study.trials if t.state == TrialState.RUNNING]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_tagged(tag)
+    # the study resumes: the re-enqueued trial runs first
+    log2 = tmp_path / "run2.log"
+    again = start_run(spec, 1, log2)
+    again.wait(timeout=120)
+    assert again.returncode == 0, log2.read_text()[-3000:]
+    study = load(spec)
+    retry = next(t for t in study.trials if t.user_attrs.get(keys.RETRY_OF) == trial.number)
+    assert retry.state == TrialState.COMPLETE
+    assert tagged(tag) == []
