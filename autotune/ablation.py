@@ -74,8 +74,9 @@ class AblationReport:
 def changes_from_baseline(spec: StudySpec, values: dict[str, Any]) -> list[str]:
     """Parameters whose value in ``values`` is not what the baseline ran with."""
     baseline = spec.space.baseline_values()
-    return [name for name, value in values.items()
-            if name not in baseline or baseline[name] != value]
+    return [
+        name for name, value in values.items() if name not in baseline or baseline[name] != value
+    ]
 
 
 def revert(spec: StudySpec, values: dict[str, Any], name: str) -> dict[str, Any]:
@@ -93,35 +94,46 @@ def revert(spec: StudySpec, values: dict[str, Any], name: str) -> dict[str, Any]
     return active
 
 
-def run_ablation(spec: StudySpec, study: optuna.Study, storage_url: str, *, repeats: int = 3,
-                 trial_number: int | None = None, min_effect: float = 0.05,
-                 on_phase: Callable[[int, str], None] | None = None) -> AblationReport:
+def run_ablation(
+    spec: StudySpec,
+    study: optuna.Study,
+    storage_url: str,
+    *,
+    repeats: int = 3,
+    trial_number: int | None = None,
+    min_effect: float = 0.05,
+    on_phase: Callable[[int, str], None] | None = None,
+) -> AblationReport:
     if repeats < 2:
-        raise SpecError("ablation needs at least 2 repeats to know its noise band",
-                        key="--repeats")
+        raise SpecError("ablation needs at least 2 repeats to know its noise band", key="--repeats")
     trial = _pick_trial(study, trial_number)
     metric = spec.objective.metrics[0]
     sign = 1.0 if METRICS[metric] == "maximize" else -1.0
-    best_values = {name: spec.space.parameter(name).from_optuna(value)
-                   for name, value in (trial.user_attrs.get(keys.PARAMS_RESOLVED)
-                                       or trial.params).items()}
+    best_values = {
+        name: spec.space.parameter(name).from_optuna(value)
+        for name, value in (trial.user_attrs.get(keys.PARAMS_RESOLVED) or trial.params).items()
+    }
     changes = changes_from_baseline(spec, best_values)
     variants = [Variant("best", best_values)]
     variants += [Variant(f"revert:{name}", revert(spec, best_values, name)) for name in changes]
-    measured = measure_variants(spec, study, storage_url, variants, repeats=repeats,
-                                role="ablation", on_phase=on_phase)
+    measured = measure_variants(
+        spec, study, storage_url, variants, repeats=repeats, role="ablation", on_phase=on_phase
+    )
     best = measured["best"]
     if not best.samples:
-        raise SpecError(f"trial {trial.number}'s config did not pass again during ablation: "
-                        f"{best.failures}", key="--trial")
+        raise SpecError(
+            f"trial {trial.number}'s config did not pass again during ablation: {best.failures}",
+            key="--trial",
+        )
     best_median = statistics.median(best.samples)
     band = _noise_band(measured.values(), best_median, min_effect)
     contributions = []
     baseline = spec.space.baseline_values()
     for name in changes:
         m = measured[f"revert:{name}"]
-        contributions.append(_judge(name, best_values[name], baseline.get(name, _DEFAULT), best,
-                                    m, band, sign))
+        contributions.append(
+            _judge(name, best_values[name], baseline.get(name, _DEFAULT), best, m, band, sign)
+        )
     keep = {c.parameter for c in contributions if c.verdict in (HELPS, CORRECTNESS)}
     minimal = dict(best_values)
     for name in changes:
@@ -129,8 +141,15 @@ def run_ablation(spec: StudySpec, study: optuna.Study, storage_url: str, *, repe
             minimal = revert(spec, minimal, name)
     minimal_median, keeps = None, None
     if minimal != best_values:
-        check = measure_variants(spec, study, storage_url, [Variant("minimal", minimal)],
-                                 repeats=repeats, role="ablation", on_phase=on_phase)
+        check = measure_variants(
+            spec,
+            study,
+            storage_url,
+            [Variant("minimal", minimal)],
+            repeats=repeats,
+            role="ablation",
+            on_phase=on_phase,
+        )
         samples = check["minimal"].samples
         if samples:
             minimal_median = statistics.median(samples)
@@ -138,10 +157,18 @@ def run_ablation(spec: StudySpec, study: optuna.Study, storage_url: str, *, repe
         else:
             keeps = False
     report = AblationReport(
-        trial_number=trial.number, metric=metric, direction=METRICS[metric],
-        best_median=best_median, noise_band=band, min_effect=min_effect, contributions=tuple(contributions),
-        minimal_values=minimal, minimal_median=minimal_median, minimal_keeps_gain=keeps,
-        repeats=repeats)
+        trial_number=trial.number,
+        metric=metric,
+        direction=METRICS[metric],
+        best_median=best_median,
+        noise_band=band,
+        min_effect=min_effect,
+        contributions=tuple(contributions),
+        minimal_values=minimal,
+        minimal_median=minimal_median,
+        minimal_keeps_gain=keeps,
+        repeats=repeats,
+    )
     study.set_user_attr(keys.ABLATION, report.to_dict())
     return report
 
@@ -161,27 +188,53 @@ def _pick_trial(study: optuna.Study, number: int | None) -> optuna.trial.FrozenT
 
 
 def _noise_band(measured, best_median: float, min_effect: float) -> float:
-    deviations = [abs(x - statistics.median(m.samples)) for m in measured
-                  if len(m.samples) >= 2 for x in m.samples]
+    deviations = [
+        abs(x - statistics.median(m.samples))
+        for m in measured
+        if len(m.samples) >= 2
+        for x in m.samples
+    ]
     scatter = 3 * 1.4826 * statistics.median(deviations) if deviations else 0.0
     return max(scatter, min_effect * abs(best_median))
 
 
-def _judge(name: str, best_value: Any, reverted_to: Any, best: VariantMeasurements,
-           reverted: VariantMeasurements, band: float, sign: float) -> Contribution:
+def _judge(
+    name: str,
+    best_value: Any,
+    reverted_to: Any,
+    best: VariantMeasurements,
+    reverted: VariantMeasurements,
+    band: float,
+    sign: float,
+) -> Contribution:
     if not reverted.samples:
-        return Contribution(name, best_value, reverted_to, None, None, None, CORRECTNESS,
-                            f"without it: {', '.join(sorted(set(reverted.failures)))}")
+        return Contribution(
+            name,
+            best_value,
+            reverted_to,
+            None,
+            None,
+            None,
+            CORRECTNESS,
+            f"without it: {', '.join(sorted(set(reverted.failures)))}",
+        )
     delta = sign * (statistics.median(best.samples) - statistics.median(reverted.samples))
-    low = sign * (min(best.samples) - max(reverted.samples)) if sign > 0 else \
-        sign * (max(best.samples) - min(reverted.samples))
-    high = sign * (max(best.samples) - min(reverted.samples)) if sign > 0 else \
+    low = (
         sign * (min(best.samples) - max(reverted.samples))
+        if sign > 0
+        else sign * (max(best.samples) - min(reverted.samples))
+    )
+    high = (
+        sign * (max(best.samples) - min(reverted.samples))
+        if sign > 0
+        else sign * (min(best.samples) - max(reverted.samples))
+    )
     if delta > band:
         verdict = HELPS
     elif delta < -band:
         verdict = HURTS
     else:
         verdict = NO_EFFECT
-    return Contribution(name, best_value, reverted_to, delta, min(low, high), max(low, high),
-                        verdict)
+    return Contribution(
+        name, best_value, reverted_to, delta, min(low, high), max(low, high), verdict
+    )

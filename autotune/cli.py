@@ -81,8 +81,13 @@ def run(
     worker_env: Annotated[str | None, typer.Option(
         "--worker-env", hidden=True, help="JSON env of one worker's device set (internal).")
     ] = None,
+    confirm_top: Annotated[int, typer.Option(
+        "--confirm-top", min=0,
+        help="Re-measure the top K configs against the baseline before declaring the best "
+             "(0: skip).")] = 2,
+    confirm_repeats: Annotated[int, typer.Option("--confirm-repeats", min=2)] = 2,
 ) -> None:
-    """Tune: run N trials of the study (resuming it if it exists)."""
+    """Tune: run N trials of the study (resuming it if it exists), then confirm the best."""
     import json
 
     from autotune.study import RunOptions, run_study
@@ -97,6 +102,9 @@ def run(
             plan = DevicePlanSpec(gpus=gpus, gpus_per_trial=gpus_per_trial, cpus=cpus,
                                   cpus_per_trial=cpus_per_trial)
             code = run_parallel(spec, options, workers=parallel, plan=plan, console=console)
+            if code == 0 and confirm_top:
+                _confirm(study_spec, *_study_target(spec, study, storage), confirm_top,
+                         confirm_repeats)
             _print_report(*_study_target(spec, study, storage))
             raise typer.Exit(code=code)
         extra_env = json.loads(worker_env) if worker_env else None
@@ -106,6 +114,9 @@ def run(
             view.live = live
             summary = run_study(study_spec, options, on_phase=view.on_phase,
                                 on_trial=view.on_trial, extra_env=extra_env)
+        if confirm_top and not worker_env and not summary.stopped_because:
+            _confirm(study_spec, summary.storage_url, summary.study_name, confirm_top,
+                     confirm_repeats)
     except AutotuneError as exc:
         raise _fail(exc) from None
     except KeyboardInterrupt:
@@ -120,6 +131,45 @@ def run(
     _print_report(summary.storage_url, summary.study_name)
     if summary.stopped_because:
         raise typer.Exit(code=1)
+
+
+def _confirm(study_spec, url: str, name: str, top: int, repeats: int) -> None:
+    """The confirmation phase (see confirm.py); skipped for multi-objective studies."""
+    import optuna
+
+    from autotune import storage as keys
+    from autotune.confirm import run_confirmation, top_candidates
+
+    if len(study_spec.objective.metrics) != 1:
+        return
+    loaded = optuna.load_study(storage=keys.open_storage(url), study_name=name)
+    if not top_candidates(study_spec, loaded, top):
+        console.print("[yellow]no verified correct config beyond the baseline to confirm[/]")
+        return
+    console.print(f"confirming the top {top} configs against the baseline "
+                  f"({repeats} interleaved rounds)...")
+    run_confirmation(study_spec, loaded, url, top_k=top, repeats=repeats,
+                     on_phase=lambda n, p: console.print(f"[dim]trial {n}: {p}[/]")
+                     if p == "launching" else None)
+
+
+def _print_confirmation(data: dict) -> None:
+    table = Table(title=f"confirmation: {data['metric']}, {data['repeats']} interleaved rounds")
+    for col in ("config", "samples", "median", "failures"):
+        table.add_column(col)
+    for c in data["candidates"]:
+        style = "bold green" if c["trial_number"] is not None and \
+            c["trial_number"] == data["winner"] else ""
+        table.add_row(c["label"], ", ".join(f"{x:.1f}" for x in c["samples"]),
+                      "" if c["median"] is None else f"{c['median']:.1f}",
+                      ", ".join(c["failures"]), style=style)
+    console.print(table)
+    if data["winner"] is None:
+        console.print("[red]no candidate passed every confirmation round[/]")
+    elif data["gain"] is not None:
+        low, high = data["gain_ci"]
+        console.print(f"winner: trial {data['winner']}, {data['gain']:+.1%} over the baseline "
+                      f"(95% CI {low:+.1%} .. {high:+.1%})")
 
 
 class _LiveView:
@@ -208,6 +258,8 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
         if measured and bound:
             console.print(f"decode roofline: {bound:.1f} tok/s; best measured {measured:.1f} "
                           f"tok/s = {measured / bound:.1%} of it")
+    if report.attrs.get("confirmation"):
+        _print_confirmation(report.attrs["confirmation"])
     if report.attrs.get("ablation"):
         _print_ablation(report.attrs["ablation"])
     if report.best:
@@ -236,6 +288,9 @@ def export(
         "best.yaml"),
     pareto: Annotated[bool, typer.Option("--pareto", help="Export the whole Pareto front.")
                       ] = False,
+    allow_unconfirmed: Annotated[bool, typer.Option(
+        "--allow-unconfirmed", help="Export the best verified trial even if the confirmation "
+                                    "phase has not run.")] = False,
 ) -> None:
     """Write the best verified config as YAML for `vllm serve --config FILE`."""
     import optuna
@@ -251,7 +306,8 @@ def export(
                                        study_name=name)
         except KeyError:
             raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
-        results = export_best(study_spec, loaded, output, pareto=pareto)
+        results = export_best(study_spec, loaded, output, pareto=pareto,
+                              require_confirmed=not allow_unconfirmed)
     except AutotuneError as exc:
         raise _fail(exc) from None
     for result in results:
@@ -301,6 +357,29 @@ def validate(spec: Annotated[Path, typer.Argument(help="Study spec YAML.")]) -> 
         raise typer.Exit(code=2)
     console.print(f"all {len(issues)} parameters valid against {study_spec.engine.kind} "
                   f"{build_engine(study_spec).version()}")
+
+
+@app.command()
+def confirm(
+    spec: SpecOpt = DEFAULT_SPEC,
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="Candidates to re-measure.")] = 2,
+    repeats: Annotated[int, typer.Option("--repeats", min=2)] = 3,
+) -> None:
+    """Re-measure the top configs interleaved with the baseline; declare the winner with its
+    gain and a 95% confidence interval."""
+    try:
+        study_spec = _load_spec(spec)
+        url, name = _study_target(spec, study, storage)
+        _confirm(study_spec, url, name, top, repeats)
+        from autotune.report import load_report
+
+        data = load_report(url, name).attrs.get("confirmation")
+        if data:
+            _print_confirmation(data)
+    except AutotuneError as exc:
+        raise _fail(exc) from None
 
 
 @app.command()

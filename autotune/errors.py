@@ -30,6 +30,7 @@ CANDIDATE_REASONS: dict[str, str] = {
     "constraint_violated": "the sampled parameters violate a search-space constraint",
     "duplicate": "another worker is running the same parameters right now (not launched)",
     "slo_violated": "a measured value broke a service-level constraint",
+    "pruned_early": "correct, but clearly slower than earlier trials after its first repeat",
 }
 INFRA_REASONS: dict[str, str] = {
     "port_taken": "the chosen port was taken by another process",

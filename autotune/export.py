@@ -85,9 +85,18 @@ def export_values(spec: StudySpec, values: dict[str, Any], out: Path, *, title: 
                         command=command, env_path=env_path)
 
 
-def export_best(spec: StudySpec, study: optuna.Study, out: Path, *, pareto: bool = False
-                ) -> list[ExportResult]:
+def export_best(spec: StudySpec, study: optuna.Study, out: Path, *, pareto: bool = False,
+                require_confirmed: bool = True) -> list[ExportResult]:
+    """Export the confirmed winner (single objective) or the Pareto front (``pareto``)."""
     best = best_trials(study)
+    confirmation = study.user_attrs.get(keys.CONFIRMATION)
+    if len(study.directions) == 1 and require_confirmed:
+        if confirmation is None:
+            raise SpecError("the best config has not been confirmed yet (run `autotune confirm`"
+                            ", or pass --allow-unconfirmed)", key="--study")
+        if confirmation.get("winner") is None:
+            raise SpecError("no candidate passed every confirmation round; nothing is "
+                            "exported (see `autotune show`)", key="--study")
     if not best:
         raise SpecError(f"study {study.study_name!r} has no verified correct trial to export",
                         key="--study")

@@ -69,6 +69,16 @@ class TrialContext:
     extra_flags: dict[str, Any] = field(default_factory=dict)
     #: the study being run; the baseline stores the reference in its attributes
     study: optuna.Study | None = None
+    #: early pruning on intermediate values (off when re-measuring chosen configs)
+    allow_pruning: bool = True
+
+
+class EarlyStop(Exception):
+    """Raised from inside the benchmark when the pruner says the trial is clearly losing."""
+
+    def __init__(self, metrics: dict[str, float]) -> None:
+        super().__init__("pruned early")
+        self.metrics = dict(metrics)
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,14 @@ class TrialRunner:
         except CandidateError as exc:
             self._record_failure(trial, role, exc)
             raise optuna.TrialPruned(f"{exc.reason}: {exc.detail}") from None
+        except EarlyStop as stop:
+            # Verified correct and measured, just clearly slower: no correctness constraint.
+            trial.set_user_attr(keys.METRICS, {k: round(v, 4) for k, v in stop.metrics.items()})
+            trial.set_user_attr(keys.CORRECT, True)
+            trial.set_user_attr(keys.FAIL_REASON, "pruned_early")
+            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
+            self.last = TrialOutcome(trial.number, role, "pruned_early")
+            raise optuna.TrialPruned("pruned_early") from None
         except InfrastructureError as exc:
             self._record_failure(trial, role, exc)
             raise
@@ -243,10 +261,17 @@ class TrialRunner:
                          trial: optuna.Trial) -> BenchResult:
         workload = self.ctx.spec.workload
 
+        single = len(self.ctx.spec.objective.metrics) == 1
+
         def on_repeat(index: int, metrics: dict[str, float]) -> None:
+            # Cheap early measurement: after a repeat, a trial clearly below the others at the
+            # same step (Optuna's pruner) stops spending the rest of its benchmark.
             value = metrics.get(self.ctx.spec.objective.metrics[0])
-            if value is not None:
-                trial.report(value, index)
+            if value is None or not single:
+                return
+            trial.report(value, index)
+            if self.ctx.allow_pruning and index < workload.repeats - 1 and trial.should_prune():
+                raise EarlyStop(metrics)
 
         bench = await run_benchmark(client, model, workload, on_repeat=on_repeat)
         trial.set_user_attr(keys.BENCH, bench_summary(bench))

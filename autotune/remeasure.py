@@ -44,16 +44,29 @@ class VariantMeasurements:
         return [o.verdict for o in self.outcomes if o.verdict != "correct"]
 
 
-def measure_variants(spec: StudySpec, study: optuna.Study, storage_url: str,
-                     variants: list[Variant], *, repeats: int, role: str,
-                     on_phase: Callable[[int, str], None] | None = None,
-                     artifact_dir: str | None = None) -> dict[str, VariantMeasurements]:
+def measure_variants(
+    spec: StudySpec,
+    study: optuna.Study,
+    storage_url: str,
+    variants: list[Variant],
+    *,
+    repeats: int,
+    role: str,
+    on_phase: Callable[[int, str], None] | None = None,
+    artifact_dir: str | None = None,
+) -> dict[str, VariantMeasurements]:
     """Run ``repeats`` rounds; in each round every variant once, in order."""
     engine = build_engine(spec)
     artifacts_path = keys.artifact_dir(storage_url, study.study_name, artifact_dir)
-    ctx = TrialContext(spec=spec, engine=engine, log_dir=artifacts_path / "logs",
-                       artifacts=keys.artifact_store(artifacts_path),
-                       on_phase=on_phase or (lambda _n, _p: None), study=study)
+    ctx = TrialContext(
+        spec=spec,
+        engine=engine,
+        log_dir=artifacts_path / "logs",
+        artifacts=keys.artifact_store(artifacts_path),
+        on_phase=on_phase or (lambda _n, _p: None),
+        study=study,
+        allow_pruning=False,
+    )
     runner = TrialRunner(ctx)
     results = {v.label: VariantMeasurements(v) for v in variants}
     for round_index in range(repeats):
@@ -65,11 +78,23 @@ def measure_variants(spec: StudySpec, study: optuna.Study, storage_url: str,
     return results
 
 
-def _measure_once(study: optuna.Study, runner: TrialRunner, spec: StudySpec, variant: Variant,
-                  role: str, round_index: int) -> TrialOutcome:
-    study.enqueue_trial(spec.space.to_optuna_params(variant.values),
-                        user_attrs={keys.ROLE: role, keys.VARIANT: variant.label,
-                                    keys.PINNED: dict(variant.values), "round": round_index})
+def _measure_once(
+    study: optuna.Study,
+    runner: TrialRunner,
+    spec: StudySpec,
+    variant: Variant,
+    role: str,
+    round_index: int,
+) -> TrialOutcome:
+    study.enqueue_trial(
+        spec.space.to_optuna_params(variant.values),
+        user_attrs={
+            keys.ROLE: role,
+            keys.VARIANT: variant.label,
+            keys.PINNED: dict(variant.values),
+            "round": round_index,
+        },
+    )
     # Optuna runs the oldest waiting trial first: a retry queued earlier may come before ours.
     for _ in range(5):
         runner.last = None

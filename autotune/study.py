@@ -89,10 +89,12 @@ def open_study(spec: StudySpec, url: str, *, study_name: str | None = None,
     sampler = build_sampler(spec, seed)
     try:
         study = optuna.create_study(storage=storage, study_name=name, sampler=sampler,
+                                    pruner=build_pruner(),
                                     directions=spec.objective.directions)
         created = True
     except optuna.exceptions.DuplicatedStudyError:
-        study = optuna.load_study(storage=storage, study_name=name, sampler=sampler)
+        study = optuna.load_study(storage=storage, study_name=name, sampler=sampler,
+                                  pruner=build_pruner())
         created = False
         if [d.name.lower() for d in study.directions] != spec.objective.directions:
             raise SpecError(f"study {name!r} exists with directions "
@@ -119,6 +121,12 @@ def _open_storage(url: str, attempts: int = 4) -> optuna.storages.RDBStorage:
                 raise
             time.sleep(0.5 + 0.5 * attempt)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def build_pruner() -> optuna.pruners.BasePruner:
+    """Stop a verified trial after its first benchmark repeat when it is in the bottom quarter
+    of the trials measured so far at that repeat (never before 5 trials have finished)."""
+    return optuna.pruners.PercentilePruner(75.0, n_startup_trials=5, n_warmup_steps=0)
 
 
 def build_sampler(spec: StudySpec, seed: int | None) -> optuna.samplers.BaseSampler:

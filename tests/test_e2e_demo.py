@@ -57,7 +57,7 @@ def study_dir(tmp_path_factory):
     study.enqueue_trial({"max_num_seqs": 16, "block_size": 32, "attention_path": "custom_op",
                          "qkv_shard_swap": True})
     result = subprocess.run(autotune_cmd("run", "--trials", "3", "--spec", str(spec_path),
-                                         "--seed", "7"),
+                                         "--seed", "7", "--confirm-top", "0"),
                             capture_output=True, text=True, timeout=900, cwd=directory)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return directory, spec_path, spec
@@ -120,7 +120,8 @@ def test_no_server_survives(study_dir):
 def test_exported_yaml_starts_vllm(study_dir, tmp_path):
     directory, spec_path, _ = study_dir
     out = tmp_path / "best.yaml"
-    result = subprocess.run(autotune_cmd("export", "--spec", str(spec_path), "-o", str(out)),
+    result = subprocess.run(autotune_cmd("export", "--spec", str(spec_path), "-o", str(out),
+                                         "--allow-unconfirmed"),
                             capture_output=True, text=True, timeout=120, cwd=directory)
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(out.read_text())
@@ -161,7 +162,8 @@ def test_exported_yaml_starts_vllm(study_dir, tmp_path):
 def test_resume_adds_trials_and_keeps_the_old_ones(study_dir):
     directory, spec_path, spec = study_dir
     before = {t.number: (t.state, t.values) for t in load(spec).trials}
-    result = subprocess.run(autotune_cmd("run", "--trials", "1", "--spec", str(spec_path)),
+    result = subprocess.run(autotune_cmd("run", "--trials", "1", "--spec", str(spec_path),
+                                         "--confirm-top", "0"),
                             capture_output=True, text=True, timeout=600, cwd=directory)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     trials = load(spec).trials

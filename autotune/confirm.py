@@ -1,0 +1,169 @@
+"""Confirmation: beat the winner's curse before declaring a best config.
+
+With 10-20% run-to-run noise, the trial with the highest single measurement is often just the
+luckiest. Before a study declares its best, the top candidates (verified, feasible trials) and
+the baseline are measured again, interleaved (B, A1, A2, B, A1, A2, ...), as ordinary gated
+trials. The winner is the candidate with the best median over those rounds that passed the gate
+and every constraint in every round; its gain over the baseline is the ratio of medians, with a
+95% bootstrap confidence interval (resampling each side's rounds independently). The result is
+stored in the study (``confirmation``) and from then on ``report.best_trials`` returns that
+winner, so `show`, `export` and the dashboard's notes agree.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import optuna
+
+from autotune import storage as keys
+from autotune.errors import SpecError
+from autotune.remeasure import Variant, measure_variants
+from autotune.report import is_verified_feasible
+from autotune.spec import METRICS, StudySpec
+
+BOOTSTRAP_ROUNDS = 2000
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    trial_number: int | None  # None for the baseline
+    label: str
+    samples: tuple[float, ...]
+    failures: tuple[str, ...]
+    median: float | None
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    metric: str
+    repeats: int
+    winner: int | None
+    gain: float | None  # winner median / baseline median - 1, in the "better" direction
+    gain_ci: tuple[float, float] | None
+    candidates: tuple[CandidateResult, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def top_candidates(spec: StudySpec, study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:
+    """The k best verified, feasible trials of the search (one per distinct config)."""
+    sign = 1.0 if METRICS[spec.objective.metrics[0]] == "maximize" else -1.0
+    seen, out = set(), []
+    trials = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if is_verified_feasible(t)
+        and t.user_attrs.get(keys.ROLE) in ("search", "retry", "baseline")
+    ]
+    for trial in sorted(trials, key=lambda t: -sign * t.values[0]):
+        key = repr(sorted((trial.user_attrs.get(keys.PARAMS_RESOLVED) or {}).items()))
+        if key in seen or trial.user_attrs.get(keys.ROLE) == "baseline":
+            continue
+        seen.add(key)
+        out.append(trial)
+        if len(out) == k:
+            break
+    return out
+
+
+def run_confirmation(
+    spec: StudySpec,
+    study: optuna.Study,
+    storage_url: str,
+    *,
+    top_k: int = 2,
+    repeats: int = 2,
+    seed: int = 0,
+    on_phase: Callable[[int, str], None] | None = None,
+) -> Confirmation:
+    if len(spec.objective.metrics) != 1:
+        raise SpecError(
+            "confirmation applies to single-objective studies; a multi-objective "
+            "study reports its Pareto front",
+            key="objective",
+        )
+    candidates = top_candidates(spec, study, top_k)
+    if not candidates:
+        raise SpecError("no verified correct trial to confirm yet", key="--study")
+    metric = spec.objective.metrics[0]
+    sign = 1.0 if METRICS[metric] == "maximize" else -1.0
+    variants = [Variant("baseline", spec.space.baseline_values())]
+    for trial in candidates:
+        values = {
+            n: spec.space.parameter(n).from_optuna(v)
+            for n, v in (trial.user_attrs.get(keys.PARAMS_RESOLVED) or {}).items()
+        }
+        variants.append(Variant(f"trial {trial.number}", values))
+    measured = measure_variants(
+        spec, study, storage_url, variants, repeats=repeats, role="confirm", on_phase=on_phase
+    )
+    results = []
+    for variant, trial in zip(variants, [None, *candidates], strict=True):
+        m = measured[variant.label]
+        samples = tuple(m.samples)
+        results.append(
+            CandidateResult(
+                trial_number=None if trial is None else trial.number,
+                label=variant.label,
+                samples=samples,
+                failures=tuple(m.failures),
+                median=statistics.median(samples) if samples else None,
+            )
+        )
+    base = results[0]
+    clean = [
+        r
+        for r in results[1:]
+        if r.median is not None
+        and not r.failures
+        and len(r.samples) == repeats
+        and _feasible_rounds(study, r.label)
+    ]
+    winner = max(clean, key=lambda r: sign * r.median, default=None)
+    gain, ci = None, None
+    if winner is not None and base.median:
+        gain = _gain(winner.samples, base.samples, sign)
+        ci = _bootstrap_ci(winner.samples, base.samples, sign, seed)
+    confirmation = Confirmation(
+        metric=metric,
+        repeats=repeats,
+        winner=None if winner is None else winner.trial_number,
+        gain=gain,
+        gain_ci=ci,
+        candidates=tuple(results),
+    )
+    study.set_user_attr(keys.CONFIRMATION, confirmation.to_dict())
+    return confirmation
+
+
+def _feasible_rounds(study: optuna.Study, label: str) -> bool:
+    rounds = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.user_attrs.get(keys.ROLE) == "confirm" and t.user_attrs.get(keys.VARIANT) == label
+    ]
+    return bool(rounds) and all(is_verified_feasible(t) for t in rounds)
+
+
+def _gain(winner: tuple[float, ...], base: tuple[float, ...], sign: float) -> float:
+    ratio = statistics.median(winner) / statistics.median(base)
+    return ratio - 1.0 if sign > 0 else 1.0 - ratio
+
+
+def _bootstrap_ci(
+    winner: tuple[float, ...], base: tuple[float, ...], sign: float, seed: int
+) -> tuple[float, float]:
+    rng = random.Random(seed)
+    gains = sorted(
+        _gain(
+            tuple(rng.choice(winner) for _ in winner), tuple(rng.choice(base) for _ in base), sign
+        )
+        for _ in range(BOOTSTRAP_ROUNDS)
+    )
+    return gains[int(0.025 * len(gains))], gains[int(0.975 * len(gains)) - 1]

@@ -1,0 +1,119 @@
+"""Objectives, SLO constraints, confirmation, Pareto export and early pruning, on the fake server
+(command engine): --max-num-seqs really caps its batch (queueing raises TTFT) and
+--enforce-eager really makes its steps 1.3x slower."""
+
+from __future__ import annotations
+
+import optuna
+import yaml
+from typer.testing import CliRunner
+
+from autotune import storage as keys
+from autotune.cli import app
+from autotune.report import best_trials
+from autotune.spec import load_spec
+from autotune.study import RunOptions, open_study, run_study
+from tests.conftest import write_fake_spec
+
+SPACE = """
+parameters:
+  max_num_seqs:
+    type: categorical
+    choices: [2, 32]
+    baseline: 32
+    target: {flag: --max-num-seqs}
+  enforce_eager:
+    type: bool
+    baseline: true
+    target: {flag: --enforce-eager}
+"""
+FAST_BUT_SLO_BREAKING = {"max_num_seqs": 2, "enforce_eager": False}
+SLOW_FEASIBLE = {"max_num_seqs": 32, "enforce_eager": True}
+FAST_FEASIBLE = {"max_num_seqs": 32, "enforce_eager": False}
+WORKLOAD = {"concurrency": 16, "num_requests": 32, "max_tokens": 16, "single_requests": 2}
+
+
+def run_enqueued(spec_path, configs, **options):
+    spec = load_spec(spec_path)
+    study, _ = open_study(spec, spec.default_storage())
+    for config in configs:
+        study.enqueue_trial(config)
+    run_study(spec, RunOptions(trials=len(configs) + 1, validate=False, **options))
+    return spec, optuna.load_study(study_name=spec.name, storage=spec.default_storage())
+
+
+def test_slo_constraint_confirmation_and_export(tmp_path):
+    spec_path = write_fake_spec(
+        tmp_path, SPACE, name="slo", args=("--decode-ms", "6"), workload=WORKLOAD,
+        objective={"metric": "decode_tokens_per_s", "constraints": ["ttft_p95_ms <= 250"]})
+    spec, study = run_enqueued(spec_path, [FAST_BUT_SLO_BREAKING, SLOW_FEASIBLE, FAST_FEASIBLE])
+    by_params = {tuple(sorted(t.params.items())): t for t in study.trials[1:]}
+    breaking = by_params[tuple(sorted(FAST_BUT_SLO_BREAKING.items()))]
+    assert breaking.state == optuna.trial.TrialState.COMPLETE
+    assert breaking.user_attrs[keys.CORRECT] is True
+    assert breaking.constraints["slo:ttft_p95_ms"] > 0  # measured, correct, but infeasible
+    assert breaking.number not in {t.number for t in best_trials(study)}
+
+    runner = CliRunner()
+    unconfirmed = runner.invoke(app, ["export", "--spec", str(spec_path), "-o",
+                                      str(tmp_path / "x.yaml")])
+    assert unconfirmed.exit_code == 2 and "not been confirmed" in unconfirmed.output
+
+    result = runner.invoke(app, ["confirm", "--spec", str(spec_path), "--top", "2",
+                                 "--repeats", "2"])
+    assert result.exit_code == 0, result.output
+    confirmation = optuna.load_study(study_name="slo", storage=spec.default_storage()
+                                     ).user_attrs[keys.CONFIRMATION]
+    labels = [c["label"] for c in confirmation["candidates"]]
+    assert labels[0] == "baseline" and len(labels) == 3
+    assert f"trial {breaking.number}" not in labels  # infeasible trials are never candidates
+    winner = study.trials[confirmation["winner"]]
+    assert winner.params == FAST_FEASIBLE
+    low, high = confirmation["gain_ci"]
+    assert low <= confirmation["gain"] <= high and confirmation["gain"] > 0
+    assert "over the baseline" in result.output
+
+    out = tmp_path / "best.yaml"
+    exported = runner.invoke(app, ["export", "--spec", str(spec_path), "-o", str(out)])
+    assert exported.exit_code == 0, exported.output
+    config = yaml.safe_load(out.read_text())
+    assert config["max-num-seqs"] == 32 and "enforce-eager" not in config
+
+
+def test_multi_objective_front_and_pareto_export(tmp_path):
+    spec_path = write_fake_spec(
+        tmp_path, SPACE, name="pareto", args=("--decode-ms", "6"), workload=WORKLOAD,
+        objective={"metrics": ["output_tokens_per_s", "ttft_p95_ms"]})
+    spec, study = run_enqueued(spec_path, [FAST_BUT_SLO_BREAKING, SLOW_FEASIBLE, FAST_FEASIBLE])
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    front = best_trials(study)
+    assert front and all(t.user_attrs[keys.CORRECT] for t in front)
+    # every trial here is correct, so autotune's front must be Optuna's own Pareto front
+    assert all(t.user_attrs.get(keys.CORRECT) for t in study.trials)
+    assert {t.number for t in front} == {t.number for t in study.best_trials}
+    runner = CliRunner()
+    single = runner.invoke(app, ["export", "--spec", str(spec_path), "-o",
+                                 str(tmp_path / "b.yaml")])
+    if len(front) > 1:
+        assert single.exit_code == 2 and "--pareto" in single.output
+    result = runner.invoke(app, ["export", "--spec", str(spec_path), "--pareto", "-o",
+                                 str(tmp_path / "front.yaml")])
+    assert result.exit_code == 0, result.output
+    written = sorted(p.name for p in tmp_path.glob("front-trial*.yaml"))
+    assert written == sorted(f"front-trial{t.number}.yaml" for t in front)
+
+
+def test_clearly_losing_trial_is_pruned_after_its_first_repeat(tmp_path):
+    spec_path = write_fake_spec(
+        tmp_path, SPACE, name="prune", args=("--decode-ms", "6"),
+        workload={**WORKLOAD, "repeats": 2, "num_requests": 8})
+    fast = [FAST_FEASIBLE] * 5
+    spec, study = run_enqueued(spec_path, [*fast, SLOW_FEASIBLE])
+    last = study.trials[-1]
+    assert last.params == SLOW_FEASIBLE
+    assert last.state == optuna.trial.TrialState.PRUNED
+    assert last.user_attrs[keys.FAIL_REASON] == "pruned_early"
+    assert last.user_attrs[keys.CORRECT] is True  # verified, just slower
+    assert list(last.intermediate_values) == [0]  # one repeat measured, the second saved
+    assert keys.CORRECTNESS_CONSTRAINT in last.constraints
+    assert last.constraints[keys.CORRECTNESS_CONSTRAINT] == 0.0
