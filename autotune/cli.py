@@ -445,6 +445,46 @@ def _print_ablation(report: dict) -> None:
                          else "does NOT keep the gain (interactions between changes)"))
 
 
+@app.command("inspect")
+def inspect_cmd(
+    model: Annotated[Path, typer.Argument(help="A GGUF file (any part of a split model) or a "
+                                              "Hugging Face model folder.")],
+    device: Annotated[str | None, typer.Option("--device", help="Device for the decode "
+                                                                "roofline, e.g. h200.")] = None,
+    bandwidth_gbs: Annotated[float | None, typer.Option(
+        "--bandwidth-gbs", help="Per-device memory bandwidth (overrides --device).")] = None,
+    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree.")] = 1,
+    context: Annotated[int, typer.Option("--context", min=0, help="Tokens in the KV cache.")
+                       ] = 0,
+    measured: Annotated[list[float] | None, typer.Option(
+        "--measured", help="Measured decode tok/s to compare (repeatable).")] = None,
+) -> None:
+    """Model facts (architecture, attention, experts, quantization, fused projections) and,
+    with --device or --bandwidth-gbs, the single-request decode roofline."""
+    from autotune.inspect import facts_as_rows, inspect_model
+    from autotune.roofline import DecodeBytes, decode_roofline, roofline_rows
+
+    try:
+        facts = inspect_model(model)
+        rows = facts_as_rows(facts)
+        if device or bandwidth_gbs:
+            try:
+                roofline = decode_roofline(DecodeBytes.from_facts(facts), device=device,
+                                           bandwidth_gbs=bandwidth_gbs, tp=tp,
+                                           context_tokens=context)
+            except (KeyError, ValueError) as exc:
+                raise SpecError(str(exc).strip("'\""), key="--device") from None
+            rows += [("", "")] + roofline_rows(roofline, measured or [])
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+
+
 @app.command()
 def cleanup(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None,
             storage: StorageOpt = None) -> None:

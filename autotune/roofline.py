@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from autotune.inspect import ModelFacts
@@ -388,6 +388,47 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    rows = roofline_rows(r, args.measured)
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}", file=out)
+    return 0
+
+
+def roofline_from_spec(data: dict[str, Any], model_path: str | None = None) -> Roofline:
+    """The decode roofline described by a study spec's ``roofline:`` section.
+
+    Keys: ``device`` or ``bandwidth_gbs``, ``tp``, ``context``, ``efficiency``; the bytes come
+    from ``active_params`` + ``bits`` (+ ``kv_bytes_per_token``, ``kv_split_ways``) or, when
+    those are absent, from inspecting the spec's model (``inspect_model``).
+    """
+    if "active_params" in data and "bits" in data:
+        db = DecodeBytes.from_params(
+            float(data["active_params"]),
+            float(data["bits"]),
+            kv_bytes_per_context_token=float(data.get("kv_bytes_per_token", 0.0)),
+            kv_split_ways=int(data.get("kv_split_ways", 1)),
+        )
+    else:
+        from autotune.inspect import inspect_model
+
+        if model_path is None:
+            raise ValueError("roofline: give active_params and bits, or a model to inspect")
+        db = DecodeBytes.from_facts(inspect_model(model_path))
+    return decode_roofline(
+        db,
+        device=data.get("device"),
+        bandwidth_gbs=data.get("bandwidth_gbs"),
+        tp=int(data.get("tp", 1)),
+        context_tokens=int(data.get("context", 0)),
+        efficiency=float(data.get("efficiency", 1.0)),
+    )
+
+
+def roofline_rows(
+    r: Roofline, measured: list[float] | tuple[float, ...] = ()
+) -> list[tuple[str, str]]:
+    """Label/value rows describing a roofline, for the CLIs."""
     rows = [
         ("model", r.label),
         ("device", f"{r.device}, {r.bandwidth_gbs:,.0f} GB/s x {r.efficiency:g} efficiency"),
@@ -401,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         ("time / token (bound)", f"{r.ms_per_token:.3f} ms"),
         ("decode upper bound", f"{r.tokens_per_s:,.1f} tok/s"),
     ]
-    for m in args.measured:
+    for m in measured:
         gap_ms = 1e3 / m - r.ms_per_token if m > 0 else float("inf")
         rows.append(
             (
@@ -411,10 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                 "bandwidth)",
             )
         )
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}", file=out)
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

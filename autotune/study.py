@@ -26,7 +26,7 @@ from autotune import _proc
 from autotune import storage as keys
 from autotune.engines import build_engine
 from autotune.engines.base import Engine
-from autotune.errors import InfrastructureError, PreflightError, SpecError
+from autotune.errors import AutotuneError, InfrastructureError, PreflightError, SpecError
 from autotune.objective import TrialContext, TrialOutcome, TrialRunner
 from autotune.spec import StudySpec, spec_error_for_missing_model
 
@@ -228,6 +228,8 @@ def run_study(spec: StudySpec, options: RunOptions, *,
                        on_phase=on_phase or (lambda _n, _p: None), study=study,
                        extra_env=dict(extra_env or {}), extra_flags=dict(extra_flags or {}))
     study.set_user_attr(keys.ENGINE_VERSION, engine.version())
+    if spec.roofline and keys.ROOFLINE not in study.user_attrs:
+        study.set_user_attr(keys.ROOFLINE, _roofline(spec))
     runner = TrialRunner(ctx)
     launched = 0
     unlaunched = 0
@@ -277,6 +279,17 @@ def run_study(spec: StudySpec, options: RunOptions, *,
                                  f"{outcome.verdict}: {detail}. Nothing else can be judged "
                                  f"without a reference; see `autotune show` for its log.")
     return summary
+
+
+def _roofline(spec: StudySpec) -> dict[str, Any]:
+    """The spec's decode roofline, stored once so `show` can say how far each config is."""
+    from autotune.roofline import roofline_from_spec
+
+    try:
+        return roofline_from_spec(spec.roofline, spec.model.path).to_dict()
+    except (KeyError, ValueError, AutotuneError) as exc:
+        raise SpecError(f"cannot compute the roofline: {exc}", file=str(spec.path),
+                        key="roofline") from None
 
 
 def _baseline_pending(study: optuna.Study) -> bool:
