@@ -48,6 +48,7 @@ from autotune.parallel import (
 PG_ENV = "AUTOTUNE_TEST_POSTGRES_URL"
 IN_CI = bool(os.environ.get("CI"))
 NOT_LAUNCHED = ("duplicate", "constraint_violated")
+TUNING_ROLES = ("baseline", "search", "retry")
 RUN_TIMEOUT_S = 300
 
 
@@ -200,10 +201,12 @@ def load(url: str, name: str) -> optuna.Study:
 
 
 def counted(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
-    """Trials that launched a server and ended with a verdict on the config (what --trials
-    counts): COMPLETE, or PRUNED for a config fault."""
-    return [t for t in trials if t.state == TrialState.COMPLETE or (
-        t.state == TrialState.PRUNED and t.user_attrs.get(keys.FAIL_REASON) not in NOT_LAUNCHED)]
+    """Tuning trials that launched a server and ended with a verdict on the config (what
+    --trials counts): COMPLETE, or PRUNED for a config fault. The confirmation phase's trials
+    (role "confirm", run after the tuning) are not among them."""
+    return [t for t in trials if t.user_attrs.get(keys.ROLE) in TUNING_ROLES and (
+        t.state == TrialState.COMPLETE or (t.state == TrialState.PRUNED and
+                                          t.user_attrs.get(keys.FAIL_REASON) not in NOT_LAUNCHED))]
 
 
 def fake_servers(token: str) -> list[psutil.Process]:
@@ -270,7 +273,10 @@ def assert_clean_study(url: str, name: str, *, launched: int, token: str) -> opt
 def test_three_workers_share_one_postgres_study(pg_url: str, tmp_path: Path) -> None:
     token = f"mw{uuid.uuid4().hex[:10]}"
     spec = write_spec(tmp_path, token=token)
-    argv = autotune_argv(spec, "--trials", "2", "--storage", pg_url, "--study", token)
+    # --confirm-top 0: three machines would each confirm the top configs at the end (the docs
+    # say to confirm once, alone); this test is about the shared tuning
+    argv = autotune_argv(spec, "--trials", "2", "--storage", pg_url, "--study", token,
+                         "--confirm-top", "0")
     results = run_all([argv, argv, argv], cwd=tmp_path)
     for result in results:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -335,6 +341,7 @@ def test_parallel_ctrl_c_stops_every_worker_cleanly(pg_url: str, tmp_path: Path)
                     deepcopy=False, states=(TrialState.RUNNING,))
                     if (t.user_attrs.get(keys.SERVER) or {}).get("pid")]
                 if len(running) >= 2:
+                    running_at_signal = [t.number for t in running]
                     break
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.3)
@@ -351,11 +358,16 @@ def test_parallel_ctrl_c_stops_every_worker_cleanly(pg_url: str, tmp_path: Path)
     study = load(pg_url, token)
     trials = study.get_trials(deepcopy=False)
     assert [t.number for t in trials if t.state == TrialState.RUNNING] == []
-    interrupted = [t for t in trials if t.user_attrs.get(keys.FAIL_REASON) == "interrupted"]
-    assert len(interrupted) >= 2, [(t.number, t.state.name) for t in trials]
-    assert all(t.state == TrialState.FAIL for t in interrupted)
-    for t in interrupted:
-        assert t.user_attrs[keys.SERVER].get("stopped_cleanly") is not None
+    # the trials that ran at the signal were stopped and recorded (one may have just finished)
+    by_number = {t.number: t for t in trials}
+    for number in running_at_signal:
+        t = by_number[number]
+        if t.state == TrialState.FAIL:
+            assert t.user_attrs.get(keys.FAIL_REASON) == "interrupted", number
+            assert t.user_attrs[keys.SERVER].get("stopped_cleanly") is not None, number
+        else:
+            assert t.state in (TrialState.COMPLETE, TrialState.PRUNED), number
+    assert any(t.user_attrs.get(keys.FAIL_REASON) == "interrupted" for t in trials)
     assert fake_servers(token) == []
 
 
