@@ -117,13 +117,9 @@ async def stream_request(client: httpx.AsyncClient, model: str, prompt: str, max
                     return RequestRecord(prompt=prompt, ok=False,
                                          error=f"http {response.status_code}: {detail}",
                                          e2e_s=time.perf_counter() - start)
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
+                async for payload, now in _sse_events(response, start):
+                    if payload == b"[DONE]":
                         break
-                    now = time.perf_counter() - start
                     chunk = json.loads(payload)
                     if chunk.get("usage") and not chunk.get("choices"):
                         usage_tokens = chunk["usage"].get("completion_tokens")
@@ -154,6 +150,25 @@ async def stream_request(client: httpx.AsyncClient, model: str, prompt: str, max
     return RequestRecord(prompt=prompt, ok=True, ttft_s=times[0], e2e_s=e2e,
                          token_times_s=tuple(times), token_ids=tuple(ids), text="".join(text),
                          output_tokens=int(n_tokens))
+
+
+async def _sse_events(response: httpx.Response, start: float):
+    """Yield (data payload, arrival time) of each server-sent event.
+
+    Raw bytes split by hand: ``aiter_lines`` decodes and re-splits text per chunk, and on a
+    machine where the server and this client share two cores that client CPU time was taken
+    from the server being measured.
+    """
+    buffer = b""
+    async for data in response.aiter_bytes():
+        now = time.perf_counter() - start
+        buffer += data
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.startswith(b"data:"):
+                yield line[5:].strip(), now
+    if buffer.startswith(b"data:"):
+        yield buffer[5:].strip(), time.perf_counter() - start
 
 
 async def run_phase(client: httpx.AsyncClient, model: str, prompts: Sequence[str],
