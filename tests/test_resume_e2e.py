@@ -31,6 +31,7 @@ import yaml
 from optuna.trial import TrialState
 
 from autotune import storage as keys
+from autotune.errors import CANDIDATE_REASONS
 
 ROOT = Path(__file__).resolve().parents[1]
 HEARTBEAT_ENV = {
@@ -252,9 +253,29 @@ def kill9_then_resume(
         assert "constraints:correct" not in stale.system_attrs  # not held against the config
         retries = [t for t in study.trials if t.user_attrs.get(keys.RETRY_OF) == trial.number]
         assert len(retries) == 1 and retries[0].params == stale.params
-        # cleanup ran before the new trial: the retry was the next trial launched, and it ran
-        assert retries[0].state == TrialState.COMPLETE, retries[0].user_attrs
-        assert retries[0].datetime_start > stale.datetime_start
+        # cleanup ran before the new trial: the retry was the next trial, and its server ran
+        # (its verdict is the correctness gate's business: COMPLETE, or PRUNED as a config fault)
+        retry = retries[0]
+        later = [
+            t
+            for t in study.trials
+            if t.datetime_start
+            and t.number != trial.number
+            and t.datetime_start > stale.datetime_start
+        ]
+        assert min(later, key=lambda t: t.datetime_start).number == retry.number, [
+            (
+                t.number,
+                t.state.name,
+                t.user_attrs.get(keys.ROLE),
+                t.user_attrs.get(keys.FAIL_REASON),
+            )
+            for t in study.trials
+        ]
+        assert retry.state in (TrialState.COMPLETE, TrialState.PRUNED), retry.user_attrs
+        assert retry.user_attrs.get(keys.FAIL_REASON) in (None, *CANDIDATE_REASONS)
+        assert retry.user_attrs[keys.SERVER].get("startup_s"), retry.user_attrs
+        assert retry.datetime_start > stale.datetime_start
         for number in completed_before:  # no completed trial lost
             assert study.trials[number].state == TrialState.COMPLETE
         assert study.user_attrs.get(keys.REFERENCE) is not None
