@@ -8,6 +8,7 @@ everything autotune writes. This is the only module that knows the key names.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ def resolve_url(url: str) -> str:
             if not directory.is_dir():
                 raise SpecError(f"directory for the SQLite study does not exist: {directory}",
                                 key="--storage")
-            if not os.access(directory, os.W_OK):
+            if not _writable(directory):
                 raise SpecError(f"directory for the SQLite study is not writable: {directory}",
                                 key="--storage")
     return url
@@ -121,10 +122,20 @@ def artifact_store(directory: Path) -> FileSystemArtifactStore:
     except OSError as exc:
         raise SpecError(f"cannot create the artifact directory {directory}: {exc.strerror}",
                         key="--artifact-dir") from None
-    if not os.access(directory, os.W_OK):
+    if not _writable(directory):
         raise SpecError(f"the artifact directory is not writable: {directory}",
                         key="--artifact-dir")
     return FileSystemArtifactStore(str(directory))
+
+
+def _writable(directory: Path) -> bool:
+    """Try it: ``os.access`` says yes to root even where no file can be created (/proc, a
+    read-only mount)."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
 
 
 def is_sqlite(url: str) -> bool:
