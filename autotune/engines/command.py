@@ -1,7 +1,8 @@
 """Any OpenAI-compatible server, started from a command template.
 
 ``engine.command`` is a list such as ``["llama-server", "-m", "{model}", "--port", "{port}"]``;
-placeholders ``{port}``, ``{host}``, ``{model}``, ``{served_name}`` and ``{api_key}`` are filled
+placeholders ``{port}``, ``{host}``, ``{model}``, ``{served_name}``, ``{api_key}`` and ``{python}`` (the
+interpreter running autotune) are filled
 per trial, each inside its own argv element (no shell, so a value can never become a command).
 Parameters map to flags and env vars exactly as for vLLM. This lets SGLang, llama.cpp's server
 or TGI be tuned, and lets the tests drive the whole loop with a fault-injecting test server.
@@ -12,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from typing import Any
 
 from autotune.engines.base import Engine, LaunchConfig, ServerSettings, ValidationIssue
 from autotune.engines.vllm import PATCH_DIRS_ENV, PATCHES_ENV
 
-_PLACEHOLDERS = ("port", "host", "model", "served_name", "api_key")
+_PLACEHOLDERS = ("port", "host", "model", "served_name", "api_key", "python")
 
 
 class CommandEngine(Engine):
@@ -36,7 +38,8 @@ class CommandEngine(Engine):
     def build_launch(self, settings: ServerSettings, *, host: str, port: int,
                      api_key: str) -> LaunchConfig:
         values = {"port": str(port), "host": host, "model": self.spec.model.path,
-                  "served_name": self.spec.model.served_name, "api_key": api_key}
+                  "served_name": self.spec.model.served_name, "api_key": api_key,
+                  "python": sys.executable}
         argv = [self._fill(part, values) for part in self.spec.engine.command]
         argv += [self._fill(a, values) for a in self.spec.engine.args]
         argv += settings.flag_argv()
@@ -74,7 +77,8 @@ class CommandEngine(Engine):
 
     def launch_command(self, settings: ServerSettings, config_file: str) -> list[str]:
         values = {"port": "8000", "host": "127.0.0.1", "model": self.spec.model.path,
-                  "served_name": self.spec.model.served_name, "api_key": "$API_KEY"}
+                  "served_name": self.spec.model.served_name, "api_key": "$API_KEY",
+                  "python": sys.executable}
         argv = [self._fill(p, values) for p in self.spec.engine.command]
         argv += [self._fill(a, values) for a in self.spec.engine.args]
         return argv + settings.flag_argv()
