@@ -56,8 +56,13 @@ def _signal_all(pgid: int, pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def stop_group(pgid: int, *, extra_pids: set[int] | frozenset[int] = frozenset(),
-               grace_s: float = 10.0, kill_wait_s: float = 5.0) -> list[int]:
+def stop_group(
+    pgid: int,
+    *,
+    extra_pids: set[int] | frozenset[int] = frozenset(),
+    grace_s: float = 10.0,
+    kill_wait_s: float = 5.0,
+) -> list[int]:
     """SIGTERM the group (and stray descendants), SIGKILL what is left after ``grace_s``.
 
     Returns the pids that survived even SIGKILL (normally empty): the caller reports them.

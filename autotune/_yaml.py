@@ -73,16 +73,18 @@ def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
     return YamlDoc(path=path, data=data, lines=lines)
 
 
-def check_keys(doc: YamlDoc, mapping: Any, prefix: str, allowed: set[str],
-               required: set[str] = frozenset()) -> dict:
+def check_keys(
+    doc: YamlDoc, mapping: Any, prefix: str, allowed: set[str], required: set[str] = frozenset()
+) -> dict:
     """Reject unknown keys and missing required ones, naming the first offender."""
     if not isinstance(mapping, dict):
         raise doc.error(prefix, "must be a mapping")
     for key in mapping:
         if key not in allowed:
             hint = ", ".join(sorted(allowed))
-            raise doc.error(f"{prefix}.{key}" if prefix else str(key),
-                            f"unknown key (allowed: {hint})")
+            raise doc.error(
+                f"{prefix}.{key}" if prefix else str(key), f"unknown key (allowed: {hint})"
+            )
     for key in sorted(required):
         if key not in mapping:
             raise doc.error(prefix, f"missing required key {key!r}")

@@ -95,13 +95,26 @@ class BenchResult:
     samples: tuple[RequestRecord, ...] = field(default=(), repr=False)
 
 
-async def stream_request(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
-                         *, read_timeout_s: float = 30.0, total_timeout_s: float = 120.0
-                         ) -> RequestRecord:
+async def stream_request(
+    client: httpx.AsyncClient,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    *,
+    read_timeout_s: float = 30.0,
+    total_timeout_s: float = 120.0,
+) -> RequestRecord:
     """Send one streaming completion and time every token. Never raises for server faults."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
-            "return_token_ids": True}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     start = time.perf_counter()
     times: list[float] = []
     ids: list[int] = []
@@ -110,13 +123,17 @@ async def stream_request(client: httpx.AsyncClient, model: str, prompt: str, max
     timeout = httpx.Timeout(connect=10.0, read=read_timeout_s, write=10.0, pool=total_timeout_s)
     try:
         async with asyncio.timeout(total_timeout_s):
-            async with client.stream("POST", "/v1/completions", json=body,
-                                     timeout=timeout) as response:
+            async with client.stream(
+                "POST", "/v1/completions", json=body, timeout=timeout
+            ) as response:
                 if response.status_code != 200:
                     detail = (await response.aread()).decode("utf-8", "replace")[:200]
-                    return RequestRecord(prompt=prompt, ok=False,
-                                         error=f"http {response.status_code}: {detail}",
-                                         e2e_s=time.perf_counter() - start)
+                    return RequestRecord(
+                        prompt=prompt,
+                        ok=False,
+                        error=f"http {response.status_code}: {detail}",
+                        e2e_s=time.perf_counter() - start,
+                    )
                 async for payload, now in _sse_events(response, start):
                     if payload == b"[DONE]":
                         break
@@ -134,22 +151,44 @@ async def stream_request(client: httpx.AsyncClient, model: str, prompt: str, max
                         ids.extend(new_ids)
                         text.append(piece)
     except (TimeoutError, httpx.TimeoutException):
-        return RequestRecord(prompt=prompt, ok=False, error="hang: no token within the deadline",
-                             e2e_s=time.perf_counter() - start, token_times_s=tuple(times))
+        return RequestRecord(
+            prompt=prompt,
+            ok=False,
+            error="hang: no token within the deadline",
+            e2e_s=time.perf_counter() - start,
+            token_times_s=tuple(times),
+        )
     except httpx.HTTPError as exc:
-        return RequestRecord(prompt=prompt, ok=False, error=f"{type(exc).__name__}: {exc}",
-                             e2e_s=time.perf_counter() - start, token_times_s=tuple(times))
+        return RequestRecord(
+            prompt=prompt,
+            ok=False,
+            error=f"{type(exc).__name__}: {exc}",
+            e2e_s=time.perf_counter() - start,
+            token_times_s=tuple(times),
+        )
     except json.JSONDecodeError as exc:
-        return RequestRecord(prompt=prompt, ok=False, error=f"bad stream chunk: {exc}",
-                             e2e_s=time.perf_counter() - start)
+        return RequestRecord(
+            prompt=prompt,
+            ok=False,
+            error=f"bad stream chunk: {exc}",
+            e2e_s=time.perf_counter() - start,
+        )
     e2e = time.perf_counter() - start
     n_tokens = usage_tokens if usage_tokens is not None else len(times)
     if not times:
-        return RequestRecord(prompt=prompt, ok=False, error="stream ended without tokens",
-                             e2e_s=e2e)
-    return RequestRecord(prompt=prompt, ok=True, ttft_s=times[0], e2e_s=e2e,
-                         token_times_s=tuple(times), token_ids=tuple(ids), text="".join(text),
-                         output_tokens=int(n_tokens))
+        return RequestRecord(
+            prompt=prompt, ok=False, error="stream ended without tokens", e2e_s=e2e
+        )
+    return RequestRecord(
+        prompt=prompt,
+        ok=True,
+        ttft_s=times[0],
+        e2e_s=e2e,
+        token_times_s=tuple(times),
+        token_ids=tuple(ids),
+        text="".join(text),
+        output_tokens=int(n_tokens),
+    )
 
 
 async def _sse_events(response: httpx.Response, start: float):
@@ -171,17 +210,30 @@ async def _sse_events(response: httpx.Response, start: float):
         yield buffer[5:].strip(), time.perf_counter() - start
 
 
-async def run_phase(client: httpx.AsyncClient, model: str, prompts: Sequence[str],
-                    num_requests: int, concurrency: int, max_tokens: int, *,
-                    read_timeout_s: float, total_timeout_s: float) -> PhaseResult:
+async def run_phase(
+    client: httpx.AsyncClient,
+    model: str,
+    prompts: Sequence[str],
+    num_requests: int,
+    concurrency: int,
+    max_tokens: int,
+    *,
+    read_timeout_s: float,
+    total_timeout_s: float,
+) -> PhaseResult:
     """``num_requests`` requests, prompts taken round-robin, at most ``concurrency`` at once."""
     semaphore = asyncio.Semaphore(concurrency)
 
     async def one(index: int) -> RequestRecord:
         async with semaphore:
-            return await stream_request(client, model, prompts[index % len(prompts)],
-                                        max_tokens, read_timeout_s=read_timeout_s,
-                                        total_timeout_s=total_timeout_s)
+            return await stream_request(
+                client,
+                model,
+                prompts[index % len(prompts)],
+                max_tokens,
+                read_timeout_s=read_timeout_s,
+                total_timeout_s=total_timeout_s,
+            )
 
     start = time.perf_counter()
     records = await asyncio.gather(*(one(i) for i in range(num_requests)))
@@ -236,26 +288,45 @@ def combine(repeats: Sequence[dict[str, float]]) -> tuple[dict[str, float], dict
     return medians, spread
 
 
-async def run_benchmark(client: httpx.AsyncClient, model: str, workload: WorkloadSpec, *,
-                        on_repeat: Callable[[int, dict[str, float]], None] | None = None,
-                        hang_timeout_s: float | None = None) -> BenchResult:
+async def run_benchmark(
+    client: httpx.AsyncClient,
+    model: str,
+    workload: WorkloadSpec,
+    *,
+    on_repeat: Callable[[int, dict[str, float]], None] | None = None,
+    hang_timeout_s: float | None = None,
+) -> BenchResult:
     """Warm up, then ``repeats`` x (single-request decode, load). See the module docstring."""
     read_timeout = hang_timeout_s or workload.request_timeout_s
     kwargs = {"read_timeout_s": read_timeout, "total_timeout_s": workload.request_timeout_s * 4}
     prompts = list(workload.prompts)
     all_records: list[RequestRecord] = []
     if workload.warmup_requests:
-        warm = await run_phase(client, model, prompts, workload.warmup_requests,
-                               min(workload.concurrency, workload.warmup_requests),
-                               workload.max_tokens, **kwargs)
+        warm = await run_phase(
+            client,
+            model,
+            prompts,
+            workload.warmup_requests,
+            min(workload.concurrency, workload.warmup_requests),
+            workload.max_tokens,
+            **kwargs,
+        )
         all_records += warm.records
     repeats: list[dict[str, float]] = []
     samples: list[RequestRecord] = []
     for index in range(workload.repeats):
-        single = await run_phase(client, model, prompts, workload.single_requests, 1,
-                                 workload.max_tokens, **kwargs)
-        load = await run_phase(client, model, prompts, workload.num_requests,
-                               workload.concurrency, workload.max_tokens, **kwargs)
+        single = await run_phase(
+            client, model, prompts, workload.single_requests, 1, workload.max_tokens, **kwargs
+        )
+        load = await run_phase(
+            client,
+            model,
+            prompts,
+            workload.num_requests,
+            workload.concurrency,
+            workload.max_tokens,
+            **kwargs,
+        )
         all_records += single.records + load.records
         samples += [r for r in load.records if r.ok]
         metrics = summarize(single, load)
@@ -266,13 +337,22 @@ async def run_benchmark(client: httpx.AsyncClient, model: str, workload: Workloa
             break  # the caller decides what failures mean; no point measuring on
     medians, spread = combine(repeats) if repeats else ({}, {})
     failed = [r for r in all_records if not r.ok]
-    return BenchResult(metrics=medians, spread=spread, repeats=tuple(repeats),
-                       total_requests=len(all_records), failed_requests=len(failed),
-                       errors=tuple(sorted({r.error or "" for r in failed}))[:10],
-                       samples=tuple(samples))
+    return BenchResult(
+        metrics=medians,
+        spread=spread,
+        repeats=tuple(repeats),
+        total_requests=len(all_records),
+        failed_requests=len(failed),
+        errors=tuple(sorted({r.error or "" for r in failed}))[:10],
+        samples=tuple(samples),
+    )
 
 
 def bench_summary(result: BenchResult) -> dict[str, Any]:
-    return {"total_requests": result.total_requests, "failed_requests": result.failed_requests,
-            "errors": list(result.errors), "spread": result.spread,
-            "repeats": list(result.repeats)}
+    return {
+        "total_requests": result.total_requests,
+        "failed_requests": result.failed_requests,
+        "errors": list(result.errors),
+        "spread": result.spread,
+        "repeats": list(result.repeats),
+    }

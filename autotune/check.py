@@ -69,9 +69,13 @@ class Reference:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "entries": {p: {"completion": asdict(e.completion),
-                            "teacher_logprobs": list(e.teacher_logprobs)}
-                        for p, e in self.entries.items()},
+            "entries": {
+                p: {
+                    "completion": asdict(e.completion),
+                    "teacher_logprobs": list(e.teacher_logprobs),
+                }
+                for p, e in self.entries.items()
+            },
             "max_tokens": dict(self.max_tokens),
             "tolerance": self.tolerance,
             "drift_observed": self.drift_observed,
@@ -83,15 +87,23 @@ class Reference:
         entries = {}
         for prompt, raw in data["entries"].items():
             c = raw["completion"]
-            completion = Completion(prompt=c["prompt"], text=c["text"],
-                                    token_ids=tuple(c["token_ids"]), tokens=tuple(c["tokens"]),
-                                    logprobs=tuple(c["logprobs"]), margins=tuple(c["margins"]),
-                                    prompt_token_ids=tuple(c["prompt_token_ids"]))
+            completion = Completion(
+                prompt=c["prompt"],
+                text=c["text"],
+                token_ids=tuple(c["token_ids"]),
+                tokens=tuple(c["tokens"]),
+                logprobs=tuple(c["logprobs"]),
+                margins=tuple(c["margins"]),
+                prompt_token_ids=tuple(c["prompt_token_ids"]),
+            )
             entries[prompt] = ReferenceEntry(completion, tuple(raw["teacher_logprobs"]))
-        return cls(entries=entries, max_tokens=dict(data["max_tokens"]),
-                   tolerance=float(data["tolerance"]),
-                   drift_observed=float(data["drift_observed"]),
-                   engine_version=data.get("engine_version", ""))
+        return cls(
+            entries=entries,
+            max_tokens=dict(data["max_tokens"]),
+            tolerance=float(data["tolerance"]),
+            drift_observed=float(data["drift_observed"]),
+            engine_version=data.get("engine_version", ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -126,11 +138,25 @@ class CheckResult:
 # --- talking to the server -------------------------------------------------------------------
 
 
-async def complete_greedy(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
-                          *, ignore_eos: bool = False, timeout_s: float = 60.0) -> Completion:
+async def complete_greedy(
+    client: httpx.AsyncClient,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    *,
+    ignore_eos: bool = False,
+    timeout_s: float = 60.0,
+) -> Completion:
     """A greedy, non-streaming completion with token ids and top-2 logprobs."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "logprobs": 2, "return_token_ids": True, "ignore_eos": ignore_eos}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "logprobs": 2,
+        "return_token_ids": True,
+        "ignore_eos": ignore_eos,
+    }
     response = await client.post("/v1/completions", json=body, timeout=timeout_s)
     response.raise_for_status()
     choice = response.json()["choices"][0]
@@ -138,10 +164,15 @@ async def complete_greedy(client: httpx.AsyncClient, model: str, prompt: str, ma
     tokens = tuple(lp.get("tokens") or ())
     logprobs = tuple(float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or ())
     margins = tuple(_margin(top) for top in lp.get("top_logprobs") or ())
-    return Completion(prompt=prompt, text=choice.get("text") or "",
-                      token_ids=tuple(choice.get("token_ids") or ()), tokens=tokens,
-                      logprobs=logprobs, margins=margins,
-                      prompt_token_ids=tuple(choice.get("prompt_token_ids") or ()))
+    return Completion(
+        prompt=prompt,
+        text=choice.get("text") or "",
+        token_ids=tuple(choice.get("token_ids") or ()),
+        tokens=tokens,
+        logprobs=logprobs,
+        margins=margins,
+        prompt_token_ids=tuple(choice.get("prompt_token_ids") or ()),
+    )
 
 
 def _margin(top: dict[str, float] | None) -> float | None:
@@ -151,13 +182,18 @@ def _margin(top: dict[str, float] | None) -> float | None:
     return float(best[0] - best[1])
 
 
-async def teacher_forced_logprobs(client: httpx.AsyncClient, model: str,
-                                  reference: Completion, *, timeout_s: float = 60.0
-                                  ) -> tuple[float, ...]:
+async def teacher_forced_logprobs(
+    client: httpx.AsyncClient, model: str, reference: Completion, *, timeout_s: float = 60.0
+) -> tuple[float, ...]:
     """Logprobs the server gives the reference continuation when it is fed back as prompt."""
     ids = list(reference.prompt_token_ids) + list(reference.token_ids)
-    body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
-            "prompt_logprobs": 0}
+    body = {
+        "model": model,
+        "prompt": ids,
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "prompt_logprobs": 0,
+    }
     response = await client.post("/v1/completions", json=body, timeout=timeout_s)
     response.raise_for_status()
     entries = response.json()["choices"][0].get("prompt_logprobs") or []
@@ -174,25 +210,33 @@ async def teacher_forced_logprobs(client: httpx.AsyncClient, model: str,
     return tuple(out)
 
 
-async def _gather_completions(client, model, prompts, max_tokens, *, concurrent: bool,
-                              ignore_eos: dict[str, bool]) -> list[Completion]:
+async def _gather_completions(
+    client, model, prompts, max_tokens, *, concurrent: bool, ignore_eos: dict[str, bool]
+) -> list[Completion]:
     async def one(prompt: str) -> Completion:
-        return await complete_greedy(client, model, prompt, max_tokens[prompt],
-                                     ignore_eos=ignore_eos[prompt])
+        return await complete_greedy(
+            client, model, prompt, max_tokens[prompt], ignore_eos=ignore_eos[prompt]
+        )
 
     if concurrent:
         return list(await asyncio.gather(*(one(p) for p in prompts)))
     return [await one(p) for p in prompts]
 
 
-async def collect_outputs(client: httpx.AsyncClient, model: str, reference: Reference,
-                          prompts: Sequence[str], *, concurrent: bool = False
-                          ) -> tuple[dict[str, Completion], dict[str, tuple[float, ...]]]:
+async def collect_outputs(
+    client: httpx.AsyncClient,
+    model: str,
+    reference: Reference,
+    prompts: Sequence[str],
+    *,
+    concurrent: bool = False,
+) -> tuple[dict[str, Completion], dict[str, tuple[float, ...]]]:
     """The trial's greedy completions and teacher-forced logprobs for ``prompts``."""
     max_tokens = {p: reference.max_tokens[p] for p in prompts}
     ignore = {p: True for p in prompts}
-    completions = await _gather_completions(client, model, prompts, max_tokens,
-                                            concurrent=concurrent, ignore_eos=ignore)
+    completions = await _gather_completions(
+        client, model, prompts, max_tokens, concurrent=concurrent, ignore_eos=ignore
+    )
     teacher = {}
     for prompt in prompts:
         entry = reference.entries[prompt]
@@ -201,9 +245,15 @@ async def collect_outputs(client: httpx.AsyncClient, model: str, reference: Refe
     return {c.prompt: c for c in completions}, teacher
 
 
-async def record_reference(client: httpx.AsyncClient, model: str, check: CheckSpec,
-                           workload_prompts: Sequence[str], workload_max_tokens: int,
-                           *, engine_version: str = "") -> Reference:
+async def record_reference(
+    client: httpx.AsyncClient,
+    model: str,
+    check: CheckSpec,
+    workload_prompts: Sequence[str],
+    workload_max_tokens: int,
+    *,
+    engine_version: str = "",
+) -> Reference:
     """Run the baseline's greedy outputs twice (alone, then batched) and pin the reference.
 
     ``ignore_eos`` is set on every request so lengths are fixed and comparable.
@@ -213,10 +263,12 @@ async def record_reference(client: httpx.AsyncClient, model: str, check: CheckSp
         max_tokens.setdefault(prompt, workload_max_tokens)
     prompts = list(max_tokens)
     ignore = {p: True for p in prompts}
-    alone = await _gather_completions(client, model, prompts, max_tokens, concurrent=False,
-                                      ignore_eos=ignore)
-    batched = await _gather_completions(client, model, prompts, max_tokens, concurrent=True,
-                                        ignore_eos=ignore)
+    alone = await _gather_completions(
+        client, model, prompts, max_tokens, concurrent=False, ignore_eos=ignore
+    )
+    batched = await _gather_completions(
+        client, model, prompts, max_tokens, concurrent=True, ignore_eos=ignore
+    )
     drift = 0.0
     for a, b in zip(alone, batched, strict=True):
         common = _common_prefix(a.token_ids, b.token_ids)
@@ -226,20 +278,28 @@ async def record_reference(client: httpx.AsyncClient, model: str, check: CheckSp
     teacher_alone = {}
     for completion in alone:
         if completion.prompt in check.prompts:
-            teacher_alone[completion.prompt] = await teacher_forced_logprobs(client, model,
-                                                                             completion)
-    teacher_batched = await asyncio.gather(*(teacher_forced_logprobs(client, model, c)
-                                             for c in alone if c.prompt in teacher_alone))
+            teacher_alone[completion.prompt] = await teacher_forced_logprobs(
+                client, model, completion
+            )
+    teacher_batched = await asyncio.gather(
+        *(teacher_forced_logprobs(client, model, c) for c in alone if c.prompt in teacher_alone)
+    )
     for first, second in zip(teacher_alone.values(), teacher_batched, strict=True):
         drift = max(drift, _max_abs_diff(first, second))
     for completion in alone:
         entries[completion.prompt] = ReferenceEntry(
-            completion, teacher_alone.get(completion.prompt, ()))
+            completion, teacher_alone.get(completion.prompt, ())
+        )
     tolerance = check.logprob_tolerance
     if tolerance is None:
         tolerance = max(check.tolerance_floor, TOLERANCE_MULTIPLIER * drift)
-    return Reference(entries=entries, max_tokens=max_tokens, tolerance=float(tolerance),
-                     drift_observed=float(drift), engine_version=engine_version)
+    return Reference(
+        entries=entries,
+        max_tokens=max_tokens,
+        tolerance=float(tolerance),
+        drift_observed=float(drift),
+        engine_version=engine_version,
+    )
 
 
 # --- comparing -------------------------------------------------------------------------------
@@ -255,16 +315,19 @@ def sanity_problem(text: str, token_ids: Sequence[int] = ()) -> str | None:
         return "non-printable characters in output"
     ids = list(token_ids)
     if len(ids) >= 16:
-        tail = ids[len(ids) // 4:]
+        tail = ids[len(ids) // 4 :]
         for period in (1, 2):
             if all(tail[i] == tail[i % period] for i in range(len(tail))):
                 return f"runaway repetition (a {period}-token loop)"
     return None
 
 
-def compare(reference: Reference, completions: dict[str, Completion],
-            teacher: dict[str, tuple[float, ...]], check: CheckSpec | None = None
-            ) -> CheckResult:
+def compare(
+    reference: Reference,
+    completions: dict[str, Completion],
+    teacher: dict[str, tuple[float, ...]],
+    check: CheckSpec | None = None,
+) -> CheckResult:
     """Judge a trial's outputs against the reference. Pure: no I/O."""
     tol = reference.tolerance
     max_drift = 0.0
@@ -283,18 +346,30 @@ def compare(reference: Reference, completions: dict[str, Completion],
         position = _common_prefix(ref.token_ids, got.token_ids)
         if position < max(len(ref.token_ids), len(got.token_ids)):
             margin = ref.margins[position] if position < len(ref.margins) else None
-            if position < len(ref.token_ids) and position < len(got.token_ids) and \
-                    margin is not None and margin <= 2 * tol:
+            if (
+                position < len(ref.token_ids)
+                and position < len(got.token_ids)
+                and margin is not None
+                and margin <= 2 * tol
+            ):
                 tie_flips += 1
             else:
-                kind = "token" if position < min(len(ref.token_ids), len(got.token_ids)) \
-                    else "length"
-                fail(Divergence(prompt=prompt, position=position, kind=kind,
-                                expected_token=_token_at(ref, position),
-                                got_token=_token_at(got, position),
-                                expected_text=ref.text, got_text=got.text,
-                                detail=f"reference top-2 margin {margin}"),
-                     f"{prompt!r}: token {position} differs")
+                kind = (
+                    "token" if position < min(len(ref.token_ids), len(got.token_ids)) else "length"
+                )
+                fail(
+                    Divergence(
+                        prompt=prompt,
+                        position=position,
+                        kind=kind,
+                        expected_token=_token_at(ref, position),
+                        got_token=_token_at(got, position),
+                        expected_text=ref.text,
+                        got_text=got.text,
+                        detail=f"reference top-2 margin {margin}",
+                    ),
+                    f"{prompt!r}: token {position} differs",
+                )
         if prompt in teacher:
             expected = reference.entries[prompt].teacher_logprobs
             diffs = [abs(a - b) for a, b in zip(expected, teacher[prompt], strict=False)]
@@ -302,47 +377,83 @@ def compare(reference: Reference, completions: dict[str, Completion],
                 worst = max(range(len(diffs)), key=diffs.__getitem__)
                 max_drift = max(max_drift, diffs[worst])
                 if diffs[worst] > tol:
-                    fail(Divergence(prompt=prompt, position=worst, kind="logprob",
-                                    expected_token=_token_at(ref, worst),
-                                    got_token=_token_at(ref, worst),
-                                    expected_text=ref.text, got_text=got.text,
-                                    detail=f"logprob drift {diffs[worst]:.4f} > tolerance "
-                                           f"{tol:.4f}"),
-                         f"{prompt!r}: logprob drift {diffs[worst]:.4f} at {worst}")
+                    fail(
+                        Divergence(
+                            prompt=prompt,
+                            position=worst,
+                            kind="logprob",
+                            expected_token=_token_at(ref, worst),
+                            got_token=_token_at(ref, worst),
+                            expected_text=ref.text,
+                            got_text=got.text,
+                            detail=f"logprob drift {diffs[worst]:.4f} > tolerance {tol:.4f}",
+                        ),
+                        f"{prompt!r}: logprob drift {diffs[worst]:.4f} at {worst}",
+                    )
         if sanity_problem(ref.text, ref.token_ids) is None:
             problem = sanity_problem(got.text, got.token_ids)
             if problem:
-                fail(Divergence(prompt=prompt, position=0, kind="sanity",
-                                expected_text=ref.text, got_text=got.text, detail=problem),
-                     f"{prompt!r}: {problem}")
+                fail(
+                    Divergence(
+                        prompt=prompt,
+                        position=0,
+                        kind="sanity",
+                        expected_text=ref.text,
+                        got_text=got.text,
+                        detail=problem,
+                    ),
+                    f"{prompt!r}: {problem}",
+                )
     if check is not None:
         for answer in check.known_answers:
             got = completions.get(answer.prompt)
             if got is not None and not re.search(answer.expect, got.text):
-                fail(Divergence(prompt=answer.prompt, position=0, kind="known_answer",
-                                expected_text=answer.expect, got_text=got.text,
-                                detail=f"does not match /{answer.expect}/"),
-                     f"{answer.prompt!r}: known answer /{answer.expect}/ not found")
-    return CheckResult(passed=not problems, prompts_checked=len(completions),
-                       max_logprob_drift=max_drift, tie_flips=tie_flips,
-                       first_divergence=first, problems=tuple(problems))
+                fail(
+                    Divergence(
+                        prompt=answer.prompt,
+                        position=0,
+                        kind="known_answer",
+                        expected_text=answer.expect,
+                        got_text=got.text,
+                        detail=f"does not match /{answer.expect}/",
+                    ),
+                    f"{answer.prompt!r}: known answer /{answer.expect}/ not found",
+                )
+    return CheckResult(
+        passed=not problems,
+        prompts_checked=len(completions),
+        max_logprob_drift=max_drift,
+        tie_flips=tie_flips,
+        first_divergence=first,
+        problems=tuple(problems),
+    )
 
 
-def compare_tokens(reference: Reference, prompt: str, token_ids: Sequence[int], text: str
-                   ) -> Divergence | None:
+def compare_tokens(
+    reference: Reference, prompt: str, token_ids: Sequence[int], text: str
+) -> Divergence | None:
     """Token-only comparison for benchmark responses (correctness under load)."""
     ref = reference.entries[prompt].completion
     position = _common_prefix(ref.token_ids, tuple(token_ids))
     if position >= max(len(ref.token_ids), len(token_ids)):
         return None
     margin = ref.margins[position] if position < len(ref.margins) else None
-    if position < min(len(ref.token_ids), len(token_ids)) and margin is not None \
-            and margin <= 2 * reference.tolerance:
+    if (
+        position < min(len(ref.token_ids), len(token_ids))
+        and margin is not None
+        and margin <= 2 * reference.tolerance
+    ):
         return None
     got_id = token_ids[position] if position < len(token_ids) else None
-    return Divergence(prompt=prompt, position=position, kind="token_under_load",
-                      expected_token=_token_at(ref, position), got_token=f"id:{got_id}",
-                      expected_text=ref.text, got_text=text)
+    return Divergence(
+        prompt=prompt,
+        position=position,
+        kind="token_under_load",
+        expected_token=_token_at(ref, position),
+        got_token=f"id:{got_id}",
+        expected_text=ref.text,
+        got_text=text,
+    )
 
 
 def _token_at(completion: Completion, position: int) -> str | None:
@@ -363,6 +474,7 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
-    diffs = [abs(x - y) for x, y in zip(a, b, strict=False)
-             if x != float("-inf") and y != float("-inf")]
+    diffs = [
+        abs(x - y) for x, y in zip(a, b, strict=False) if x != float("-inf") and y != float("-inf")
+    ]
     return max(diffs, default=0.0)

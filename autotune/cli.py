@@ -21,16 +21,24 @@ from rich.table import Table
 
 from autotune.errors import AutotuneError, PreflightError, SpecError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Autonomous, correctness-gated tuner for LLM inference servers.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Autonomous, correctness-gated tuner for LLM inference servers.",
+)
 console = Console()
 err = Console(stderr=True)
 
 DEFAULT_SPEC = Path("studies/demo.yaml")
 SpecOpt = Annotated[Path, typer.Option("--spec", help="Study spec YAML.")]
 StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name (default: the spec's).")]
-StorageOpt = Annotated[str | None, typer.Option(
-    "--storage", help="SQLAlchemy URL (default: SQLite studies/<study>.db beside the spec).")]
+StorageOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--storage", help="SQLAlchemy URL (default: SQLite studies/<study>.db beside the spec)."
+    ),
+]
 
 
 def _fail(exc: AutotuneError) -> typer.Exit:
@@ -68,23 +76,39 @@ def run(
     study: StudyOpt = None,
     storage: StorageOpt = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Sampler seed.")] = None,
-    artifact_dir: Annotated[str | None, typer.Option(
-        "--artifact-dir", help="Where server logs and outputs are stored.")] = None,
-    parallel: Annotated[int, typer.Option(
-        "--parallel", min=1, help="Trials run at once on this machine (one worker each).")] = 1,
-    gpus: Annotated[str | None, typer.Option(
-        "--gpus", help="GPUs the workers share out, e.g. 0-7 or 0,1,2,3.")] = None,
-    gpus_per_trial: Annotated[int, typer.Option("--gpus-per-trial", min=1)] = 1,
-    cpus: Annotated[str | None, typer.Option(
-        "--cpus", help="CPU cores the workers share out (CPU engines), e.g. 0-15.")] = None,
-    cpus_per_trial: Annotated[int | None, typer.Option("--cpus-per-trial", min=1)] = None,
-    worker_env: Annotated[str | None, typer.Option(
-        "--worker-env", hidden=True, help="JSON env of one worker's device set (internal).")
+    artifact_dir: Annotated[
+        str | None, typer.Option("--artifact-dir", help="Where server logs and outputs are stored.")
     ] = None,
-    confirm_top: Annotated[int, typer.Option(
-        "--confirm-top", min=0,
-        help="Re-measure the top K configs against the baseline before declaring the best "
-             "(0: skip).")] = 2,
+    parallel: Annotated[
+        int,
+        typer.Option(
+            "--parallel", min=1, help="Trials run at once on this machine (one worker each)."
+        ),
+    ] = 1,
+    gpus: Annotated[
+        str | None, typer.Option("--gpus", help="GPUs the workers share out, e.g. 0-7 or 0,1,2,3.")
+    ] = None,
+    gpus_per_trial: Annotated[int, typer.Option("--gpus-per-trial", min=1)] = 1,
+    cpus: Annotated[
+        str | None,
+        typer.Option("--cpus", help="CPU cores the workers share out (CPU engines), e.g. 0-15."),
+    ] = None,
+    cpus_per_trial: Annotated[int | None, typer.Option("--cpus-per-trial", min=1)] = None,
+    worker_env: Annotated[
+        str | None,
+        typer.Option(
+            "--worker-env", hidden=True, help="JSON env of one worker's device set (internal)."
+        ),
+    ] = None,
+    confirm_top: Annotated[
+        int,
+        typer.Option(
+            "--confirm-top",
+            min=0,
+            help="Re-measure the top K configs against the baseline before declaring the best "
+            "(0: skip).",
+        ),
+    ] = 2,
     confirm_repeats: Annotated[int, typer.Option("--confirm-repeats", min=2)] = 2,
 ) -> None:
     """Tune: run N trials of the study (resuming it if it exists), then confirm the best."""
@@ -94,34 +118,48 @@ def run(
 
     try:
         study_spec = _load_spec(spec)
-        options = RunOptions(trials=trials, storage_url=storage, study_name=study, seed=seed,
-                             artifact_dir=artifact_dir)
+        options = RunOptions(
+            trials=trials,
+            storage_url=storage,
+            study_name=study,
+            seed=seed,
+            artifact_dir=artifact_dir,
+        )
         if parallel > 1:
             from autotune.parallel import DevicePlanSpec, run_parallel
 
-            plan = DevicePlanSpec(gpus=gpus, gpus_per_trial=gpus_per_trial, cpus=cpus,
-                                  cpus_per_trial=cpus_per_trial)
+            plan = DevicePlanSpec(
+                gpus=gpus, gpus_per_trial=gpus_per_trial, cpus=cpus, cpus_per_trial=cpus_per_trial
+            )
             code = run_parallel(spec, options, workers=parallel, plan=plan, console=console)
             if code == 0 and confirm_top:
-                _confirm(study_spec, *_study_target(spec, study, storage), confirm_top,
-                         confirm_repeats)
+                _confirm(
+                    study_spec, *_study_target(spec, study, storage), confirm_top, confirm_repeats
+                )
             _print_report(*_study_target(spec, study, storage))
             raise typer.Exit(code=code)
         extra_env = json.loads(worker_env) if worker_env else None
         view = _LiveView(trials)
-        with Live(view.render(), console=console, refresh_per_second=4,
-                  transient=False) as live:
+        with Live(view.render(), console=console, refresh_per_second=4, transient=False) as live:
             view.live = live
-            summary = run_study(study_spec, options, on_phase=view.on_phase,
-                                on_trial=view.on_trial, extra_env=extra_env)
+            summary = run_study(
+                study_spec,
+                options,
+                on_phase=view.on_phase,
+                on_trial=view.on_trial,
+                extra_env=extra_env,
+            )
         if confirm_top and not worker_env and not summary.stopped_because:
-            _confirm(study_spec, summary.storage_url, summary.study_name, confirm_top,
-                     confirm_repeats)
+            _confirm(
+                study_spec, summary.storage_url, summary.study_name, confirm_top, confirm_repeats
+            )
     except AutotuneError as exc:
         raise _fail(exc) from None
     except KeyboardInterrupt:
-        err.print("[yellow]interrupted:[/] the current trial was stopped and recorded; "
-                  "run the same command again to resume.")
+        err.print(
+            "[yellow]interrupted:[/] the current trial was stopped and recorded; "
+            "run the same command again to resume."
+        )
         raise typer.Exit(code=130) from None
     for line in summary.cleaned:
         console.print(f"[dim]cleanup:[/] {line}")
@@ -146,11 +184,19 @@ def _confirm(study_spec, url: str, name: str, top: int, repeats: int) -> None:
     if not top_candidates(study_spec, loaded, top):
         console.print("[yellow]no verified correct config beyond the baseline to confirm[/]")
         return
-    console.print(f"confirming the top {top} configs against the baseline "
-                  f"({repeats} interleaved rounds)...")
-    run_confirmation(study_spec, loaded, url, top_k=top, repeats=repeats,
-                     on_phase=lambda n, p: console.print(f"[dim]trial {n}: {p}[/]")
-                     if p == "launching" else None)
+    console.print(
+        f"confirming the top {top} configs against the baseline ({repeats} interleaved rounds)..."
+    )
+    run_confirmation(
+        study_spec,
+        loaded,
+        url,
+        top_k=top,
+        repeats=repeats,
+        on_phase=lambda n, p: (
+            console.print(f"[dim]trial {n}: {p}[/]") if p == "launching" else None
+        ),
+    )
 
 
 def _print_confirmation(data: dict) -> None:
@@ -158,18 +204,27 @@ def _print_confirmation(data: dict) -> None:
     for col in ("config", "samples", "median", "failures"):
         table.add_column(col)
     for c in data["candidates"]:
-        style = "bold green" if c["trial_number"] is not None and \
-            c["trial_number"] == data["winner"] else ""
-        table.add_row(c["label"], ", ".join(f"{x:.1f}" for x in c["samples"]),
-                      "" if c["median"] is None else f"{c['median']:.1f}",
-                      ", ".join(c["failures"]), style=style)
+        style = (
+            "bold green"
+            if c["trial_number"] is not None and c["trial_number"] == data["winner"]
+            else ""
+        )
+        table.add_row(
+            c["label"],
+            ", ".join(f"{x:.1f}" for x in c["samples"]),
+            "" if c["median"] is None else f"{c['median']:.1f}",
+            ", ".join(c["failures"]),
+            style=style,
+        )
     console.print(table)
     if data["winner"] is None:
         console.print("[red]no candidate passed every confirmation round[/]")
     elif data["gain"] is not None:
         low, high = data["gain_ci"]
-        console.print(f"winner: trial {data['winner']}, {data['gain']:+.1%} over the baseline "
-                      f"(95% CI {low:+.1%} .. {high:+.1%})")
+        console.print(
+            f"winner: trial {data['winner']}, {data['gain']:+.1%} over the baseline "
+            f"(95% CI {low:+.1%} .. {high:+.1%})"
+        )
 
 
 class _LiveView:
@@ -189,9 +244,16 @@ class _LiveView:
     def render(self) -> Table:
         table = Table.grid(padding=(0, 2))
         trial = "-" if self.number is None else str(self.number)
-        table.add_row("[bold]trial[/]", trial, "[bold]phase[/]", self.phase,
-                      "[bold]elapsed[/]", f"{time.monotonic() - self.trial_started:5.1f} s",
-                      "[bold]done[/]", f"{self.done}/{self.total}")
+        table.add_row(
+            "[bold]trial[/]",
+            trial,
+            "[bold]phase[/]",
+            self.phase,
+            "[bold]elapsed[/]",
+            f"{time.monotonic() - self.trial_started:5.1f} s",
+            "[bold]done[/]",
+            f"{self.done}/{self.total}",
+        )
         table.add_row("[bold]best[/]", self.best, "[bold]last[/]", self.last, "", "", "", "")
         return table
 
@@ -208,15 +270,18 @@ class _LiveView:
     def on_trial(self, outcome, study) -> None:
         from autotune.report import best_trials
 
-        if outcome.verdict not in ("constraint_violated", "duplicate") and \
-                not outcome.infrastructure:
+        if (
+            outcome.verdict not in ("constraint_violated", "duplicate")
+            and not outcome.infrastructure
+        ):
             self.done += 1
         values = ", ".join(f"{v:.1f}" for v in outcome.values) if outcome.values else ""
         self.last = f"#{outcome.number} {outcome.verdict} {values}".strip()
         best = best_trials(study)
         if best:
-            self.best = ", ".join(f"#{t.number} " + "/".join(f"{v:.1f}" for v in t.values)
-                                  for t in best[:3])
+            self.best = ", ".join(
+                f"#{t.number} " + "/".join(f"{v:.1f}" for v in t.values) for t in best[:3]
+            )
         self.phase = "done"
         self.refresh()
         console.print(f"trial {outcome.number} [{outcome.role}]: {outcome.verdict} {values}")
@@ -228,36 +293,49 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
     report = load_report(storage_url, study_name)
     metric_cols = ["decode_tokens_per_s", "output_tokens_per_s", "ttft_p95_ms", "itl_p95_ms"]
     table = Table(title=f"study {report.name} ({', '.join(report.directions)})")
-    for col in ("#", "role", "state", "verdict", "params", *metric_cols, "startup_s",
-                "reason"):
+    for col in ("#", "role", "state", "verdict", "params", *metric_cols, "startup_s", "reason"):
         table.add_column(col, overflow="fold")
     rows = report.rows if limit is None else report.rows[-limit:]
     for row in rows:
         params = ", ".join(f"{k}={v}" for k, v in row.params.items())
-        style = "bold green" if row.is_best else ("red" if row.verdict not in
-                                                  ("correct", "running", "waiting") else "")
-        table.add_row(f"{row.number}{' *' if row.is_best else ''}", row.role, row.state,
-                      row.verdict, params,
-                      *[f"{row.metrics[c]:.1f}" if c in row.metrics else "" for c in
-                        metric_cols],
-                      f"{row.startup_s:.1f}" if row.startup_s else "", row.detail[:80],
-                      style=style)
+        style = (
+            "bold green"
+            if row.is_best
+            else ("red" if row.verdict not in ("correct", "running", "waiting") else "")
+        )
+        table.add_row(
+            f"{row.number}{' *' if row.is_best else ''}",
+            row.role,
+            row.state,
+            row.verdict,
+            params,
+            *[f"{row.metrics[c]:.1f}" if c in row.metrics else "" for c in metric_cols],
+            f"{row.startup_s:.1f}" if row.startup_s else "",
+            row.detail[:80],
+            style=style,
+        )
     console.print(table)
     if report.failures_by_reason:
-        console.print("failures by reason: " + ", ".join(
-            f"{k}: {v}" for k, v in report.failures_by_reason.items()))
+        console.print(
+            "failures by reason: "
+            + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
+        )
     if report.reference:
-        console.print(f"reference: {report.reference['prompts']} prompts, logprob tolerance "
-                      f"{report.reference['tolerance']:.4f} (baseline drift "
-                      f"{report.reference['drift_observed']:.4f})")
+        console.print(
+            f"reference: {report.reference['prompts']} prompts, logprob tolerance "
+            f"{report.reference['tolerance']:.4f} (baseline drift "
+            f"{report.reference['drift_observed']:.4f})"
+        )
     roofline = report.attrs.get("roofline")
     if roofline and report.best:
         best_row = next(r for r in report.rows if r.number == report.best[0])
         measured = best_row.metrics.get("decode_tokens_per_s")
         bound = roofline.get("tokens_per_s")
         if measured and bound:
-            console.print(f"decode roofline: {bound:.1f} tok/s; best measured {measured:.1f} "
-                          f"tok/s = {measured / bound:.1%} of it")
+            console.print(
+                f"decode roofline: {bound:.1f} tok/s; best measured {measured:.1f} "
+                f"tok/s = {measured / bound:.1%} of it"
+            )
     if report.attrs.get("confirmation"):
         _print_confirmation(report.attrs["confirmation"])
     if report.attrs.get("ablation"):
@@ -269,8 +347,7 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
 
 
 @app.command()
-def show(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None,
-         storage: StorageOpt = None) -> None:
+def show(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None, storage: StorageOpt = None) -> None:
     """A table of trials: state, verdict, key params, metrics, reason; best marked with *."""
     try:
         url, name = _study_target(spec, study, storage)
@@ -285,12 +362,18 @@ def export(
     study: StudyOpt = None,
     storage: StorageOpt = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="YAML file to write.")] = Path(
-        "best.yaml"),
-    pareto: Annotated[bool, typer.Option("--pareto", help="Export the whole Pareto front.")
-                      ] = False,
-    allow_unconfirmed: Annotated[bool, typer.Option(
-        "--allow-unconfirmed", help="Export the best verified trial even if the confirmation "
-                                    "phase has not run.")] = False,
+        "best.yaml"
+    ),
+    pareto: Annotated[
+        bool, typer.Option("--pareto", help="Export the whole Pareto front.")
+    ] = False,
+    allow_unconfirmed: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unconfirmed",
+            help="Export the best verified trial even if the confirmation phase has not run.",
+        ),
+    ] = False,
 ) -> None:
     """Write the best verified config as YAML for `vllm serve --config FILE`."""
     import optuna
@@ -302,24 +385,31 @@ def export(
         study_spec = _load_spec(spec)
         url, name = _study_target(spec, study, storage)
         try:
-            loaded = optuna.load_study(storage=keys.open_storage(url, heartbeat=False),
-                                       study_name=name)
+            loaded = optuna.load_study(
+                storage=keys.open_storage(url, heartbeat=False), study_name=name
+            )
         except KeyError:
             raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
-        results = export_best(study_spec, loaded, output, pareto=pareto,
-                              require_confirmed=not allow_unconfirmed)
+        results = export_best(
+            study_spec, loaded, output, pareto=pareto, require_confirmed=not allow_unconfirmed
+        )
     except AutotuneError as exc:
         raise _fail(exc) from None
     for result in results:
-        console.print(f"trial {result.trial_number} -> {result.path}"
-                      + (f" (+ {result.env_path})" if result.env_path else ""))
+        console.print(
+            f"trial {result.trial_number} -> {result.path}"
+            + (f" (+ {result.env_path})" if result.env_path else "")
+        )
         console.print("  launch: " + " ".join(result.command))
 
 
 @app.command()
-def dashboard(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None,
-              storage: StorageOpt = None,
-              port: Annotated[int, typer.Option("--port")] = 8080) -> None:
+def dashboard(
+    spec: SpecOpt = DEFAULT_SPEC,
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+    port: Annotated[int, typer.Option("--port")] = 8080,
+) -> None:
     """Open optuna-dashboard on the study's storage (with its artifacts)."""
     from autotune import storage as keys
 
@@ -327,10 +417,17 @@ def dashboard(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None,
         url, name = _study_target(spec, study, storage)
     except AutotuneError as exc:
         raise _fail(exc) from None
-    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent /
-                                                  "optuna-dashboard")
-    argv = [exe, url, "--host", "127.0.0.1", "--port", str(port),
-            "--artifact-dir", str(keys.artifact_dir(url, name))]
+    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
+    argv = [
+        exe,
+        url,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--artifact-dir",
+        str(keys.artifact_dir(url, name)),
+    ]
     console.print(f"optuna-dashboard on http://127.0.0.1:{port} (study {name})")
     raise typer.Exit(code=subprocess.call(argv))
 
@@ -355,8 +452,10 @@ def validate(spec: Annotated[Path, typer.Argument(help="Study spec YAML.")]) -> 
     if bad:
         err.print(f"{bad} of {len(issues)} parameters invalid in {study_spec.space.path}")
         raise typer.Exit(code=2)
-    console.print(f"all {len(issues)} parameters valid against {study_spec.engine.kind} "
-                  f"{build_engine(study_spec).version()}")
+    console.print(
+        f"all {len(issues)} parameters valid against {study_spec.engine.kind} "
+        f"{build_engine(study_spec).version()}"
+    )
 
 
 @app.command()
@@ -388,13 +487,22 @@ def ablate(
     study: StudyOpt = None,
     storage: StorageOpt = None,
     repeats: Annotated[int, typer.Option("--repeats", min=2, help="Rounds per variant.")] = 3,
-    trial: Annotated[int | None, typer.Option("--trial", help="Trial to ablate (default: best).")
-                     ] = None,
-    output: Annotated[Path | None, typer.Option(
-        "-o", "--output", help="Write the minimal config as YAML (like export).")] = None,
-    min_effect: Annotated[float, typer.Option(
-        "--min-effect", min=0.0, max=1.0,
-        help="Smallest relative change counted as an effect (default 5%).")] = 0.05,
+    trial: Annotated[
+        int | None, typer.Option("--trial", help="Trial to ablate (default: best).")
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("-o", "--output", help="Write the minimal config as YAML (like export)."),
+    ] = None,
+    min_effect: Annotated[
+        float,
+        typer.Option(
+            "--min-effect",
+            min=0.0,
+            max=1.0,
+            help="Smallest relative change counted as an effect (default 5%).",
+        ),
+    ] = 0.05,
 ) -> None:
     """Revert each change of the best config one at a time: what really helped?"""
     import optuna
@@ -409,55 +517,86 @@ def ablate(
             loaded = optuna.load_study(storage=keys.open_storage(url), study_name=name)
         except KeyError:
             raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
-        report = run_ablation(study_spec, loaded, url, repeats=repeats, trial_number=trial,
-                              min_effect=min_effect,
-                              on_phase=lambda n, p: console.print(f"[dim]trial {n}: {p}[/]"))
+        report = run_ablation(
+            study_spec,
+            loaded,
+            url,
+            repeats=repeats,
+            trial_number=trial,
+            min_effect=min_effect,
+            on_phase=lambda n, p: console.print(f"[dim]trial {n}: {p}[/]"),
+        )
         _print_ablation(report.to_dict())
         if output is not None:
             from autotune.export import export_values
 
-            result = export_values(study_spec, report.minimal_values, output,
-                                   title=f"minimal config from ablation of trial "
-                                         f"{report.trial_number}")
+            result = export_values(
+                study_spec,
+                report.minimal_values,
+                output,
+                title=f"minimal config from ablation of trial {report.trial_number}",
+            )
             console.print(f"minimal config -> {result.path}")
     except AutotuneError as exc:
         raise _fail(exc) from None
 
 
 def _print_ablation(report: dict) -> None:
-    table = Table(title=f"ablation of trial {report['trial_number']}: {report['metric']} "
-                        f"(best median {report['best_median']:.1f}, noise band "
-                        f"±{report['noise_band']:.1f}, {report['repeats']} rounds)")
+    table = Table(
+        title=f"ablation of trial {report['trial_number']}: {report['metric']} "
+        f"(best median {report['best_median']:.1f}, noise band "
+        f"±{report['noise_band']:.1f}, {report['repeats']} rounds)"
+    )
     for col in ("change", "best", "reverted to", "delta", "range", "verdict"):
         table.add_column(col)
     for c in report["contributions"]:
         delta = "" if c["delta"] is None else f"{c['delta']:+.1f}"
         span = "" if c["delta_low"] is None else f"[{c['delta_low']:+.1f}, {c['delta_high']:+.1f}]"
         style = {"helps": "green", "needed for correctness": "yellow"}.get(c["verdict"], "dim")
-        table.add_row(c["parameter"], str(c["best_value"]), str(c["reverted_to"]), delta, span,
-                      c["verdict"] + (f" ({c['detail']})" if c["detail"] else ""), style=style)
+        table.add_row(
+            c["parameter"],
+            str(c["best_value"]),
+            str(c["reverted_to"]),
+            delta,
+            span,
+            c["verdict"] + (f" ({c['detail']})" if c["detail"] else ""),
+            style=style,
+        )
     console.print(table)
     minimal = ", ".join(f"{k}={v}" for k, v in report["minimal_values"].items()) or "(baseline)"
     console.print(f"minimal config: {minimal}")
     if report["minimal_keeps_gain"] is not None:
-        console.print(f"minimal config measured {report['minimal_median']:.1f}: "
-                      + ("keeps the gain" if report["minimal_keeps_gain"]
-                         else "does NOT keep the gain (interactions between changes)"))
+        console.print(
+            f"minimal config measured {report['minimal_median']:.1f}: "
+            + (
+                "keeps the gain"
+                if report["minimal_keeps_gain"]
+                else "does NOT keep the gain (interactions between changes)"
+            )
+        )
 
 
 @app.command("inspect")
 def inspect_cmd(
-    model: Annotated[Path, typer.Argument(help="A GGUF file (any part of a split model) or a "
-                                              "Hugging Face model folder.")],
-    device: Annotated[str | None, typer.Option("--device", help="Device for the decode "
-                                                                "roofline, e.g. h200.")] = None,
-    bandwidth_gbs: Annotated[float | None, typer.Option(
-        "--bandwidth-gbs", help="Per-device memory bandwidth (overrides --device).")] = None,
+    model: Annotated[
+        Path,
+        typer.Argument(
+            help="A GGUF file (any part of a split model) or a Hugging Face model folder."
+        ),
+    ],
+    device: Annotated[
+        str | None, typer.Option("--device", help="Device for the decode roofline, e.g. h200.")
+    ] = None,
+    bandwidth_gbs: Annotated[
+        float | None,
+        typer.Option("--bandwidth-gbs", help="Per-device memory bandwidth (overrides --device)."),
+    ] = None,
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree.")] = 1,
-    context: Annotated[int, typer.Option("--context", min=0, help="Tokens in the KV cache.")
-                       ] = 0,
-    measured: Annotated[list[float] | None, typer.Option(
-        "--measured", help="Measured decode tok/s to compare (repeatable).")] = None,
+    context: Annotated[int, typer.Option("--context", min=0, help="Tokens in the KV cache.")] = 0,
+    measured: Annotated[
+        list[float] | None,
+        typer.Option("--measured", help="Measured decode tok/s to compare (repeatable)."),
+    ] = None,
 ) -> None:
     """Model facts (architecture, attention, experts, quantization, fused projections) and,
     with --device or --bandwidth-gbs, the single-request decode roofline."""
@@ -469,9 +608,13 @@ def inspect_cmd(
         rows = facts_as_rows(facts)
         if device or bandwidth_gbs:
             try:
-                roofline = decode_roofline(DecodeBytes.from_facts(facts), device=device,
-                                           bandwidth_gbs=bandwidth_gbs, tp=tp,
-                                           context_tokens=context)
+                roofline = decode_roofline(
+                    DecodeBytes.from_facts(facts),
+                    device=device,
+                    bandwidth_gbs=bandwidth_gbs,
+                    tp=tp,
+                    context_tokens=context,
+                )
             except (KeyError, ValueError) as exc:
                 raise SpecError(str(exc).strip("'\""), key="--device") from None
             rows += [("", "")] + roofline_rows(roofline, measured or [])
@@ -486,8 +629,9 @@ def inspect_cmd(
 
 
 @app.command()
-def cleanup(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None,
-            storage: StorageOpt = None) -> None:
+def cleanup(
+    spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None, storage: StorageOpt = None
+) -> None:
     """Stop servers left by killed runs and mark their trials interrupted (re-enqueued)."""
     from autotune.study import cleanup_stale, open_study
 

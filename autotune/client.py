@@ -20,13 +20,15 @@ from autotune.engines.base import LaunchConfig
 
 
 def build_transport(max_connections: int) -> httpx.AsyncBaseTransport:
-    limits = httpx.Limits(max_connections=max_connections,
-                          max_keepalive_connections=max_connections)
+    limits = httpx.Limits(
+        max_connections=max_connections, max_keepalive_connections=max_connections
+    )
     return AiohttpTransport(limits=limits, trust_env=False)
 
 
-def build_client(launch: LaunchConfig, *, max_connections: int = 64,
-                 timeout_s: float = 60.0) -> httpx.AsyncClient:
+def build_client(
+    launch: LaunchConfig, *, max_connections: int = 64, timeout_s: float = 60.0
+) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         base_url=launch.base_url,
         headers={"Authorization": f"Bearer {launch.api_key}"},

@@ -48,8 +48,14 @@ class AutotuneError(Exception):
 class SpecError(AutotuneError):
     """The user's input is invalid. Names the file and the key (and line when YAML gives it)."""
 
-    def __init__(self, message: str, *, file: str | None = None, key: str | None = None,
-                 line: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        key: str | None = None,
+        line: int | None = None,
+    ) -> None:
         self.file = file
         self.key = key
         self.line = line

@@ -40,13 +40,25 @@ def export_trial(spec: StudySpec, trial: optuna.trial.FrozenTrial, out: Path) ->
     for name, value in (trial.user_attrs.get(keys.PARAMS_RESOLVED) or trial.params).items():
         values[name] = spec.space.parameter(name).from_optuna(value)
     metrics = trial.user_attrs.get(keys.METRICS) or {}
-    return export_values(spec, values, out, number=trial.number, metrics=metrics,
-                         title=f"trial {trial.number} (verified correct against the "
-                               f"baseline's reference)")
+    return export_values(
+        spec,
+        values,
+        out,
+        number=trial.number,
+        metrics=metrics,
+        title=f"trial {trial.number} (verified correct against the baseline's reference)",
+    )
 
 
-def export_values(spec: StudySpec, values: dict[str, Any], out: Path, *, title: str,
-                  number: int = -1, metrics: dict[str, float] | None = None) -> ExportResult:
+def export_values(
+    spec: StudySpec,
+    values: dict[str, Any],
+    out: Path,
+    *,
+    title: str,
+    number: int = -1,
+    metrics: dict[str, float] | None = None,
+) -> ExportResult:
     """Write parameter ``values`` as the engine's config file, with env and launch command."""
     engine = build_engine(spec)
     settings = spec.space.resolve(values)
@@ -74,35 +86,53 @@ def export_values(spec: StudySpec, values: dict[str, Any], out: Path, *, title: 
     header.append(f"#   {env_prefix + ' ' if env_prefix else ''}{shlex.join(command)}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text("\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False),
-                   encoding="utf-8")
+    tmp.write_text(
+        "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False), encoding="utf-8"
+    )
     os.replace(tmp, out)  # never leave a half-written file
     env_path = None
     if env:
         env_path = out.with_suffix(".env")
         env_path.write_text("".join(f"{k}={v}\n" for k, v in env.items()), encoding="utf-8")
-    return ExportResult(path=out, trial_number=number, config=config, env=env,
-                        command=command, env_path=env_path)
+    return ExportResult(
+        path=out, trial_number=number, config=config, env=env, command=command, env_path=env_path
+    )
 
 
-def export_best(spec: StudySpec, study: optuna.Study, out: Path, *, pareto: bool = False,
-                require_confirmed: bool = True) -> list[ExportResult]:
+def export_best(
+    spec: StudySpec,
+    study: optuna.Study,
+    out: Path,
+    *,
+    pareto: bool = False,
+    require_confirmed: bool = True,
+) -> list[ExportResult]:
     """Export the confirmed winner (single objective) or the Pareto front (``pareto``)."""
     best = best_trials(study)
     confirmation = study.user_attrs.get(keys.CONFIRMATION)
     if len(study.directions) == 1 and require_confirmed:
         if confirmation is None:
-            raise SpecError("the best config has not been confirmed yet (run `autotune confirm`"
-                            ", or pass --allow-unconfirmed)", key="--study")
+            raise SpecError(
+                "the best config has not been confirmed yet (run `autotune confirm`"
+                ", or pass --allow-unconfirmed)",
+                key="--study",
+            )
         if confirmation.get("winner") is None:
-            raise SpecError("no candidate passed every confirmation round; nothing is "
-                            "exported (see `autotune show`)", key="--study")
+            raise SpecError(
+                "no candidate passed every confirmation round; nothing is "
+                "exported (see `autotune show`)",
+                key="--study",
+            )
     if not best:
-        raise SpecError(f"study {study.study_name!r} has no verified correct trial to export",
-                        key="--study")
+        raise SpecError(
+            f"study {study.study_name!r} has no verified correct trial to export", key="--study"
+        )
     if len(best) > 1 and not pareto:
-        raise SpecError("this study has several objectives: its best is a Pareto front; "
-                        "use --pareto to export every config on it", key="--pareto")
+        raise SpecError(
+            "this study has several objectives: its best is a Pareto front; "
+            "use --pareto to export every config on it",
+            key="--pareto",
+        )
     if not pareto:
         return [export_trial(spec, best[0], out)]
     results = []

@@ -113,13 +113,21 @@ class TrialRunner:
         duplicate = _running_duplicate(trial, values)
         if duplicate is not None:
             # Parallel workers must not spend two servers on one config at the same time.
-            self._record_failure(trial, role, CandidateError(
-                "duplicate", f"same parameters as running trial {duplicate}"), launched=False)
+            self._record_failure(
+                trial,
+                role,
+                CandidateError("duplicate", f"same parameters as running trial {duplicate}"),
+                launched=False,
+            )
             raise optuna.TrialPruned("duplicate")
         violated = spec.space.violated(values)
         if violated:
-            self._record_failure(trial, role, CandidateError(
-                "constraint_violated", "; ".join(violated)), launched=False)
+            self._record_failure(
+                trial,
+                role,
+                CandidateError("constraint_violated", "; ".join(violated)),
+                launched=False,
+            )
             raise optuna.TrialPruned(f"constraint_violated: {violated[0]}")
         settings = self._with_worker_settings(spec.space.resolve(values))
         try:
@@ -141,8 +149,13 @@ class TrialRunner:
             self._record_failure(trial, role, exc)
             raise
         except (KeyboardInterrupt, asyncio.CancelledError):
-            self._record_failure(trial, role, InfrastructureError(
-                "interrupted", "stopped by the user (Ctrl-C) while this trial ran"))
+            self._record_failure(
+                trial,
+                role,
+                InfrastructureError(
+                    "interrupted", "stopped by the user (Ctrl-C) while this trial ran"
+                ),
+            )
             raise
         return self._score(trial, role, metrics)
 
@@ -151,24 +164,38 @@ class TrialRunner:
         spent (a worker that sampled a trial while another took the queued baseline)."""
         study = self.ctx.study
         deadline = time.monotonic() + timeout_s
-        while study is not None and study.user_attrs.get(keys.REFERENCE) is None and any(
-                t.state == optuna.trial.TrialState.RUNNING and t.number != trial.number
+        while (
+            study is not None
+            and study.user_attrs.get(keys.REFERENCE) is None
+            and any(
+                t.state == optuna.trial.TrialState.RUNNING
+                and t.number != trial.number
                 and t.user_attrs.get(keys.ROLE) == "baseline"
-                for t in study.get_trials(deepcopy=False)) and time.monotonic() < deadline:
+                for t in study.get_trials(deepcopy=False)
+            )
+            and time.monotonic() < deadline
+        ):
             self._phase(trial, "waiting for the baseline")
             time.sleep(1.0)
 
     # --- the server part of a trial ---------------------------------------------------------
 
-    async def _run_server_trial(self, trial: optuna.Trial, role: str,
-                                settings: ServerSettings) -> dict[str, float]:
+    async def _run_server_trial(
+        self, trial: optuna.Trial, role: str, settings: ServerSettings
+    ) -> dict[str, float]:
         ctx, spec = self.ctx, self.ctx.spec
-        launch = ctx.engine.build_launch(settings, host=HOST, port=free_port(HOST),
-                                         api_key=_api_key())
+        launch = ctx.engine.build_launch(
+            settings, host=HOST, port=free_port(HOST), api_key=_api_key()
+        )
         server_attrs: dict[str, Any] = {
-            "argv": launch.redacted_argv(), "env": launch.redacted_env(),
-            "engine_version": ctx.engine.version(), "host": HOST, "port": launch.port,
-            "worker": ctx.worker, "hostname": socket.gethostname()}
+            "argv": launch.redacted_argv(),
+            "env": launch.redacted_env(),
+            "engine_version": ctx.engine.version(),
+            "host": HOST,
+            "port": launch.port,
+            "worker": ctx.worker,
+            "hostname": socket.gethostname(),
+        }
         if ctx.extra_env:  # a parallel worker's device set (CUDA_VISIBLE_DEVICES, core binding)
             server_attrs["devices"] = dict(ctx.extra_env)
         trial.set_user_attr(keys.SERVER, server_attrs)
@@ -179,29 +206,40 @@ class TrialRunner:
             server_attrs.update(pid=pid, pgid=pgid, create_time=_create_time(pid))
             trial.set_user_attr(keys.SERVER, server_attrs)
 
-        server = ServerProcess(launch, log_path, startup_timeout_s=spec.startup_timeout_s,
-                               classify=ctx.engine.classify_failure, on_spawn=on_spawn)
+        server = ServerProcess(
+            launch,
+            log_path,
+            startup_timeout_s=spec.startup_timeout_s,
+            classify=ctx.engine.classify_failure,
+            on_spawn=on_spawn,
+        )
         try:
             self._phase(trial, "launching")
             server.start()
-            async with build_client(launch, max_connections=spec.workload.concurrency + 8,
-                                    timeout_s=spec.workload.request_timeout_s) as client:
+            async with build_client(
+                launch,
+                max_connections=spec.workload.concurrency + 8,
+                timeout_s=spec.workload.request_timeout_s,
+            ) as client:
                 started = await server.wait_ready(client)
                 server_attrs["startup_s"] = round(started.startup_s, 3)
                 trial.set_user_attr(keys.SERVER, server_attrs)
                 problem = ctx.engine.verify_started(settings, server.log_text())
                 if problem:
-                    raise CandidateError("patch_failed", problem,
-                                         evidence={"log_tail": server.log_tail()})
+                    raise CandidateError(
+                        "patch_failed", problem, evidence={"log_tail": server.log_tail()}
+                    )
 
                 self._phase(trial, "verifying")
                 reference = await self._reference(client, launch.served_model, role, server)
                 check = await self._verify(client, launch.served_model, reference, server)
                 trial.set_user_attr(keys.CHECK, _trim(check.to_dict()))
                 if not check.passed:
-                    raise CandidateError("incorrect_output", check.problems[0],
-                                         evidence={"first_divergence":
-                                                   asdict(check.first_divergence)})
+                    raise CandidateError(
+                        "incorrect_output",
+                        check.problems[0],
+                        evidence={"first_divergence": asdict(check.first_divergence)},
+                    )
 
                 self._phase(trial, "benchmarking")
                 bench = await self._benchmark(client, launch.served_model, server, trial)
@@ -229,21 +267,28 @@ class TrialRunner:
                 trial.set_user_attr(keys.SERVER, server_attrs)
                 self._upload(trial, log_path)
 
-    async def _reference(self, client: httpx.AsyncClient, model: str, role: str,
-                         server: ServerProcess) -> Reference:
+    async def _reference(
+        self, client: httpx.AsyncClient, model: str, role: str, server: ServerProcess
+    ) -> Reference:
         study = self.ctx.study
         stored = study.user_attrs.get(keys.REFERENCE) if study is not None else None
         if role == "baseline" and stored is None:
             spec = self.ctx.spec
             reference = await record_reference(
-                client, model, spec.check, spec.workload.prompts, spec.workload.max_tokens,
-                engine_version=self.ctx.engine.version())
+                client,
+                model,
+                spec.check,
+                spec.workload.prompts,
+                spec.workload.max_tokens,
+                engine_version=self.ctx.engine.version(),
+            )
             for prompt, entry in reference.entries.items():
                 problem = sanity_problem(entry.completion.text, entry.completion.token_ids)
                 if problem and prompt in spec.check.prompts:
-                    raise CandidateError("incorrect_output",
-                                         f"baseline output fails sanity for {prompt!r}: "
-                                         f"{problem}")
+                    raise CandidateError(
+                        "incorrect_output",
+                        f"baseline output fails sanity for {prompt!r}: {problem}",
+                    )
             if study is not None:
                 study.set_user_attr(keys.REFERENCE, reference.to_dict())
             return reference
@@ -251,14 +296,16 @@ class TrialRunner:
             raise InfrastructureError("interrupted", "no reference recorded yet for this study")
         return Reference.from_dict(stored)
 
-    async def _verify(self, client: httpx.AsyncClient, model: str, reference: Reference,
-                      server: ServerProcess) -> CheckResult:
+    async def _verify(
+        self, client: httpx.AsyncClient, model: str, reference: Reference, server: ServerProcess
+    ) -> CheckResult:
         prompts = [p for p in self.ctx.spec.check.prompts if p in reference.entries]
         completions, teacher = await collect_outputs(client, model, reference, prompts)
         return compare(reference, completions, teacher, self.ctx.spec.check)
 
-    async def _benchmark(self, client: httpx.AsyncClient, model: str, server: ServerProcess,
-                         trial: optuna.Trial) -> BenchResult:
+    async def _benchmark(
+        self, client: httpx.AsyncClient, model: str, server: ServerProcess, trial: optuna.Trial
+    ) -> BenchResult:
         workload = self.ctx.spec.workload
 
         single = len(self.ctx.spec.objective.metrics) == 1
@@ -278,18 +325,22 @@ class TrialRunner:
         if bench.failed_requests:
             fraction = bench.failed_requests / max(1, bench.total_requests)
             if not server.alive():
-                raise server.failure("server_crashed",
-                                     f"server died during the benchmark "
-                                     f"({bench.failed_requests} requests failed)")
+                raise server.failure(
+                    "server_crashed",
+                    f"server died during the benchmark ({bench.failed_requests} requests failed)",
+                )
             if fraction > MAX_FAILED_FRACTION:
                 hung = all((e or "").startswith("hang") for e in bench.errors)
-                raise server.failure("hang" if hung else "request_errors",
-                                     f"{bench.failed_requests} of {bench.total_requests} "
-                                     f"requests failed: {bench.errors[0]}")
+                raise server.failure(
+                    "hang" if hung else "request_errors",
+                    f"{bench.failed_requests} of {bench.total_requests} "
+                    f"requests failed: {bench.errors[0]}",
+                )
         return bench
 
-    def _check_under_load(self, trial: optuna.Trial, reference: Reference,
-                          bench: BenchResult) -> None:
+    def _check_under_load(
+        self, trial: optuna.Trial, reference: Reference, bench: BenchResult
+    ) -> None:
         """Benchmark responses, at the batch shapes where batching bugs live, vs the reference."""
         sample = [r for r in bench.samples if r.prompt in reference.entries]
         sample = sample[: self.ctx.spec.check.under_load_sample]
@@ -306,15 +357,18 @@ class TrialRunner:
         trial.set_user_attr(keys.CHECK, check)
         if divergences:
             first = divergences[0]
-            raise CandidateError("incorrect_output",
-                                 f"{len(divergences)} of {len(sample)} benchmark responses "
-                                 f"diverged under load (first at token {first.position})",
-                                 evidence={"first_divergence": asdict(first)})
+            raise CandidateError(
+                "incorrect_output",
+                f"{len(divergences)} of {len(sample)} benchmark responses "
+                f"diverged under load (first at token {first.position})",
+                evidence={"first_divergence": asdict(first)},
+            )
 
     # --- recording --------------------------------------------------------------------------
 
-    def _score(self, trial: optuna.Trial, role: str, metrics: dict[str, float]
-               ) -> float | list[float]:
+    def _score(
+        self, trial: optuna.Trial, role: str, metrics: dict[str, float]
+    ) -> float | list[float]:
         spec = self.ctx.spec
         trial.set_user_attr(keys.METRICS, {k: round(v, 4) for k, v in metrics.items()})
         trial.set_user_attr(keys.CORRECT, True)
@@ -322,18 +376,24 @@ class TrialRunner:
         missing = [m for m in spec.objective.metrics if m not in metrics]
         for slo in spec.objective.slos:
             value = metrics.get(slo.metric)
-            trial.set_constraint(f"slo:{slo.metric}",
-                                 slo.violation(value) if value is not None else 1.0)
+            trial.set_constraint(
+                f"slo:{slo.metric}", slo.violation(value) if value is not None else 1.0
+            )
         if missing:
-            self._record_failure(trial, role, CandidateError(
-                "request_errors", f"no measurement of {', '.join(missing)}"), launched=True)
+            self._record_failure(
+                trial,
+                role,
+                CandidateError("request_errors", f"no measurement of {', '.join(missing)}"),
+                launched=True,
+            )
             raise optuna.TrialPruned("request_errors")
         values = tuple(metrics[m] for m in spec.objective.metrics)
         self.last = TrialOutcome(trial.number, role, "correct", values)
         return values[0] if len(values) == 1 else list(values)
 
-    def _record_failure(self, trial: optuna.Trial, role: str, exc: TrialFailure, *,
-                        launched: bool = True) -> None:
+    def _record_failure(
+        self, trial: optuna.Trial, role: str, exc: TrialFailure, *, launched: bool = True
+    ) -> None:
         infra = isinstance(exc, InfrastructureError)
         evidence = dict(exc.evidence)
         if "log_tail" in evidence:
@@ -354,14 +414,24 @@ class TrialRunner:
         if self.ctx.artifacts is None or not log_path.exists():
             return
         try:
-            upload_artifact(artifact_store=self.ctx.artifacts, file_path=str(log_path),
-                            study_or_trial=trial, mimetype="text/plain", encoding="utf-8")
+            upload_artifact(
+                artifact_store=self.ctx.artifacts,
+                file_path=str(log_path),
+                study_or_trial=trial,
+                mimetype="text/plain",
+                encoding="utf-8",
+            )
             outputs = {k: trial.user_attrs.get(k) for k in (keys.CHECK, keys.EVIDENCE)}
-            with tempfile.NamedTemporaryFile("w", suffix=f"-trial{trial.number}-outputs.json",
-                                             delete=False) as handle:
+            with tempfile.NamedTemporaryFile(
+                "w", suffix=f"-trial{trial.number}-outputs.json", delete=False
+            ) as handle:
                 json.dump(outputs, handle, indent=2, default=str)
-            upload_artifact(artifact_store=self.ctx.artifacts, file_path=handle.name,
-                            study_or_trial=trial, mimetype="application/json")
+            upload_artifact(
+                artifact_store=self.ctx.artifacts,
+                file_path=handle.name,
+                study_or_trial=trial,
+                mimetype="application/json",
+            )
             os.unlink(handle.name)
         except OSError:
             pass  # artifacts are a convenience; the trial's record is in the storage
@@ -373,16 +443,16 @@ class TrialRunner:
         env.update(self.ctx.extra_env)
         flags = dict(settings.flags)
         flags.update(self.ctx.extra_flags)
-        return ServerSettings(flags=flags, json_flags=settings.json_flags, env=env,
-                              patches=settings.patches)
+        return ServerSettings(
+            flags=flags, json_flags=settings.json_flags, env=env, patches=settings.patches
+        )
 
 
 def _running_duplicate(trial: optuna.Trial, values: dict[str, Any]) -> int | None:
     """The number of another RUNNING trial with exactly these parameters, if any."""
     study = trial.study
     for other in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if other.number != trial.number and \
-                other.user_attrs.get(keys.PARAMS_RESOLVED) == values:
+        if other.number != trial.number and other.user_attrs.get(keys.PARAMS_RESOLVED) == values:
             return other.number
     return None
 

@@ -46,7 +46,8 @@ CONTENTION_ATTR = "parallel_contention_warning"
 CONTENTION_WARNING = (
     "parallel trials contend for shared resources (PCIe, memory bandwidth, host CPU, caches), "
     "so their measurements are comparable with each other only roughly and not with solo runs; "
-    "re-measure the winners alone before trusting absolute numbers")
+    "re-measure the winners alone before trusting absolute numbers"
+)
 #: seconds the workers get to stop their trials cleanly after Ctrl-C before SIGTERM
 INTERRUPT_GRACE_S = 120.0
 
@@ -103,8 +104,11 @@ def parse_ids(text: str, *, option: str) -> list[int]:
                     raise ValueError
                 ids.append(value)
         except ValueError:
-            raise SpecError(f"cannot read {part!r} in {text!r}: expected ids and ranges such as "
-                            f"0-7, 0,2,4,6 or 0-3,8-11", key=option) from None
+            raise SpecError(
+                f"cannot read {part!r} in {text!r}: expected ids and ranges such as "
+                f"0-7, 0,2,4,6 or 0-3,8-11",
+                key=option,
+            ) from None
     if not ids:
         raise SpecError(f"no ids in {text!r}", key=option)
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
@@ -137,17 +141,24 @@ def detect_gpus() -> tuple[str, ...]:
     if exe is None:
         return ()
     try:
-        listing = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20,
-                                 check=False).stdout
+        listing = subprocess.run(
+            [exe, "-L"], capture_output=True, text=True, timeout=20, check=False
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return ()
-    return tuple(str(i) for i, line in enumerate(
-        line for line in listing.splitlines() if line.startswith("GPU ")))
+    return tuple(
+        str(i)
+        for i, line in enumerate(line for line in listing.splitlines() if line.startswith("GPU "))
+    )
 
 
-def build_plan(spec: DevicePlanSpec, workers: int, *,
-               available_gpus: Sequence[str] | None = None,
-               available_cpus: Sequence[int] | None = None) -> list[WorkerDevices]:
+def build_plan(
+    spec: DevicePlanSpec,
+    workers: int,
+    *,
+    available_gpus: Sequence[str] | None = None,
+    available_cpus: Sequence[int] | None = None,
+) -> list[WorkerDevices]:
     """Give each of ``workers`` a disjoint device set, or raise SpecError (exit 2).
 
     GPUs come from ``--gpus`` (else ``available_gpus``, default :func:`detect_gpus`),
@@ -172,12 +183,16 @@ def build_plan(spec: DevicePlanSpec, workers: int, *,
                 f"--parallel {workers} x --gpus-per-trial {spec.gpus_per_trial} needs {need} "
                 f"GPUs but --gpus {'/'.join(gpus) if spec.gpus is None else spec.gpus} has "
                 f"{len(gpus)}: workers cannot get disjoint GPU sets; lower --parallel or "
-                f"--gpus-per-trial, or name more GPUs with --gpus", key="--parallel")
+                f"--gpus-per-trial, or name more GPUs with --gpus",
+                key="--parallel",
+            )
         per = spec.gpus_per_trial
-        gpu_sets = [gpus[i * per:(i + 1) * per] for i in range(workers)]
+        gpu_sets = [gpus[i * per : (i + 1) * per] for i in range(workers)]
     elif spec.gpus is None and spec.gpus_per_trial > 1:
-        raise SpecError("no GPUs found (CUDA_VISIBLE_DEVICES, nvidia-smi); name them with --gpus",
-                        key="--gpus-per-trial")
+        raise SpecError(
+            "no GPUs found (CUDA_VISIBLE_DEVICES, nvidia-smi); name them with --gpus",
+            key="--gpus-per-trial",
+        )
 
     cpu_sets: list[tuple[int, ...]] = [()] * workers
     if not gpus or spec.cpus is not None or spec.cpus_per_trial is not None:
@@ -186,8 +201,11 @@ def build_plan(spec: DevicePlanSpec, workers: int, *,
             allowed = set(_allowed_cpus() if available_cpus is None else available_cpus)
             outside = [c for c in cpus if c not in allowed]
             if outside:
-                raise SpecError(f"cores {format_ids(outside)} are not available to this "
-                                f"process (allowed: {format_ids(sorted(allowed))})", key="--cpus")
+                raise SpecError(
+                    f"cores {format_ids(outside)} are not available to this "
+                    f"process (allowed: {format_ids(sorted(allowed))})",
+                    key="--cpus",
+                )
         else:
             cpus = sorted(_allowed_cpus() if available_cpus is None else available_cpus)
         per = spec.cpus_per_trial or len(cpus) // workers
@@ -197,8 +215,10 @@ def build_plan(spec: DevicePlanSpec, workers: int, *,
                 + (f" x --cpus-per-trial {spec.cpus_per_trial}" if spec.cpus_per_trial else "")
                 + f" cannot get disjoint core sets from {len(cpus)} cores "
                 f"({format_ids(cpus)}); lower --parallel or --cpus-per-trial, or name more "
-                f"cores with --cpus", key="--parallel")
-        cpu_sets = [tuple(cpus[i * per:(i + 1) * per]) for i in range(workers)]
+                f"cores with --cpus",
+                key="--parallel",
+            )
+        cpu_sets = [tuple(cpus[i * per : (i + 1) * per]) for i in range(workers)]
     return [WorkerDevices(index=i, gpus=gpu_sets[i], cpus=cpu_sets[i]) for i in range(workers)]
 
 
@@ -232,16 +252,37 @@ def check_storage(url: str) -> None:
             "not (it ignores the row locks Optuna uses to hand a queued trial to one worker, "
             "so two workers can run the same trial). Use PostgreSQL, e.g. --storage "
             "postgresql+psycopg2://USER:PASSWORD@HOST/DB (see docs/scale-out.md)",
-            key="--storage")
+            key="--storage",
+        )
 
 
-def worker_argv(spec_path: Path, *, trials: int, storage_url: str, study_name: str,
-                env: dict[str, str], seed: int | None = None,
-                artifact_dir: str | None = None) -> list[str]:
+def worker_argv(
+    spec_path: Path,
+    *,
+    trials: int,
+    storage_url: str,
+    study_name: str,
+    env: dict[str, str],
+    seed: int | None = None,
+    artifact_dir: str | None = None,
+) -> list[str]:
     """The argv of one worker: an ordinary ``autotune run`` (an argv list, never a shell)."""
-    argv = [sys.executable, "-m", "autotune", "run", "--spec", str(spec_path),
-            "--trials", str(trials), "--storage", storage_url, "--study", study_name,
-            "--worker-env", json.dumps(env, sort_keys=True)]
+    argv = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "run",
+        "--spec",
+        str(spec_path),
+        "--trials",
+        str(trials),
+        "--storage",
+        storage_url,
+        "--study",
+        study_name,
+        "--worker-env",
+        json.dumps(env, sort_keys=True),
+    ]
     if seed is not None:
         argv += ["--seed", str(seed)]
     if artifact_dir is not None:
@@ -259,8 +300,9 @@ class _Worker:
     thread: threading.Thread | None = None
 
 
-def run_parallel(spec_path: Path, options: Any, *, workers: int, plan: DevicePlanSpec,
-                 console: Any = None) -> int:
+def run_parallel(
+    spec_path: Path, options: Any, *, workers: int, plan: DevicePlanSpec, console: Any = None
+) -> int:
     """Run ``options.trials`` trials of one study with ``workers`` worker processes.
 
     The trials are split exactly across the workers (each ``autotune run`` counts the trials it
@@ -290,13 +332,20 @@ def run_parallel(spec_path: Path, options: Any, *, workers: int, plan: DevicePla
     preflight(spec, build_engine(spec), validate=getattr(options, "validate", True))
     study, _created = open_study(spec, url, study_name=options.study_name, seed=options.seed)
     name = study.study_name
-    study.set_user_attr(CONTENTION_ATTR, {
-        "message": CONTENTION_WARNING, "workers": count,
-        "devices": [d.env for d in devices], "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    study.set_user_attr(
+        CONTENTION_ATTR,
+        {
+            "message": CONTENTION_WARNING,
+            "workers": count,
+            "devices": [d.env for d in devices],
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+    )
     console.print(f"[bold yellow]warning:[/] {CONTENTION_WARNING}")
     if count < workers:
-        console.print(f"[yellow]only {count} workers: --trials {options.trials} < --parallel "
-                      f"{workers}[/]")
+        console.print(
+            f"[yellow]only {count} workers: --trials {options.trials} < --parallel {workers}[/]"
+        )
     log_dir = keys.artifact_dir(url, name, options.artifact_dir) / "workers"
     log_dir.mkdir(parents=True, exist_ok=True)
     child_env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="160")
@@ -308,27 +357,44 @@ def run_parallel(spec_path: Path, options: Any, *, workers: int, plan: DevicePla
         try:
             for device, share in zip(devices, shares, strict=True):
                 seed = None if options.seed is None else options.seed + device.index
-                argv = worker_argv(spec_path, trials=share, storage_url=url, study_name=name,
-                                   env=device.env, seed=seed, artifact_dir=options.artifact_dir)
-                console.print(f"[w{device.index}] {share} trials, {device.describe()}",
-                              markup=False, highlight=False)
+                argv = worker_argv(
+                    spec_path,
+                    trials=share,
+                    storage_url=url,
+                    study_name=name,
+                    env=device.env,
+                    seed=seed,
+                    artifact_dir=options.artifact_dir,
+                )
+                console.print(
+                    f"[w{device.index}] {share} trials, {device.describe()}",
+                    markup=False,
+                    highlight=False,
+                )
                 log_path = log_dir / f"worker-{device.index}.log"
                 # Own process group: a terminal's Ctrl-C reaches this process only, which
                 # forwards exactly one SIGINT per worker.
-                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, text=True, errors="replace",
-                                        env=child_env, process_group=0)
+                proc = subprocess.Popen(
+                    argv,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    text=True,
+                    errors="replace",
+                    env=child_env,
+                    process_group=0,
+                )
                 worker = _Worker(device.index, device, share, proc, log_path)
-                worker.thread = threading.Thread(target=_pump, args=(worker, console),
-                                                 daemon=True)
+                worker.thread = threading.Thread(target=_pump, args=(worker, console), daemon=True)
                 worker.thread.start()
                 running.append(worker)
             for worker in running:
                 worker.proc.wait()
         except KeyboardInterrupt:
             interrupted = True
-            console.print("[yellow]interrupted:[/] asking every worker to stop its trial "
-                          "cleanly (SIGINT)")
+            console.print(
+                "[yellow]interrupted:[/] asking every worker to stop its trial cleanly (SIGINT)"
+            )
             _stop_workers(running, console)
     finally:
         _restore_sigterm(previous_term)
@@ -340,8 +406,11 @@ def run_parallel(spec_path: Path, options: Any, *, workers: int, plan: DevicePla
                 worker.thread.join(timeout=10)
     codes = {w.index: w.proc.returncode for w in running}
     for worker in running:
-        console.print(f"[w{worker.index}] exit {worker.proc.returncode} (log: "
-                      f"{worker.log_path})", markup=False, highlight=False)
+        console.print(
+            f"[w{worker.index}] exit {worker.proc.returncode} (log: {worker.log_path})",
+            markup=False,
+            highlight=False,
+        )
     if interrupted or 130 in codes.values():
         return 130
     failed = [c for c in codes.values() if c != 0]
@@ -356,9 +425,11 @@ def warn_conflicting_parameters(spec: Any, devices: list[WorkerDevices], console
     for param in spec.space.parameters:
         target = param.target
         if getattr(target, "kind", None) == "env" and getattr(target, "name", None) in planned:
-            console.print(f"[yellow]warning:[/] the search space tunes {target.name} "
-                          f"({param.name}); with --parallel every trial uses its worker's "
-                          f"device set instead, so that parameter has no effect")
+            console.print(
+                f"[yellow]warning:[/] the search space tunes {target.name} "
+                f"({param.name}); with --parallel every trial uses its worker's "
+                f"device set instead, so that parameter has no effect"
+            )
 
 
 def _pump(worker: _Worker, console: Any) -> None:
@@ -383,8 +454,9 @@ def _stop_workers(workers: list[_Worker], console: Any) -> None:
     while any(w.proc.poll() is None for w in workers):
         try:
             if time.monotonic() > deadline:
-                console.print("[red]workers still running after "
-                              f"{INTERRUPT_GRACE_S:.0f} s: SIGTERM[/]")
+                console.print(
+                    f"[red]workers still running after {INTERRUPT_GRACE_S:.0f} s: SIGTERM[/]"
+                )
                 for worker in workers:
                     _signal(worker.proc, signal.SIGTERM)
                 for worker in workers:

@@ -72,10 +72,12 @@ def best_trials(study: optuna.Study) -> list[FrozenTrial]:
         for other in candidates:
             if other is t:
                 continue
-            better_or_equal = all(s * o >= s * v for s, o, v in
-                                  zip(signs, other.values, t.values, strict=True))
-            strictly = any(s * o > s * v for s, o, v in
-                           zip(signs, other.values, t.values, strict=True))
+            better_or_equal = all(
+                s * o >= s * v for s, o, v in zip(signs, other.values, t.values, strict=True)
+            )
+            strictly = any(
+                s * o > s * v for s, o, v in zip(signs, other.values, t.values, strict=True)
+            )
             if better_or_equal and strictly:
                 dominated = True
                 break
@@ -102,13 +104,18 @@ def verdict_of(trial: FrozenTrial) -> str:
 def row_of(trial: FrozenTrial, best: set[int]) -> TrialRow:
     server = trial.user_attrs.get(keys.SERVER) or {}
     return TrialRow(
-        number=trial.number, state=trial.state.name, role=trial.user_attrs.get(keys.ROLE, ""),
-        verdict=verdict_of(trial), detail=str(trial.user_attrs.get(keys.FAIL_DETAIL, "")),
+        number=trial.number,
+        state=trial.state.name,
+        role=trial.user_attrs.get(keys.ROLE, ""),
+        verdict=verdict_of(trial),
+        detail=str(trial.user_attrs.get(keys.FAIL_DETAIL, "")),
         params=dict(trial.user_attrs.get(keys.PARAMS_RESOLVED) or trial.params),
         metrics=dict(trial.user_attrs.get(keys.METRICS) or {}),
         values=tuple(trial.values) if trial.values else None,
-        startup_s=server.get("startup_s"), feasible=is_verified_feasible(trial),
-        is_best=trial.number in best)
+        startup_s=server.get("startup_s"),
+        feasible=is_verified_feasible(trial),
+        is_best=trial.number in best,
+    )
 
 
 def load_report(storage_url: str, study_name: str) -> StudyReport:
@@ -119,8 +126,11 @@ def load_report(storage_url: str, study_name: str) -> StudyReport:
         from autotune.errors import SpecError
 
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise SpecError(f"no study named {study_name!r} in this storage "
-                        f"(studies: {', '.join(names) or 'none'})", key="--study") from None
+        raise SpecError(
+            f"no study named {study_name!r} in this storage "
+            f"(studies: {', '.join(names) or 'none'})",
+            key="--study",
+        ) from None
     return report_of(study)
 
 
@@ -128,17 +138,24 @@ def report_of(study: optuna.Study) -> StudyReport:
     trials = study.get_trials(deepcopy=False)
     best = {t.number for t in best_trials(study)}
     rows = tuple(row_of(t, best) for t in trials)
-    reasons = Counter(r.verdict for r in rows if r.verdict not in ("correct", "running",
-                                                                  "waiting"))
+    reasons = Counter(r.verdict for r in rows if r.verdict not in ("correct", "running", "waiting"))
     metric_names = tuple(study.metric_names or []) if study.metric_names else ()
     attrs = dict(study.user_attrs)
     reference = attrs.pop(keys.REFERENCE, None)
     return StudyReport(
         name=study.study_name,
         directions=tuple(d.name.lower() for d in study.directions),
-        metric_names=metric_names, rows=rows, best=tuple(sorted(best)),
+        metric_names=metric_names,
+        rows=rows,
+        best=tuple(sorted(best)),
         failures_by_reason=dict(reasons.most_common()),
-        reference={"tolerance": reference["tolerance"],
-                   "drift_observed": reference["drift_observed"],
-                   "prompts": len(reference["entries"])} if reference else None,
-        engine_version=attrs.get(keys.ENGINE_VERSION), attrs=attrs)
+        reference={
+            "tolerance": reference["tolerance"],
+            "drift_observed": reference["drift_observed"],
+            "prompts": len(reference["entries"]),
+        }
+        if reference
+        else None,
+        engine_version=attrs.get(keys.ENGINE_VERSION),
+        attrs=attrs,
+    )

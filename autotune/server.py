@@ -57,10 +57,16 @@ class ServerProcess:
             autotune itself can later find and stop this server (see study.cleanup).
     """
 
-    def __init__(self, launch: LaunchConfig, log_path: Path, *, startup_timeout_s: float,
-                 classify: Callable[[str], str | None] | None = None,
-                 on_spawn: Callable[[int, int], None] | None = None,
-                 stop_grace_s: float | None = None) -> None:
+    def __init__(
+        self,
+        launch: LaunchConfig,
+        log_path: Path,
+        *,
+        startup_timeout_s: float,
+        classify: Callable[[str], str | None] | None = None,
+        on_spawn: Callable[[int, int], None] | None = None,
+        stop_grace_s: float | None = None,
+    ) -> None:
         self.launch = launch
         self.log_path = Path(log_path)
         self.startup_timeout_s = startup_timeout_s
@@ -91,15 +97,24 @@ class ServerProcess:
         try:
             log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it until it exits
         except OSError as exc:
-            raise InfrastructureError("disk_full" if exc.errno == 28 else "storage_unreachable",
-                                      f"cannot write server log {self.log_path}: {exc}") from exc
+            raise InfrastructureError(
+                "disk_full" if exc.errno == 28 else "storage_unreachable",
+                f"cannot write server log {self.log_path}: {exc}",
+            ) from exc
         try:
             self._popen = subprocess.Popen(
-                list(self.launch.argv), env=env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+                list(self.launch.argv),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
         except FileNotFoundError as exc:
-            raise CandidateError("startup_failed",
-                                 f"engine command not found: {self.launch.argv[0]}") from exc
+            raise CandidateError(
+                "startup_failed", f"engine command not found: {self.launch.argv[0]}"
+            ) from exc
         finally:
             log.close()
         self._started_at = time.monotonic()
@@ -171,8 +186,9 @@ class ServerProcess:
         while time.monotonic() < deadline:
             self._remember_children()
             if not self.alive():
-                raise self.failure("startup_failed",
-                                   f"server exited with code {self.exit_code()} before ready")
+                raise self.failure(
+                    "startup_failed", f"server exited with code {self.exit_code()} before ready"
+                )
             try:
                 if not healthy:
                     response = await client.get(self.launch.health_path, timeout=2.0)
@@ -180,33 +196,47 @@ class ServerProcess:
                     last_error = f"/health answered {response.status_code}"
                 if healthy:
                     await self._first_completion(client)
-                    return ServerStart(pid=self.pid, pgid=self.pgid,
-                                       startup_s=time.monotonic() - self._started_at,
-                                       log_path=str(self.log_path))
+                    return ServerStart(
+                        pid=self.pid,
+                        pgid=self.pgid,
+                        startup_s=time.monotonic() - self._started_at,
+                        log_path=str(self.log_path),
+                    )
             except httpx.TransportError as exc:
                 last_error = f"{type(exc).__name__}"
             await asyncio.sleep(HEALTH_POLL_S)
         if not self.alive():
             raise self.failure("startup_failed", f"server exited with code {self.exit_code()}")
-        raise self.failure("startup_timeout", f"not ready within {self.startup_timeout_s:.0f} s "
-                                              f"(last: {last_error or 'no answer'})")
+        raise self.failure(
+            "startup_timeout",
+            f"not ready within {self.startup_timeout_s:.0f} s (last: {last_error or 'no answer'})",
+        )
 
     async def _first_completion(self, client: httpx.AsyncClient) -> None:
-        body = {"model": self.launch.served_model, "prompt": "a", "max_tokens": 1,
-                "temperature": 0.0}
+        body = {
+            "model": self.launch.served_model,
+            "prompt": "a",
+            "max_tokens": 1,
+            "temperature": 0.0,
+        }
         # The client's own timeout is the workload's request deadline: a server that accepts
         # the request and never answers is a hang after that long, not after a fixed minute.
         try:
             response = await client.post("/v1/completions", json=body)
         except httpx.TimeoutException as exc:
-            raise self.failure("hang", f"healthy, but the first one-token completion got no "
-                                       f"answer within {_read_timeout(client)}") from exc
+            raise self.failure(
+                "hang",
+                f"healthy, but the first one-token completion got no "
+                f"answer within {_read_timeout(client)}",
+            ) from exc
         if response.status_code != 200:
             if not self.alive():
                 raise self.failure("startup_failed", "server died on its first completion")
-            raise self.failure("startup_failed",
-                               f"healthy, but the first completion failed with "
-                               f"{response.status_code}: {response.text[:300]}")
+            raise self.failure(
+                "startup_failed",
+                f"healthy, but the first completion failed with "
+                f"{response.status_code}: {response.text[:300]}",
+            )
         choices = response.json().get("choices") or []
         if not choices:
             raise self.failure("startup_failed", "the first completion returned no choices")
@@ -218,17 +248,20 @@ class ServerProcess:
         if self._popen is None:
             return
         self._remember_children()
-        survivors = _proc.stop_group(self.pgid, extra_pids=self._seen_pids,
-                                     grace_s=self.stop_grace_s)
+        survivors = _proc.stop_group(
+            self.pgid, extra_pids=self._seen_pids, grace_s=self.stop_grace_s
+        )
         try:
             self._popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             survivors.append(self._popen.pid)
         self.stopped_cleanly = not survivors
         if survivors:
-            raise InfrastructureError("orphan_process",
-                                      f"processes {survivors} survived SIGKILL",
-                                      evidence={"pids": survivors})
+            raise InfrastructureError(
+                "orphan_process",
+                f"processes {survivors} survived SIGKILL",
+                evidence={"pids": survivors},
+            )
 
 
 def _stop_grace_s() -> float:

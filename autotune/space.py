@@ -22,8 +22,18 @@ from autotune._yaml import YamlDoc, check_keys, load_yaml
 from autotune.engines.base import ServerSettings, merge_json_key
 
 TYPES = ("int", "float", "categorical", "bool", "int_list")
-_PARAM_KEYS = {"type", "low", "high", "log", "step", "choices", "target", "when", "baseline",
-               "help"}
+_PARAM_KEYS = {
+    "type",
+    "low",
+    "high",
+    "log",
+    "step",
+    "choices",
+    "target",
+    "when",
+    "baseline",
+    "help",
+}
 _MISSING = object()
 #: how many random configurations are drawn to prove the constraints can be satisfied
 _FEASIBILITY_DRAWS = 5000
@@ -66,11 +76,13 @@ class Parameter:
     def suggest(self, trial: optuna.Trial) -> Any:
         """Ask Optuna for a value. ``int_list`` choices travel as strings such as ``"1,2,4"``."""
         if self.type == "int":
-            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log,
-                                     step=int(self.step or 1))
+            return trial.suggest_int(
+                self.name, int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
+            )
         if self.type == "float":
-            return trial.suggest_float(self.name, float(self.low), float(self.high),
-                                       log=self.log, step=self.step)
+            return trial.suggest_float(
+                self.name, float(self.low), float(self.high), log=self.log, step=self.step
+            )
         if self.type == "bool":
             return trial.suggest_categorical(self.name, [False, True])
         if self.type == "int_list":
@@ -87,8 +99,9 @@ class Parameter:
             return rng.uniform(float(self.low), float(self.high))
         if self.type == "bool":
             return rng.random() < 0.5
-        return list(rng.choice(self.choices)) if self.type == "int_list" else rng.choice(
-            self.choices)
+        return (
+            list(rng.choice(self.choices)) if self.type == "int_list" else rng.choice(self.choices)
+        )
 
     def contains(self, value: Any) -> bool:
         if self.type == "bool":
@@ -187,8 +200,10 @@ class SearchSpace:
 
     def to_optuna_params(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Values as Optuna stores them (``int_list`` as its string label)."""
-        return {name: _list_label(value) if self.parameter(name).type == "int_list" else value
-                for name, value in values.items()}
+        return {
+            name: _list_label(value) if self.parameter(name).type == "int_list" else value
+            for name, value in values.items()
+        }
 
     def baseline_values(self) -> dict[str, Any]:
         """The baseline: each parameter's ``baseline`` value where given, engine default else."""
@@ -337,14 +352,20 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
             raise doc.error(f"{key}.choices", "must be a non-empty list")
         for index, choice in enumerate(choices):
             if ptype == "int_list":
-                if not isinstance(choice, list) or not choice or not all(
-                        isinstance(v, int) and not isinstance(v, bool) and v > 0
-                        for v in choice):
-                    raise doc.error(f"{key}.choices[{index}]",
-                                    "must be a non-empty list of positive integers")
+                if (
+                    not isinstance(choice, list)
+                    or not choice
+                    or not all(
+                        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in choice
+                    )
+                ):
+                    raise doc.error(
+                        f"{key}.choices[{index}]", "must be a non-empty list of positive integers"
+                    )
             elif not (choice is None or isinstance(choice, str | int | float | bool)):
-                raise doc.error(f"{key}.choices[{index}]",
-                                "choices must be strings, numbers, booleans or null")
+                raise doc.error(
+                    f"{key}.choices[{index}]", "choices must be strings, numbers, booleans or null"
+                )
         labels = [repr(c) for c in choices]
         if len(set(labels)) != len(labels):
             raise doc.error(f"{key}.choices", "choices must be distinct")
@@ -357,15 +378,15 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
     earlier_names = {p.name: p for p in earlier}
     for other, expected in when.items():
         if other not in earlier_names:
-            raise doc.error(f"{key}.when.{other}",
-                            "must name a parameter declared earlier in the file")
+            raise doc.error(
+                f"{key}.when.{other}", "must name a parameter declared earlier in the file"
+            )
         values = expected["in"] if isinstance(expected, dict) and "in" in expected else [expected]
         if isinstance(expected, dict) and set(expected) != {"in"}:
             raise doc.error(f"{key}.when.{other}", "use a value or {in: [values]}")
         for v in values:
             if not earlier_names[other].contains(v):
-                raise doc.error(f"{key}.when.{other}",
-                                f"{v!r} is not in the domain of {other}")
+                raise doc.error(f"{key}.when.{other}", f"{v!r} is not in the domain of {other}")
     fields["when"] = dict(when)
     param = Parameter(**fields)
     if "baseline" in raw:
@@ -407,8 +428,9 @@ def _check_targets_unique(doc: YamlDoc, space: SearchSpace) -> None:
     for param in space.parameters:
         ident = (param.target.kind, param.target.name, param.target.key)
         if ident in seen:
-            raise doc.error(f"parameters.{param.name}.target",
-                            f"same target as parameter {seen[ident]!r}")
+            raise doc.error(
+                f"parameters.{param.name}.target", f"same target as parameter {seen[ident]!r}"
+            )
         seen[ident] = param.name
 
 
@@ -420,19 +442,53 @@ def _check_satisfiable(doc: YamlDoc, space: SearchSpace) -> None:
     for _ in range(_FEASIBILITY_DRAWS):
         if not space.violated(space.draw(rng)):
             return
-    raise doc.error("constraints", f"no configuration satisfies the constraints "
-                                   f"({_FEASIBILITY_DRAWS} random draws tried)")
+    raise doc.error(
+        "constraints",
+        f"no configuration satisfies the constraints ({_FEASIBILITY_DRAWS} random draws tried)",
+    )
 
 
 # --- constraint expressions ----------------------------------------------------------------
 
-_ALLOWED = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub,
-            ast.UAdd, ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In,
-            ast.NotIn, ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod,
-            ast.Name, ast.Load, ast.Constant, ast.List, ast.Tuple, ast.Call)
+_ALLOWED = (
+    ast.Expression,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.UnaryOp,
+    ast.Not,
+    ast.USub,
+    ast.UAdd,
+    ast.Compare,
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.In,
+    ast.NotIn,
+    ast.BinOp,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.Div,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+    ast.List,
+    ast.Tuple,
+    ast.Call,
+)
 _FUNCS = {"len": len, "max": max, "min": min}
-_ORDER = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
-          ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b}
+_ORDER = {
+    ast.Lt: lambda a, b: a < b,
+    ast.LtE: lambda a, b: a <= b,
+    ast.Gt: lambda a, b: a > b,
+    ast.GtE: lambda a, b: a >= b,
+}
 
 
 def _parse_constraint(doc: YamlDoc, key: str, expr: Any, names: set[str]) -> Constraint:
@@ -447,7 +503,8 @@ def _parse_constraint(doc: YamlDoc, key: str, expr: Any, names: set[str]) -> Con
         if not isinstance(node, _ALLOWED):
             raise doc.error(key, f"{type(node).__name__} is not allowed in {expr!r}")
         if isinstance(node, ast.Call) and not (
-                isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords):
+            isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords
+        ):
             raise doc.error(key, f"only {', '.join(_FUNCS)} may be called in {expr!r}")
         if isinstance(node, ast.Name) and node.id not in _FUNCS:
             used.add(node.id)
@@ -476,19 +533,25 @@ def _evaluate(node: ast.AST, values: Mapping[str, Any]) -> Any:
         return _FUNCS[node.func.id](*[_evaluate(a, values) for a in node.args])
     if isinstance(node, ast.BinOp):
         left, right = _evaluate(node.left, values), _evaluate(node.right, values)
-        ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
-               ast.Mult: lambda a, b: a * b,
-               ast.Div: lambda a, b: a / b if b else math.inf,
-               ast.FloorDiv: lambda a, b: a // b if b else math.inf,
-               ast.Mod: lambda a, b: a % b if b else math.nan}
+        ops = {
+            ast.Add: lambda a, b: a + b,
+            ast.Sub: lambda a, b: a - b,
+            ast.Mult: lambda a, b: a * b,
+            ast.Div: lambda a, b: a / b if b else math.inf,
+            ast.FloorDiv: lambda a, b: a // b if b else math.inf,
+            ast.Mod: lambda a, b: a % b if b else math.nan,
+        }
         return ops[type(node.op)](left, right)
     if isinstance(node, ast.Compare):
         left = _evaluate(node.left, values)
         for op, comparator in zip(node.ops, node.comparators, strict=True):
             right = _evaluate(comparator, values)
-            ok = {ast.Eq: left == right, ast.NotEq: left != right,
-                  ast.In: left in right if isinstance(right, list) else False,
-                  ast.NotIn: left not in right if isinstance(right, list) else True}.get(type(op))
+            ok = {
+                ast.Eq: left == right,
+                ast.NotEq: left != right,
+                ast.In: left in right if isinstance(right, list) else False,
+                ast.NotIn: left not in right if isinstance(right, list) else True,
+            }.get(type(op))
             if ok is None:
                 ok = _ORDER[type(op)](left, right)
             if not ok:

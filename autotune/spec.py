@@ -135,15 +135,31 @@ class StudySpec:
         return f"sqlite:///{(self.directory / (self.name + '.db')).resolve()}"
 
 
-_TOP_KEYS = {"study", "engine", "model", "search_space", "check", "workload", "objective",
-             "timeouts", "storage", "description", "roofline"}
+_TOP_KEYS = {
+    "study",
+    "engine",
+    "model",
+    "search_space",
+    "check",
+    "workload",
+    "objective",
+    "timeouts",
+    "storage",
+    "description",
+    "roofline",
+}
 
 
 def load_spec(path: str | Path) -> StudySpec:
     """Read and validate a study spec and the search space it names."""
     doc = load_yaml(path, what="study spec")
-    data = check_keys(doc, doc.data, "", _TOP_KEYS,
-                      {"study", "engine", "model", "search_space", "check", "workload"})
+    data = check_keys(
+        doc,
+        doc.data,
+        "",
+        _TOP_KEYS,
+        {"study", "engine", "model", "search_space", "check", "workload"},
+    )
     name = data["study"]
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise doc.error("study", "must be a name of letters, digits, '.', '_' or '-'")
@@ -151,12 +167,13 @@ def load_spec(path: str | Path) -> StudySpec:
     space_rel = data["search_space"]
     if not isinstance(space_rel, str):
         raise doc.error("search_space", "must be a path to a search-space YAML file")
-    space_path = (base / space_rel)
+    space_path = base / space_rel
     if not space_path.is_file():
         raise doc.error("search_space", f"file not found: {space_path}")
     space = load_space(space_path)
-    timeouts = check_keys(doc, data.get("timeouts") or {}, "timeouts",
-                          {"startup_s", "max_consecutive_infra_failures"})
+    timeouts = check_keys(
+        doc, data.get("timeouts") or {}, "timeouts", {"startup_s", "max_consecutive_infra_failures"}
+    )
     storage = data.get("storage")
     if storage is not None and not isinstance(storage, str):
         raise doc.error("storage", "must be an SQLAlchemy URL string")
@@ -169,19 +186,31 @@ def load_spec(path: str | Path) -> StudySpec:
         check=_check(doc, data["check"]),
         workload=_workload(doc, data["workload"]),
         objective=_objective(doc, data.get("objective") or {}),
-        startup_timeout_s=_number(doc, "timeouts.startup_s", timeouts.get("startup_s", 300),
-                                  positive=True),
-        max_consecutive_infra_failures=int(_number(
-            doc, "timeouts.max_consecutive_infra_failures",
-            timeouts.get("max_consecutive_infra_failures", 3), positive=True, integer=True)),
+        startup_timeout_s=_number(
+            doc, "timeouts.startup_s", timeouts.get("startup_s", 300), positive=True
+        ),
+        max_consecutive_infra_failures=int(
+            _number(
+                doc,
+                "timeouts.max_consecutive_infra_failures",
+                timeouts.get("max_consecutive_infra_failures", 3),
+                positive=True,
+                integer=True,
+            )
+        ),
         storage=storage,
         roofline=dict(data.get("roofline") or {}),
     )
 
 
 def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
-    raw = check_keys(doc, raw, "engine", {"kind", "command", "args", "env", "patch_dirs",
-                                          "health_path"}, {"kind"})
+    raw = check_keys(
+        doc,
+        raw,
+        "engine",
+        {"kind", "command", "args", "env", "patch_dirs", "health_path"},
+        {"kind"},
+    )
     kind = raw["kind"]
     if kind not in ENGINE_KINDS:
         raise doc.error("engine.kind", f"unknown engine {kind!r} (one of {ENGINE_KINDS})")
@@ -210,9 +239,14 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
         raise doc.error("engine.patch_dirs", "must be a list of directories")
     patch_dirs = tuple((base / d).resolve() for d in dirs)
     health = raw.get("health_path", "/health")
-    return EngineSpec(kind=kind, command=tuple(command), args=tuple(str(a) for a in args),
-                      env={str(k): str(v) for k, v in env.items()}, patch_dirs=patch_dirs,
-                      health_path=str(health))
+    return EngineSpec(
+        kind=kind,
+        command=tuple(command),
+        args=tuple(str(a) for a in args),
+        env={str(k): str(v) for k, v in env.items()},
+        patch_dirs=patch_dirs,
+        health_path=str(health),
+    )
 
 
 def _model(doc: YamlDoc, raw: Any, base: Path) -> ModelSpec:
@@ -233,9 +267,20 @@ def _model(doc: YamlDoc, raw: Any, base: Path) -> ModelSpec:
 
 
 def _check(doc: YamlDoc, raw: Any) -> CheckSpec:
-    raw = check_keys(doc, raw, "check", {"prompts", "max_tokens", "known_answers",
-                                         "logprob_tolerance", "tolerance_floor",
-                                         "under_load_sample"}, {"prompts"})
+    raw = check_keys(
+        doc,
+        raw,
+        "check",
+        {
+            "prompts",
+            "max_tokens",
+            "known_answers",
+            "logprob_tolerance",
+            "tolerance_floor",
+            "under_load_sample",
+        },
+        {"prompts"},
+    )
     prompts = _strings(doc, "check.prompts", raw["prompts"])
     answers = []
     for index, item in enumerate(raw.get("known_answers") or []):
@@ -250,31 +295,50 @@ def _check(doc: YamlDoc, raw: Any) -> CheckSpec:
     tol = None if tol == "auto" else _number(doc, "check.logprob_tolerance", tol, positive=True)
     return CheckSpec(
         prompts=prompts,
-        max_tokens=int(_number(doc, "check.max_tokens", raw.get("max_tokens", 32),
-                               positive=True, integer=True)),
+        max_tokens=int(
+            _number(doc, "check.max_tokens", raw.get("max_tokens", 32), positive=True, integer=True)
+        ),
         known_answers=tuple(answers),
         logprob_tolerance=tol,
-        tolerance_floor=_number(doc, "check.tolerance_floor", raw.get("tolerance_floor", 0.01),
-                                positive=True),
-        under_load_sample=int(_number(doc, "check.under_load_sample",
-                                      raw.get("under_load_sample", 8), integer=True)),
+        tolerance_floor=_number(
+            doc, "check.tolerance_floor", raw.get("tolerance_floor", 0.01), positive=True
+        ),
+        under_load_sample=int(
+            _number(doc, "check.under_load_sample", raw.get("under_load_sample", 8), integer=True)
+        ),
     )
 
 
 def _workload(doc: YamlDoc, raw: Any) -> WorkloadSpec:
-    keys = {"prompts", "max_tokens", "concurrency", "num_requests", "single_requests",
-            "warmup_requests", "repeats", "request_timeout_s"}
+    keys = {
+        "prompts",
+        "max_tokens",
+        "concurrency",
+        "num_requests",
+        "single_requests",
+        "warmup_requests",
+        "repeats",
+        "request_timeout_s",
+    }
     raw = check_keys(doc, raw, "workload", keys, {"prompts"})
-    ints = {k: int(_number(doc, f"workload.{k}", raw[k], positive=k != "warmup_requests",
-                           integer=True))
-            for k in ("max_tokens", "concurrency", "num_requests", "single_requests",
-                      "warmup_requests", "repeats") if k in raw}
+    ints = {
+        k: int(_number(doc, f"workload.{k}", raw[k], positive=k != "warmup_requests", integer=True))
+        for k in (
+            "max_tokens",
+            "concurrency",
+            "num_requests",
+            "single_requests",
+            "warmup_requests",
+            "repeats",
+        )
+        if k in raw
+    }
     extra = {}
     if "request_timeout_s" in raw:
-        extra["request_timeout_s"] = _number(doc, "workload.request_timeout_s",
-                                             raw["request_timeout_s"], positive=True)
-    return WorkloadSpec(prompts=_strings(doc, "workload.prompts", raw["prompts"]), **ints,
-                        **extra)
+        extra["request_timeout_s"] = _number(
+            doc, "workload.request_timeout_s", raw["request_timeout_s"], positive=True
+        )
+    return WorkloadSpec(prompts=_strings(doc, "workload.prompts", raw["prompts"]), **ints, **extra)
 
 
 _SLO_RE = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=)\s*([0-9.eE+-]+)\s*$")
@@ -289,16 +353,18 @@ def _objective(doc: YamlDoc, raw: Any) -> ObjectiveSpec:
         metrics = [metrics]
     for index, metric in enumerate(metrics):
         if metric not in METRICS:
-            raise doc.error(f"objective.metrics[{index}]" if "metrics" in raw
-                            else "objective.metric",
-                            f"unknown metric {metric!r} (one of {', '.join(METRICS)})")
+            raise doc.error(
+                f"objective.metrics[{index}]" if "metrics" in raw else "objective.metric",
+                f"unknown metric {metric!r} (one of {', '.join(METRICS)})",
+            )
     slos = []
     for index, text in enumerate(raw.get("constraints") or []):
         match = _SLO_RE.match(str(text))
         key = f"objective.constraints[{index}]"
         if not match or match.group(1) not in METRICS:
-            raise doc.error(key, f"expected '<metric> <= <number>' with a known metric, "
-                                 f"got {text!r}")
+            raise doc.error(
+                key, f"expected '<metric> <= <number>' with a known metric, got {text!r}"
+            )
         try:
             bound = float(match.group(3))
         except ValueError:
@@ -313,8 +379,9 @@ def _strings(doc: YamlDoc, key: str, raw: Any) -> tuple[str, ...]:
     return tuple(raw)
 
 
-def _number(doc: YamlDoc, key: str, value: Any, *, positive: bool = False,
-            integer: bool = False) -> float:
+def _number(
+    doc: YamlDoc, key: str, value: Any, *, positive: bool = False, integer: bool = False
+) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise doc.error(key, f"must be a number, got {value!r}")
     if integer and not float(value).is_integer():

@@ -68,11 +68,13 @@ def resolve_url(url: str) -> str:
         if database and database != ":memory:":
             directory = Path(database).resolve().parent
             if not directory.is_dir():
-                raise SpecError(f"directory for the SQLite study does not exist: {directory}",
-                                key="--storage")
+                raise SpecError(
+                    f"directory for the SQLite study does not exist: {directory}", key="--storage"
+                )
             if not _writable(directory):
-                raise SpecError(f"directory for the SQLite study is not writable: {directory}",
-                                key="--storage")
+                raise SpecError(
+                    f"directory for the SQLite study is not writable: {directory}", key="--storage"
+                )
     return url
 
 
@@ -120,11 +122,14 @@ def artifact_store(directory: Path) -> FileSystemArtifactStore:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise SpecError(f"cannot create the artifact directory {directory}: {exc.strerror}",
-                        key="--artifact-dir") from None
+        raise SpecError(
+            f"cannot create the artifact directory {directory}: {exc.strerror}",
+            key="--artifact-dir",
+        ) from None
     if not _writable(directory):
-        raise SpecError(f"the artifact directory is not writable: {directory}",
-                        key="--artifact-dir")
+        raise SpecError(
+            f"the artifact directory is not writable: {directory}", key="--artifact-dir"
+        )
     return FileSystemArtifactStore(str(directory))
 
 

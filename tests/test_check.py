@@ -24,16 +24,19 @@ from autotune.spec import CheckSpec, KnownAnswer
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "gate_demo.json").read_text())
 REFERENCE = Reference.from_dict(FIXTURE["reference"])
-CHECK = CheckSpec(prompts=tuple(p for p in REFERENCE.entries if " " in p)[:5],
-                  known_answers=(KnownAnswer("one two three", "^ four five six"),))
+CHECK = CheckSpec(
+    prompts=tuple(p for p in REFERENCE.entries if " " in p)[:5],
+    known_answers=(KnownAnswer("one two three", "^ four five six"),),
+)
 
 
 def candidate(name: str):
     raw = FIXTURE["candidates"][name]
     completions = {}
     for prompt, c in raw["completions"].items():
-        completions[prompt] = Completion(**{k: tuple(v) if isinstance(v, list) else v
-                                            for k, v in c.items()})
+        completions[prompt] = Completion(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in c.items()}
+        )
     return completions, {p: tuple(v) for p, v in raw["teacher"].items()}
 
 
@@ -81,11 +84,20 @@ def test_a_wider_tolerance_accepts_fp8():
 
 
 def _ref(ids, margins, tolerance=0.01):
-    completion = Completion(prompt="p", text="x", token_ids=tuple(ids),
-                            tokens=tuple(f"t{i}" for i in ids),
-                            logprobs=tuple(-0.1 for _ in ids), margins=tuple(margins))
-    return Reference(entries={"p": type(REFERENCE.entries["one two three"])(completion)},
-                     max_tokens={"p": len(ids)}, tolerance=tolerance, drift_observed=0.0)
+    completion = Completion(
+        prompt="p",
+        text="x",
+        token_ids=tuple(ids),
+        tokens=tuple(f"t{i}" for i in ids),
+        logprobs=tuple(-0.1 for _ in ids),
+        margins=tuple(margins),
+    )
+    return Reference(
+        entries={"p": type(REFERENCE.entries["one two three"])(completion)},
+        max_tokens={"p": len(ids)},
+        tolerance=tolerance,
+        drift_observed=0.0,
+    )
 
 
 def test_divergence_at_a_near_tie_is_a_tie_flip_not_an_error():
@@ -115,13 +127,16 @@ def test_compare_tokens_under_load():
     assert div.position == 3 and div.kind == "token_under_load"
 
 
-@pytest.mark.parametrize(("text", "ids", "problem"), [
-    ("", (), "empty"),
-    ("   \n ", (1, 1), "whitespace-only"),
-    ("ab\x00c", (1, 2), "non-printable"),
-    ("7 7 7 7", tuple([5] * 20), "runaway repetition"),
-    ("a b a b", tuple([5, 6] * 10), "runaway repetition"),
-])
+@pytest.mark.parametrize(
+    ("text", "ids", "problem"),
+    [
+        ("", (), "empty"),
+        ("   \n ", (1, 1), "whitespace-only"),
+        ("ab\x00c", (1, 2), "non-printable"),
+        ("7 7 7 7", tuple([5] * 20), "runaway repetition"),
+        ("a b a b", tuple([5, 6] * 10), "runaway repetition"),
+    ],
+)
 def test_sanity_problems(text, ids, problem):
     assert problem in sanity_problem(text, ids)
 

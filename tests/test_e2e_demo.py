@@ -54,11 +54,23 @@ def study_dir(tmp_path_factory):
     study, created = open_study(spec, spec.default_storage())
     assert created
     # Trial 1 is the fault: it starts, answers, and is wrong. The gate must say so.
-    study.enqueue_trial({"max_num_seqs": 16, "block_size": 32, "attention_path": "custom_op",
-                         "qkv_shard_swap": True})
-    result = subprocess.run(autotune_cmd("run", "--trials", "3", "--spec", str(spec_path),
-                                         "--seed", "7", "--confirm-top", "0"),
-                            capture_output=True, text=True, timeout=900, cwd=directory)
+    study.enqueue_trial(
+        {
+            "max_num_seqs": 16,
+            "block_size": 32,
+            "attention_path": "custom_op",
+            "qkv_shard_swap": True,
+        }
+    )
+    result = subprocess.run(
+        autotune_cmd(
+            "run", "--trials", "3", "--spec", str(spec_path), "--seed", "7", "--confirm-top", "0"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=directory,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return directory, spec_path, spec
 
@@ -105,9 +117,14 @@ def test_fault_patch_is_recorded_incorrect_and_never_best(study_dir):
 
 def test_show_lists_trials_with_verdicts(study_dir):
     directory, spec_path, _ = study_dir
-    result = subprocess.run(autotune_cmd("show", "--spec", str(spec_path)), capture_output=True,
-                            text=True, timeout=120, cwd=directory,
-                            env={**os.environ, "COLUMNS": "250"})
+    result = subprocess.run(
+        autotune_cmd("show", "--spec", str(spec_path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=directory,
+        env={**os.environ, "COLUMNS": "250"},
+    )
     assert result.returncode == 0, result.stderr
     assert "baseline" in result.stdout and "incorrect" in result.stdout
     assert "best (verified correct): trial" in result.stdout
@@ -120,9 +137,13 @@ def test_no_server_survives(study_dir):
 def test_exported_yaml_starts_vllm(study_dir, tmp_path):
     directory, spec_path, _ = study_dir
     out = tmp_path / "best.yaml"
-    result = subprocess.run(autotune_cmd("export", "--spec", str(spec_path), "-o", str(out),
-                                         "--allow-unconfirmed"),
-                            capture_output=True, text=True, timeout=120, cwd=directory)
+    result = subprocess.run(
+        autotune_cmd("export", "--spec", str(spec_path), "-o", str(out), "--allow-unconfirmed"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=directory,
+    )
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(out.read_text())
     assert config["model"] == str(DEMO_MODEL) and config["enforce-eager"] is True
@@ -131,20 +152,37 @@ def test_exported_yaml_starts_vllm(study_dir, tmp_path):
     if env_file.exists():
         env.update(line.split("=", 1) for line in env_file.read_text().splitlines())
     port = free_port()
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--config", str(out),
-            "--host", "127.0.0.1", "--port", str(port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--config",
+        str(out),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     log = open(tmp_path / "server.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 240
         answer = None
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                response = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
-                                      json={"model": "demo", "prompt": "one two three",
-                                            "max_tokens": 4, "temperature": 0},
-                                      timeout=10, trust_env=False)
+                response = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/completions",
+                    json={
+                        "model": "demo",
+                        "prompt": "one two three",
+                        "max_tokens": 4,
+                        "temperature": 0,
+                    },
+                    timeout=10,
+                    trust_env=False,
+                )
                 if response.status_code == 200:
                     answer = response.json()["choices"][0]["text"]
                     break
@@ -162,9 +200,13 @@ def test_exported_yaml_starts_vllm(study_dir, tmp_path):
 def test_resume_adds_trials_and_keeps_the_old_ones(study_dir):
     directory, spec_path, spec = study_dir
     before = {t.number: (t.state, t.values) for t in load(spec).trials}
-    result = subprocess.run(autotune_cmd("run", "--trials", "1", "--spec", str(spec_path),
-                                         "--confirm-top", "0"),
-                            capture_output=True, text=True, timeout=600, cwd=directory)
+    result = subprocess.run(
+        autotune_cmd("run", "--trials", "1", "--spec", str(spec_path), "--confirm-top", "0"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=directory,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     trials = load(spec).trials
     assert len(trials) == len(before) + 1

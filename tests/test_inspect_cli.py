@@ -21,8 +21,15 @@ def invoke(*args: str):
 
 def test_inspect_demo_folder_with_roofline():
     out = invoke("inspect", str(DEMO_MODEL), "--bandwidth-gbs", "20", "--measured", "800")
-    for fact in ("LlamaForCausalLM", "layers", "2 heads, 1 KV heads, head_dim 64", "BF16",
-                 "qkv_proj", "decode upper bound", "of bound"):
+    for fact in (
+        "LlamaForCausalLM",
+        "layers",
+        "2 heads, 1 KV heads, head_dim 64",
+        "BF16",
+        "qkv_proj",
+        "decode upper bound",
+        "of bound",
+    ):
         assert fact in out, fact
 
 

@@ -53,8 +53,10 @@ RUN_TIMEOUT_S = 300
 
 
 def _pg_bin() -> Path | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-                   key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0)
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
+    )
     if found:
         return Path(found[-1]).parent
     initdb = shutil.which("initdb")
@@ -79,10 +81,12 @@ def _can_start_pg() -> bool:
 
 HAVE_PG = bool(os.environ.get(PG_ENV)) or IN_CI or _can_start_pg()
 
+
 def needs_pg(test):
     """A test against a real PostgreSQL (skipped locally without one, never in CI)."""
-    test = pytest.mark.skipif(not HAVE_PG, reason=f"no PostgreSQL: set {PG_ENV} or install "
-                                                   "the postgresql server")(test)
+    test = pytest.mark.skipif(
+        not HAVE_PG, reason=f"no PostgreSQL: set {PG_ENV} or install the postgresql server"
+    )(test)
     return pytest.mark.postgres(test)
 
 
@@ -99,8 +103,10 @@ def pg_url():
         yield url
         return
     if IN_CI:
-        pytest.fail(f"{PG_ENV} is not set in CI: .ci/run must start PostgreSQL (tests/pg_start.sh)"
-                    " before the multi-worker tests")
+        pytest.fail(
+            f"{PG_ENV} is not set in CI: .ci/run must start PostgreSQL (tests/pg_start.sh)"
+            " before the multi-worker tests"
+        )
     bindir = _pg_bin()
     assert bindir is not None
     root = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
@@ -115,12 +121,29 @@ def pg_url():
         subprocess.run(as_user + list(argv), check=True, capture_output=True, timeout=120)
 
     pg(str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust")
-    pg(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-o",
-       f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={root} "
-       f"-c max_connections=200", "start")
+    pg(
+        str(bindir / "pg_ctl"),
+        "-D",
+        str(data),
+        "-l",
+        str(root / "log"),
+        "-w",
+        "-o",
+        f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={root} "
+        f"-c max_connections=200",
+        "start",
+    )
     try:
-        pg(str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
-           "autotune_test")
+        pg(
+            str(bindir / "createdb"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-U",
+            "postgres",
+            "autotune_test",
+        )
         yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/autotune_test"
     finally:
         with contextlib.suppress(subprocess.SubprocessError):
@@ -130,8 +153,10 @@ def pg_url():
 
 # --- a study on the fake server -----------------------------------------------------------------
 
-def write_spec(directory: Path, *, token: str, decode_ms: float | None = None,
-               slow: bool = False) -> Path:
+
+def write_spec(
+    directory: Path, *, token: str, decode_ms: float | None = None, slow: bool = False
+) -> Path:
     """A command-engine study on the fake server; ``token`` is in every server's argv."""
     space = directory / "space.yaml"
     space.write_text(
@@ -140,14 +165,21 @@ def write_spec(directory: Path, *, token: str, decode_ms: float | None = None,
         "    type: categorical\n"
         "    choices: [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]\n"
         "    target: {flag: --max-num-seqs}\n"
-        + ("" if slow else
-           "  batch_penalty:\n"
-           "    type: categorical\n"
-           "    choices: [0.0, 0.05]\n"
-           "    target: {flag: --batch-penalty}\n"))
+        + (
+            ""
+            if slow
+            else "  batch_penalty:\n"
+            "    type: categorical\n"
+            "    choices: [0.0, 0.05]\n"
+            "    target: {flag: --batch-penalty}\n"
+        )
+    )
     args = ["--decode-ms", str(decode_ms)] if decode_ms else []
-    workload = ("  max_tokens: 32\n  concurrency: 2\n  num_requests: 24\n" if slow else
-                "  max_tokens: 8\n  concurrency: 4\n  num_requests: 8\n")
+    workload = (
+        "  max_tokens: 32\n  concurrency: 2\n  num_requests: 24\n"
+        if slow
+        else "  max_tokens: 8\n  concurrency: 4\n  num_requests: 8\n"
+    )
     spec = directory / "spec.yaml"
     spec.write_text(
         f"study: {token}\n"
@@ -164,13 +196,12 @@ def write_spec(directory: Path, *, token: str, decode_ms: float | None = None,
         "  prompts: ['one two three', '1 2 3']\n"
         "  max_tokens: 8\n"
         "workload:\n"
-        "  prompts: ['a b c', '4 5 6']\n"
-        + workload +
-        "  single_requests: 1\n"
+        "  prompts: ['a b c', '4 5 6']\n" + workload + "  single_requests: 1\n"
         "  warmup_requests: 1\n"
         "  repeats: 1\n"
         "timeouts:\n"
-        "  startup_s: 60\n")
+        "  startup_s: 60\n"
+    )
     return spec
 
 
@@ -181,8 +212,12 @@ def autotune_argv(spec: Path, *args: str) -> list[str]:
 def run_all(argvs: list[list[str]], cwd: Path) -> list[subprocess.CompletedProcess[str]]:
     """Start every argv at once, wait for all; kill all and fail on timeout."""
     env = dict(os.environ, COLUMNS="200")
-    procs = [subprocess.Popen(a, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for a in argvs]
+    procs = [
+        subprocess.Popen(
+            a, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for a in argvs
+    ]
     results = []
     try:
         for argv, proc in zip(argvs, procs, strict=True):
@@ -204,9 +239,18 @@ def counted(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenT
     """Tuning trials that launched a server and ended with a verdict on the config (what
     --trials counts): COMPLETE, or PRUNED for a config fault. The confirmation phase's trials
     (role "confirm", run after the tuning) are not among them."""
-    return [t for t in trials if t.user_attrs.get(keys.ROLE) in TUNING_ROLES and (
-        t.state == TrialState.COMPLETE or (t.state == TrialState.PRUNED and
-                                          t.user_attrs.get(keys.FAIL_REASON) not in NOT_LAUNCHED))]
+    return [
+        t
+        for t in trials
+        if t.user_attrs.get(keys.ROLE) in TUNING_ROLES
+        and (
+            t.state == TrialState.COMPLETE
+            or (
+                t.state == TrialState.PRUNED
+                and t.user_attrs.get(keys.FAIL_REASON) not in NOT_LAUNCHED
+            )
+        )
+    ]
 
 
 def fake_servers(token: str) -> list[psutil.Process]:
@@ -214,8 +258,11 @@ def fake_servers(token: str) -> list[psutil.Process]:
     for proc in psutil.process_iter(["cmdline", "status"]):
         with contextlib.suppress(psutil.Error):
             cmdline = proc.info["cmdline"] or []
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and token in cmdline and \
-                    "autotune.testing.fake_server" in cmdline:
+            if (
+                proc.info["status"] != psutil.STATUS_ZOMBIE
+                and token in cmdline
+                and "autotune.testing.fake_server" in cmdline
+            ):
                 found.append(proc)
     return found
 
@@ -228,7 +275,8 @@ def assert_clean_study(url: str, name: str, *, launched: int, token: str) -> opt
     assert [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)] == []
     # exactly the requested number of launched trials, the baseline among them
     assert len(counted(trials)) == launched, [
-        (t.number, t.state.name, t.user_attrs.get(keys.FAIL_REASON)) for t in trials]
+        (t.number, t.state.name, t.user_attrs.get(keys.FAIL_REASON)) for t in trials
+    ]
     # exactly one baseline trial and one reference
     baselines = [t for t in trials if t.user_attrs.get(keys.ROLE) == "baseline"]
     assert len(baselines) == 1, [(t.number, t.state.name) for t in baselines]
@@ -243,16 +291,20 @@ def assert_clean_study(url: str, name: str, *, launched: int, token: str) -> opt
         else:
             assert t.user_attrs.get(keys.FAIL_REASON), (t.number, t.state.name)
     # no infrastructure faults either (e.g. a worker sampling a trial before the reference)
-    assert [(t.number, t.user_attrs.get(keys.FAIL_REASON), t.user_attrs.get(keys.FAIL_DETAIL))
-            for t in trials if t.state == TrialState.FAIL] == []
+    assert [
+        (t.number, t.user_attrs.get(keys.FAIL_REASON), t.user_attrs.get(keys.FAIL_DETAIL))
+        for t in trials
+        if t.state == TrialState.FAIL
+    ] == []
     # no two launched trials with the same parameters ran at overlapping times
-    launched_trials = [t for t in trials
-                       if t.user_attrs.get(keys.FAIL_REASON) not in NOT_LAUNCHED]
+    launched_trials = [t for t in trials if t.user_attrs.get(keys.FAIL_REASON) not in NOT_LAUNCHED]
     for i, a in enumerate(launched_trials):
-        for b in launched_trials[i + 1:]:
+        for b in launched_trials[i + 1 :]:
             if a.params == b.params:
-                assert a.datetime_complete <= b.datetime_start or \
-                    b.datetime_complete <= a.datetime_start, (a.number, b.number, a.params)
+                assert (
+                    a.datetime_complete <= b.datetime_start
+                    or b.datetime_complete <= a.datetime_start
+                ), (a.number, b.number, a.params)
     # no server survives: neither a recorded pid nor any process of this test's servers
     for t in trials:
         pid = (t.user_attrs.get(keys.SERVER) or {}).get("pid")
@@ -261,13 +313,14 @@ def assert_clean_study(url: str, name: str, *, launched: int, token: str) -> opt
                 proc = psutil.Process(pid)
                 created = t.user_attrs[keys.SERVER].get("create_time")
                 assert proc.status() == psutil.STATUS_ZOMBIE or (
-                    created is not None and abs(proc.create_time() - created) > 1.0), \
-                    f"trial {t.number}'s server (pid {pid}) is still running"
+                    created is not None and abs(proc.create_time() - created) > 1.0
+                ), f"trial {t.number}'s server (pid {pid}) is still running"
     assert fake_servers(token) == []
     return study
 
 
 # --- independent workers on one PostgreSQL study ------------------------------------------------
+
 
 @needs_pg
 def test_three_workers_share_one_postgres_study(pg_url: str, tmp_path: Path) -> None:
@@ -275,27 +328,41 @@ def test_three_workers_share_one_postgres_study(pg_url: str, tmp_path: Path) -> 
     spec = write_spec(tmp_path, token=token)
     # --confirm-top 0: three machines would each confirm the top configs at the end (the docs
     # say to confirm once, alone); this test is about the shared tuning
-    argv = autotune_argv(spec, "--trials", "2", "--storage", pg_url, "--study", token,
-                         "--confirm-top", "0")
+    argv = autotune_argv(
+        spec, "--trials", "2", "--storage", pg_url, "--study", token, "--confirm-top", "0"
+    )
     results = run_all([argv, argv, argv], cwd=tmp_path)
     for result in results:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = assert_clean_study(pg_url, token, launched=3 * 2, token=token)
     # every worker launched exactly its two trials (the baseline counts for whoever ran it)
-    per_worker = collections.Counter(t.user_attrs[keys.SERVER]["worker"]
-                                     for t in counted(study.get_trials(deepcopy=False)))
+    per_worker = collections.Counter(
+        t.user_attrs[keys.SERVER]["worker"] for t in counted(study.get_trials(deepcopy=False))
+    )
     assert sorted(per_worker.values()) == [2, 2, 2], per_worker
 
 
 # --- autotune run --parallel --------------------------------------------------------------------
+
 
 @needs_pg
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores for 2 workers")
 def test_parallel_runs_exact_trials_and_records_devices(pg_url: str, tmp_path: Path) -> None:
     token = f"mp{uuid.uuid4().hex[:10]}"
     spec = write_spec(tmp_path, token=token)
-    argv = autotune_argv(spec, "--trials", "5", "--parallel", "2", "--storage", pg_url,
-                         "--study", token, "--seed", "7")
+    argv = autotune_argv(
+        spec,
+        "--trials",
+        "5",
+        "--parallel",
+        "2",
+        "--storage",
+        pg_url,
+        "--study",
+        token,
+        "--seed",
+        "7",
+    )
     [result] = run_all([argv], cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
     assert "[w0]" in result.stdout and "[w1]" in result.stdout
@@ -314,12 +381,22 @@ def test_parallel_runs_exact_trials_and_records_devices(pg_url: str, tmp_path: P
     assert all(len(binds) == 1 for binds in by_worker.values()), by_worker  # one set per worker
     core_sets = [set(parse_ids(next(iter(b)), option="x")) for b in by_worker.values()]
     assert core_sets[0].isdisjoint(core_sets[1]), core_sets
-    assert sorted(len(counted([t for t in study.get_trials(deepcopy=False)
-                               if t.user_attrs.get(keys.SERVER, {}).get("worker") == w]))
-                  for w in by_worker) == [2, 3]
+    assert sorted(
+        len(
+            counted(
+                [
+                    t
+                    for t in study.get_trials(deepcopy=False)
+                    if t.user_attrs.get(keys.SERVER, {}).get("worker") == w
+                ]
+            )
+        )
+        for w in by_worker
+    ) == [2, 3]
     # a PostgreSQL study keeps its artifacts in studies/ below the working directory
-    logs = sorted(p.name for p in (tmp_path / "studies" / f"{token}-artifacts" / "workers"
-                                   ).iterdir())
+    logs = sorted(
+        p.name for p in (tmp_path / "studies" / f"{token}-artifacts" / "workers").iterdir()
+    )
     assert logs == ["worker-0.log", "worker-1.log"]
 
 
@@ -328,18 +405,34 @@ def test_parallel_runs_exact_trials_and_records_devices(pg_url: str, tmp_path: P
 def test_parallel_ctrl_c_stops_every_worker_cleanly(pg_url: str, tmp_path: Path) -> None:
     token = f"mi{uuid.uuid4().hex[:10]}"
     spec = write_spec(tmp_path, token=token, decode_ms=15.0, slow=True)
-    argv = autotune_argv(spec, "--trials", "40", "--parallel", "2", "--storage", pg_url,
-                         "--study", token, "--artifact-dir", str(tmp_path / "artifacts"))
-    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    argv = autotune_argv(
+        spec,
+        "--trials",
+        "40",
+        "--parallel",
+        "2",
+        "--storage",
+        pg_url,
+        "--study",
+        token,
+        "--artifact-dir",
+        str(tmp_path / "artifacts"),
+    )
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         # wait until both workers have a server up (a search trial beside another trial)
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while time.monotonic() < deadline:
             with contextlib.suppress(KeyError):
-                running = [t for t in load(pg_url, token).get_trials(
-                    deepcopy=False, states=(TrialState.RUNNING,))
-                    if (t.user_attrs.get(keys.SERVER) or {}).get("pid")]
+                running = [
+                    t
+                    for t in load(pg_url, token).get_trials(
+                        deepcopy=False, states=(TrialState.RUNNING,)
+                    )
+                    if (t.user_attrs.get(keys.SERVER) or {}).get("pid")
+                ]
                 if len(running) >= 2:
                     running_at_signal = [t.number for t in running]
                     break
@@ -373,13 +466,16 @@ def test_parallel_ctrl_c_stops_every_worker_cleanly(pg_url: str, tmp_path: Path)
 
 # --- SQLite ------------------------------------------------------------------------------------
 
+
 def test_parallel_on_sqlite_is_refused(tmp_path: Path) -> None:
     """SQLite cannot hand a queued trial to exactly one of several writers (see parallel.py)."""
     token = f"ms{uuid.uuid4().hex[:10]}"
     spec = write_spec(tmp_path, token=token)
     db = tmp_path / "study.db"
-    [result] = run_all([autotune_argv(spec, "--trials", "4", "--parallel", "2", "--storage",
-                                      f"sqlite:///{db}")], cwd=tmp_path)
+    [result] = run_all(
+        [autotune_argv(spec, "--trials", "4", "--parallel", "2", "--storage", f"sqlite:///{db}")],
+        cwd=tmp_path,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "--storage" in result.stderr and "SQLite" in result.stderr
     assert "PostgreSQL" in result.stderr
@@ -388,6 +484,7 @@ def test_parallel_on_sqlite_is_refused(tmp_path: Path) -> None:
 
 
 # --- the device plan ---------------------------------------------------------------------------
+
 
 def test_parse_and_format_ids() -> None:
     assert parse_ids("0-7", option="--gpus") == list(range(8))
@@ -404,18 +501,24 @@ def test_parse_and_format_ids() -> None:
 
 def test_gpu_plan_is_disjoint() -> None:
     plan = build_plan(DevicePlanSpec(gpus="0-7", gpus_per_trial=2), 4, available_cpus=range(8))
-    assert [w.env for w in plan] == [{GPU_ENV: "0,1"}, {GPU_ENV: "2,3"}, {GPU_ENV: "4,5"},
-                                     {GPU_ENV: "6,7"}]
+    assert [w.env for w in plan] == [
+        {GPU_ENV: "0,1"},
+        {GPU_ENV: "2,3"},
+        {GPU_ENV: "4,5"},
+        {GPU_ENV: "6,7"},
+    ]
     plan = build_plan(DevicePlanSpec(gpus="0,2,4,6"), 3, available_cpus=range(8))
     sets = [set(w.gpus) for w in plan]
-    assert all(a.isdisjoint(b) for i, a in enumerate(sets) for b in sets[i + 1:])
+    assert all(a.isdisjoint(b) for i, a in enumerate(sets) for b in sets[i + 1 :])
     # detected GPUs (no --gpus) are shared out the same way
     plan = build_plan(DevicePlanSpec(gpus_per_trial=2), 2, available_gpus=("0", "1", "2", "3"))
     assert [w.env for w in plan] == [{GPU_ENV: "0,1"}, {GPU_ENV: "2,3"}]
     # with GPUs the core binding is added only when asked for
     plan = build_plan(DevicePlanSpec(gpus="0-1", cpus="0-7"), 2, available_cpus=range(8))
-    assert [w.env for w in plan] == [{GPU_ENV: "0", CPU_BIND_ENV: "0-3"},
-                                     {GPU_ENV: "1", CPU_BIND_ENV: "4-7"}]
+    assert [w.env for w in plan] == [
+        {GPU_ENV: "0", CPU_BIND_ENV: "0-3"},
+        {GPU_ENV: "1", CPU_BIND_ENV: "4-7"},
+    ]
 
 
 def test_gpu_plan_errors() -> None:
@@ -431,12 +534,19 @@ def test_gpu_plan_errors() -> None:
 
 def test_cpu_plan_is_disjoint() -> None:
     plan = build_plan(DevicePlanSpec(), 3, available_gpus=(), available_cpus=range(16))
-    assert [w.env for w in plan] == [{CPU_BIND_ENV: "0-4"}, {CPU_BIND_ENV: "5-9"},
-                                     {CPU_BIND_ENV: "10-14"}]
+    assert [w.env for w in plan] == [
+        {CPU_BIND_ENV: "0-4"},
+        {CPU_BIND_ENV: "5-9"},
+        {CPU_BIND_ENV: "10-14"},
+    ]
     plan = build_plan(DevicePlanSpec(), 2, available_gpus=(), available_cpus=[0, 1])
     assert [w.env for w in plan] == [{CPU_BIND_ENV: "0"}, {CPU_BIND_ENV: "1"}]
-    plan = build_plan(DevicePlanSpec(cpus="0-3,8-11", cpus_per_trial=4), 2, available_gpus=(),
-                      available_cpus=range(16))
+    plan = build_plan(
+        DevicePlanSpec(cpus="0-3,8-11", cpus_per_trial=4),
+        2,
+        available_gpus=(),
+        available_cpus=range(16),
+    )
     assert [w.env for w in plan] == [{CPU_BIND_ENV: "0-3"}, {CPU_BIND_ENV: "8-11"}]
     # the default uses this process's affinity
     mine = sorted(os.sched_getaffinity(0))
@@ -449,8 +559,7 @@ def test_cpu_plan_errors() -> None:
         build_plan(DevicePlanSpec(), 3, available_gpus=(), available_cpus=[0, 1])
     assert "--parallel" in str(info.value) and "disjoint" in str(info.value)
     with pytest.raises(SpecError, match="--cpus-per-trial"):
-        build_plan(DevicePlanSpec(cpus_per_trial=3), 2, available_gpus=(),
-                   available_cpus=range(4))
+        build_plan(DevicePlanSpec(cpus_per_trial=3), 2, available_gpus=(), available_cpus=range(4))
     with pytest.raises(SpecError, match="--cpus"):
         build_plan(DevicePlanSpec(cpus="0-7"), 2, available_gpus=(), available_cpus=range(4))
 

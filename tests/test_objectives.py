@@ -44,8 +44,13 @@ def run_enqueued(spec_path, configs, **options):
 
 def test_slo_constraint_confirmation_and_export(tmp_path):
     spec_path = write_fake_spec(
-        tmp_path, SPACE, name="slo", args=("--decode-ms", "6"), workload=WORKLOAD,
-        objective={"metric": "decode_tokens_per_s", "constraints": ["ttft_p95_ms <= 250"]})
+        tmp_path,
+        SPACE,
+        name="slo",
+        args=("--decode-ms", "6"),
+        workload=WORKLOAD,
+        objective={"metric": "decode_tokens_per_s", "constraints": ["ttft_p95_ms <= 250"]},
+    )
     spec, study = run_enqueued(spec_path, [FAST_BUT_SLO_BREAKING, SLOW_FEASIBLE, FAST_FEASIBLE])
     by_params = {tuple(sorted(t.params.items())): t for t in study.trials[1:]}
     breaking = by_params[tuple(sorted(FAST_BUT_SLO_BREAKING.items()))]
@@ -55,15 +60,18 @@ def test_slo_constraint_confirmation_and_export(tmp_path):
     assert breaking.number not in {t.number for t in best_trials(study)}
 
     runner = CliRunner()
-    unconfirmed = runner.invoke(app, ["export", "--spec", str(spec_path), "-o",
-                                      str(tmp_path / "x.yaml")])
+    unconfirmed = runner.invoke(
+        app, ["export", "--spec", str(spec_path), "-o", str(tmp_path / "x.yaml")]
+    )
     assert unconfirmed.exit_code == 2 and "not been confirmed" in unconfirmed.output
 
-    result = runner.invoke(app, ["confirm", "--spec", str(spec_path), "--top", "2",
-                                 "--repeats", "2"])
+    result = runner.invoke(
+        app, ["confirm", "--spec", str(spec_path), "--top", "2", "--repeats", "2"]
+    )
     assert result.exit_code == 0, result.output
-    confirmation = optuna.load_study(study_name="slo", storage=spec.default_storage()
-                                     ).user_attrs[keys.CONFIRMATION]
+    confirmation = optuna.load_study(study_name="slo", storage=spec.default_storage()).user_attrs[
+        keys.CONFIRMATION
+    ]
     labels = [c["label"] for c in confirmation["candidates"]]
     assert labels[0] == "baseline" and len(labels) == 3
     assert f"trial {breaking.number}" not in labels  # infeasible trials are never candidates
@@ -82,8 +90,13 @@ def test_slo_constraint_confirmation_and_export(tmp_path):
 
 def test_multi_objective_front_and_pareto_export(tmp_path):
     spec_path = write_fake_spec(
-        tmp_path, SPACE, name="pareto", args=("--decode-ms", "6"), workload=WORKLOAD,
-        objective={"metrics": ["output_tokens_per_s", "ttft_p95_ms"]})
+        tmp_path,
+        SPACE,
+        name="pareto",
+        args=("--decode-ms", "6"),
+        workload=WORKLOAD,
+        objective={"metrics": ["output_tokens_per_s", "ttft_p95_ms"]},
+    )
     spec, study = run_enqueued(spec_path, [FAST_BUT_SLO_BREAKING, SLOW_FEASIBLE, FAST_FEASIBLE])
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
     front = best_trials(study)
@@ -92,12 +105,14 @@ def test_multi_objective_front_and_pareto_export(tmp_path):
     assert all(t.user_attrs.get(keys.CORRECT) for t in study.trials)
     assert {t.number for t in front} == {t.number for t in study.best_trials}
     runner = CliRunner()
-    single = runner.invoke(app, ["export", "--spec", str(spec_path), "-o",
-                                 str(tmp_path / "b.yaml")])
+    single = runner.invoke(
+        app, ["export", "--spec", str(spec_path), "-o", str(tmp_path / "b.yaml")]
+    )
     if len(front) > 1:
         assert single.exit_code == 2 and "--pareto" in single.output
-    result = runner.invoke(app, ["export", "--spec", str(spec_path), "--pareto", "-o",
-                                 str(tmp_path / "front.yaml")])
+    result = runner.invoke(
+        app, ["export", "--spec", str(spec_path), "--pareto", "-o", str(tmp_path / "front.yaml")]
+    )
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in tmp_path.glob("front-trial*.yaml"))
     assert written == sorted(f"front-trial{t.number}.yaml" for t in front)
@@ -105,8 +120,12 @@ def test_multi_objective_front_and_pareto_export(tmp_path):
 
 def test_clearly_losing_trial_is_pruned_after_its_first_repeat(tmp_path):
     spec_path = write_fake_spec(
-        tmp_path, SPACE, name="prune", args=("--decode-ms", "6"),
-        workload={**WORKLOAD, "repeats": 2, "num_requests": 8})
+        tmp_path,
+        SPACE,
+        name="prune",
+        args=("--decode-ms", "6"),
+        workload={**WORKLOAD, "repeats": 2, "num_requests": 8},
+    )
     fast = [FAST_FEASIBLE] * 5
     spec, study = run_enqueued(spec_path, [*fast, SLOW_FEASIBLE])
     last = study.trials[-1]

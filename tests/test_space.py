@@ -65,20 +65,38 @@ def write(tmp_path, text: str):
 def test_parses_every_type_and_target(tmp_path):
     space = load_space(write(tmp_path, GOOD))
     assert space.names[:3] == ["enforce_eager", "cudagraph_mode", "cudagraph_capture_sizes"]
-    settings = space.resolve({"enforce_eager": False, "cudagraph_mode": "FULL",
-                              "cudagraph_capture_sizes": [1, 2, 4], "max_num_seqs": 8,
-                              "max_num_batched_tokens": 512, "NCCL_PROTO": "LL",
-                              "prefix": False, "mla_path": "direct_call"})
-    assert settings.flags == {"--enforce-eager": False, "--max-num-seqs": 8,
-                              "--max-num-batched-tokens": 512,
-                              "--no-enable-prefix-caching": True}
-    assert settings.json_flags == {"--compilation-config": {
-        "cudagraph_mode": "FULL", "cudagraph_capture_sizes": [1, 2, 4]}}
+    settings = space.resolve(
+        {
+            "enforce_eager": False,
+            "cudagraph_mode": "FULL",
+            "cudagraph_capture_sizes": [1, 2, 4],
+            "max_num_seqs": 8,
+            "max_num_batched_tokens": 512,
+            "NCCL_PROTO": "LL",
+            "prefix": False,
+            "mla_path": "direct_call",
+        }
+    )
+    assert settings.flags == {
+        "--enforce-eager": False,
+        "--max-num-seqs": 8,
+        "--max-num-batched-tokens": 512,
+        "--no-enable-prefix-caching": True,
+    }
+    assert settings.json_flags == {
+        "--compilation-config": {"cudagraph_mode": "FULL", "cudagraph_capture_sizes": [1, 2, 4]}
+    }
     assert settings.env == {"NCCL_PROTO": "LL"}
     assert settings.patches == {"mla_path": "direct_call"}
     argv = settings.flag_argv()
-    assert argv[:6] == ["--max-num-seqs", "8", "--max-num-batched-tokens", "512",
-                        "--no-enable-prefix-caching", "--compilation-config"]
+    assert argv[:6] == [
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "512",
+        "--no-enable-prefix-caching",
+        "--compilation-config",
+    ]
     assert argv[6] == '{"cudagraph_capture_sizes":[1,2,4],"cudagraph_mode":"FULL"}'
 
 
@@ -107,9 +125,15 @@ def test_constraints_evaluate_and_skip_inactive_parameters(tmp_path):
     base = {"enforce_eager": True, "max_num_seqs": 64, "max_num_batched_tokens": 64}
     assert space.violated(base) == []
     assert space.violated({**base, "max_num_batched_tokens": 32}) == [
-        "max_num_batched_tokens >= max_num_seqs"]
-    graphs = {**base, "enforce_eager": False, "cudagraph_capture_sizes": [1, 2, 4, 8, 16],
-              "max_num_seqs": 8, "max_num_batched_tokens": 64}
+        "max_num_batched_tokens >= max_num_seqs"
+    ]
+    graphs = {
+        **base,
+        "enforce_eager": False,
+        "cudagraph_capture_sizes": [1, 2, 4, 8, 16],
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 64,
+    }
     assert space.violated(graphs) == ["max(cudagraph_capture_sizes) <= max_num_seqs"]
 
 
@@ -119,26 +143,59 @@ def test_baseline_uses_only_declared_baseline_values(tmp_path):
     assert space.baseline_optuna_params() == {"enforce_eager": True, "mla_path": "custom_op"}
 
 
-@pytest.mark.parametrize(("snippet", "key", "message"), [
-    ("  x:\n    type: int\n    low: 5\n    high: 1\n    target: {flag: --x}\n",
-     "parameters.x", "empty domain"),
-    ("  x:\n    type: float\n    low: 0\n    high: 1\n    log: true\n    target: {flag: --x}\n",
-     "parameters.x.low", "log domain"),
-    ("  x:\n    type: intt\n    target: {flag: --x}\n", "parameters.x.type", "unknown type"),
-    ("  x:\n    type: categorical\n    choices: []\n    target: {flag: --x}\n",
-     "parameters.x.choices", "non-empty"),
-    ("  x:\n    type: bool\n    target: {flag: x}\n", "parameters.x.target.flag", "starts with"),
-    ("  x:\n    type: bool\n    target: {flag: --x, env: X}\n", "parameters.x.target",
-     "exactly one"),
-    ("  x:\n    type: bool\n    colour: red\n    target: {flag: --x}\n", "parameters.x.colour",
-     "unknown key"),
-    ("  x:\n    type: int\n    low: 1\n    high: 2\n    baseline: 9\n    target: {flag: --x}\n",
-     "parameters.x.baseline", "outside"),
-    ("  x:\n    type: bool\n    when: {y: 1}\n    target: {flag: --x}\n", "parameters.x.when.y",
-     "declared earlier"),
-    ("  x:\n    type: int_list\n    choices: [[1, 0]]\n    target: {flag: --x}\n",
-     "parameters.x.choices[0]", "positive integers"),
-])
+@pytest.mark.parametrize(
+    ("snippet", "key", "message"),
+    [
+        (
+            "  x:\n    type: int\n    low: 5\n    high: 1\n    target: {flag: --x}\n",
+            "parameters.x",
+            "empty domain",
+        ),
+        (
+            "  x:\n    type: float\n    low: 0\n    high: 1\n    log: true\n"
+            "    target: {flag: --x}\n",
+            "parameters.x.low",
+            "log domain",
+        ),
+        ("  x:\n    type: intt\n    target: {flag: --x}\n", "parameters.x.type", "unknown type"),
+        (
+            "  x:\n    type: categorical\n    choices: []\n    target: {flag: --x}\n",
+            "parameters.x.choices",
+            "non-empty",
+        ),
+        (
+            "  x:\n    type: bool\n    target: {flag: x}\n",
+            "parameters.x.target.flag",
+            "starts with",
+        ),
+        (
+            "  x:\n    type: bool\n    target: {flag: --x, env: X}\n",
+            "parameters.x.target",
+            "exactly one",
+        ),
+        (
+            "  x:\n    type: bool\n    colour: red\n    target: {flag: --x}\n",
+            "parameters.x.colour",
+            "unknown key",
+        ),
+        (
+            "  x:\n    type: int\n    low: 1\n    high: 2\n    baseline: 9\n"
+            "    target: {flag: --x}\n",
+            "parameters.x.baseline",
+            "outside",
+        ),
+        (
+            "  x:\n    type: bool\n    when: {y: 1}\n    target: {flag: --x}\n",
+            "parameters.x.when.y",
+            "declared earlier",
+        ),
+        (
+            "  x:\n    type: int_list\n    choices: [[1, 0]]\n    target: {flag: --x}\n",
+            "parameters.x.choices[0]",
+            "positive integers",
+        ),
+    ],
+)
 def test_bad_parameters_name_file_key_and_line(tmp_path, snippet, key, message):
     path = write(tmp_path, "parameters:\n" + snippet)
     with pytest.raises(SpecError) as info:
@@ -162,12 +219,15 @@ def test_unsatisfiable_constraints_are_refused(tmp_path):
         load_space(write(tmp_path, text))
 
 
-@pytest.mark.parametrize(("expr", "message"), [
-    ("a >= nope", "unknown parameter 'nope'"),
-    ("__import__('os')", "only len, max, min may be called"),
-    ("a.real > 1", "Attribute is not allowed"),
-    ("a >=", "invalid expression"),
-])
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("a >= nope", "unknown parameter 'nope'"),
+        ("__import__('os')", "only len, max, min may be called"),
+        ("a.real > 1", "Attribute is not allowed"),
+        ("a >=", "invalid expression"),
+    ],
+)
 def test_constraint_expressions_are_checked_not_evaluated(tmp_path, expr, message):
     text = f"""
     parameters:

@@ -100,8 +100,9 @@ class Engine(abc.ABC):
         """The installed engine's version, recorded in every trial."""
 
     @abc.abstractmethod
-    def build_launch(self, settings: ServerSettings, *, host: str, port: int,
-                     api_key: str) -> LaunchConfig:
+    def build_launch(
+        self, settings: ServerSettings, *, host: str, port: int, api_key: str
+    ) -> LaunchConfig:
         """The argv and env that start a server with ``settings``; builds, starts nothing."""
 
     def classify_failure(self, log_tail: str) -> str | None:

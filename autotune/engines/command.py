@@ -1,9 +1,9 @@
 """Any OpenAI-compatible server, started from a command template.
 
 ``engine.command`` is a list such as ``["llama-server", "-m", "{model}", "--port", "{port}"]``;
-placeholders ``{port}``, ``{host}``, ``{model}``, ``{served_name}``, ``{api_key}`` and ``{python}`` (the
-interpreter running autotune) are filled
-per trial, each inside its own argv element (no shell, so a value can never become a command).
+placeholders ``{port}``, ``{host}``, ``{model}``, ``{served_name}``, ``{api_key}`` and
+``{python}`` (the interpreter running autotune) are filled per trial, each inside its own argv
+element (no shell, so a value can never become a command).
 Parameters map to flags and env vars exactly as for vLLM. This lets SGLang, llama.cpp's server
 or TGI be tuned, and lets the tests drive the whole loop with a fault-injecting test server.
 """
@@ -35,11 +35,17 @@ class CommandEngine(Engine):
             part = part.replace("{" + name + "}", values[name])
         return part
 
-    def build_launch(self, settings: ServerSettings, *, host: str, port: int,
-                     api_key: str) -> LaunchConfig:
-        values = {"port": str(port), "host": host, "model": self.spec.model.path,
-                  "served_name": self.spec.model.served_name, "api_key": api_key,
-                  "python": sys.executable}
+    def build_launch(
+        self, settings: ServerSettings, *, host: str, port: int, api_key: str
+    ) -> LaunchConfig:
+        values = {
+            "port": str(port),
+            "host": host,
+            "model": self.spec.model.path,
+            "served_name": self.spec.model.served_name,
+            "api_key": api_key,
+            "python": sys.executable,
+        }
         argv = [self._fill(part, values) for part in self.spec.engine.command]
         argv += [self._fill(a, values) for a in self.spec.engine.args]
         argv += settings.flag_argv()
@@ -50,11 +56,16 @@ class CommandEngine(Engine):
             env[PATCHES_ENV] = json.dumps(dict(settings.patches), sort_keys=True)
             env[PATCH_DIRS_ENV] = os.pathsep.join(str(d) for d in self.spec.engine.patch_dirs)
         uses_key_in_argv = any("{api_key}" in p for p in self.spec.engine.command)
-        return LaunchConfig(argv=tuple(argv), env=env, host=host, port=port, api_key=api_key,
-                            served_model=self.spec.model.served_name,
-                            health_path=self.spec.engine.health_path,
-                            secret_env=("AUTOTUNE_API_KEY",) if not uses_key_in_argv
-                            else ("AUTOTUNE_API_KEY",))
+        return LaunchConfig(
+            argv=tuple(argv),
+            env=env,
+            host=host,
+            port=port,
+            api_key=api_key,
+            served_model=self.spec.model.served_name,
+            health_path=self.spec.engine.health_path,
+            secret_env=("AUTOTUNE_API_KEY",) if not uses_key_in_argv else ("AUTOTUNE_API_KEY",),
+        )
 
     def validate_space(self, space) -> list[ValidationIssue]:
         issues = []
@@ -76,9 +87,14 @@ class CommandEngine(Engine):
         return config
 
     def launch_command(self, settings: ServerSettings, config_file: str) -> list[str]:
-        values = {"port": "8000", "host": "127.0.0.1", "model": self.spec.model.path,
-                  "served_name": self.spec.model.served_name, "api_key": "$API_KEY",
-                  "python": sys.executable}
+        values = {
+            "port": "8000",
+            "host": "127.0.0.1",
+            "model": self.spec.model.path,
+            "served_name": self.spec.model.served_name,
+            "api_key": "$API_KEY",
+            "python": sys.executable,
+        }
         argv = [self._fill(p, values) for p in self.spec.engine.command]
         argv += [self._fill(a, values) for a in self.spec.engine.args]
         return argv + settings.flag_argv()

@@ -43,11 +43,21 @@ class VllmEngine(Engine):
     def version(self) -> str:
         return installed_vllm_version() or "not installed"
 
-    def build_launch(self, settings: ServerSettings, *, host: str, port: int,
-                     api_key: str) -> LaunchConfig:
+    def build_launch(
+        self, settings: ServerSettings, *, host: str, port: int, api_key: str
+    ) -> LaunchConfig:
         model = self.spec.model
-        argv = [*self.spec.engine.command, "--model", model.path,
-                "--served-model-name", model.served_name, "--host", host, "--port", str(port)]
+        argv = [
+            *self.spec.engine.command,
+            "--model",
+            model.path,
+            "--served-model-name",
+            model.served_name,
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
         if model.tokenizer:
             argv += ["--tokenizer", model.tokenizer]
         argv += list(self.spec.engine.args)
@@ -58,10 +68,16 @@ class VllmEngine(Engine):
         if settings.patches:
             env[PATCHES_ENV] = json.dumps(dict(settings.patches), sort_keys=True)
             env[PATCH_DIRS_ENV] = os.pathsep.join(str(d) for d in self.spec.engine.patch_dirs)
-        return LaunchConfig(argv=tuple(argv), env=env, host=host, port=port, api_key=api_key,
-                            served_model=model.served_name,
-                            health_path=self.spec.engine.health_path,
-                            secret_env=("VLLM_API_KEY",))
+        return LaunchConfig(
+            argv=tuple(argv),
+            env=env,
+            host=host,
+            port=port,
+            api_key=api_key,
+            served_model=model.served_name,
+            health_path=self.spec.engine.health_path,
+            secret_env=("VLLM_API_KEY",),
+        )
 
     def classify_failure(self, log_tail: str) -> str | None:
         return classify_common(log_tail)
@@ -87,9 +103,11 @@ class VllmEngine(Engine):
             if value == patch.info.default:
                 continue
             if f"AUTOTUNE_PATCH_APPLIED name={name} " not in log_text:
-                return (f"patch {name!r} was selected but never applied (is autotune installed "
-                        f"in the engine's environment, and VLLM_PLUGINS unset or listing "
-                        f"autotune_patches?)")
+                return (
+                    f"patch {name!r} was selected but never applied (is autotune installed "
+                    f"in the engine's environment, and VLLM_PLUGINS unset or listing "
+                    f"autotune_patches?)"
+                )
         return None
 
     def validate_space(self, space) -> list[ValidationIssue]:
@@ -103,8 +121,10 @@ class VllmEngine(Engine):
         vLLM reads the YAML keys as long flag names; JSON-valued flags stay nested mappings.
         The fixed ``engine.args`` of the spec are included so the exported file is complete.
         """
-        config: dict[str, Any] = {"model": self.spec.model.path,
-                                  "served-model-name": self.spec.model.served_name}
+        config: dict[str, Any] = {
+            "model": self.spec.model.path,
+            "served-model-name": self.spec.model.served_name,
+        }
         if self.spec.model.tokenizer:
             config["tokenizer"] = self.spec.model.tokenizer
         config.update(_args_to_config(list(self.spec.engine.args)))
