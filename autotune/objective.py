@@ -257,6 +257,15 @@ class TrialRunner:
                 raise server.failure("server_crashed", f"server died: {exc}") from None
             if isinstance(exc, httpx.TimeoutException):
                 raise server.failure("hang", f"request timed out: {exc}") from None
+            if isinstance(exc, httpx.HTTPStatusError):
+                # Alive, but it refuses the gate's own requests: this config cannot be verified,
+                # so it can never be scored.
+                body = exc.response.text[:300]
+                raise server.failure(
+                    "request_errors",
+                    f"the server rejected a verification request with "
+                    f"{exc.response.status_code}: {body}",
+                ) from None
             raise server.failure("server_crashed", f"request failed: {exc}") from None
         finally:
             self._phase(trial, "stopping")
