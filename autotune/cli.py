@@ -284,7 +284,7 @@ class _LiveView:
             )
         self.phase = "done"
         self.refresh()
-        console.print(f"trial {outcome.number} [{outcome.role}]: {outcome.verdict} {values}")
+        console.print(f"trial {outcome.number} \\[{outcome.role}]: {outcome.verdict} {values}")
 
 
 def _print_report(storage_url: str, study_name: str, *, limit: int | None = None) -> None:
