@@ -1,0 +1,61 @@
+"""`autotune dashboard` serves the study (and its trials' attributes) through optuna-dashboard."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import optuna
+
+from autotune import storage as keys
+from autotune._proc import free_port
+from autotune.spec import load_spec
+from autotune.study import open_study
+from tests.conftest import autotune_cmd, write_fake_spec
+
+SPACE = """
+parameters:
+  max_num_seqs: {type: categorical, choices: [2, 32], target: {flag: --max-num-seqs}}
+"""
+
+
+def test_dashboard_serves_the_study(tmp_path):
+    spec_path = write_fake_spec(tmp_path, SPACE, name="dash")
+    spec = load_spec(spec_path)
+    study, _ = open_study(spec, spec.default_storage())
+    trial = study.ask()
+    trial.set_user_attr(keys.FAIL_REASON, "oom")
+    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    port = free_port()
+    proc = subprocess.Popen(
+        autotune_cmd("dashboard", "--spec", str(spec_path), "--port", str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        studies = None
+        while time.monotonic() < deadline:
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/api/studies", trust_env=False)
+                if response.status_code == 200:
+                    studies = response.json()["study_summaries"]
+                    break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        assert studies is not None, proc.stdout.read1().decode() if proc.stdout else ""
+        assert [s["study_name"] for s in studies] == ["dash"]
+        detail = httpx.get(
+            f"http://127.0.0.1:{port}/api/studies/{studies[0]['study_id']}", trust_env=False
+        ).json()
+        assert detail["name"] == "dash"
+        by_number = {t["number"]: t for t in detail["trials"]}
+        attrs = {a["key"]: a["value"] for a in by_number[trial.number]["user_attrs"]}
+        assert attrs[keys.FAIL_REASON] == "oom"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
