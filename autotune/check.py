@@ -106,6 +106,10 @@ class Reference:
         )
 
 
+class TeacherRejected(str):
+    """Stands in for teacher-forced logprobs the server refused to compute (its error text)."""
+
+
 @dataclass(frozen=True)
 class Divergence:
     """Where a trial's output first left the reference, with both texts as evidence."""
@@ -241,7 +245,14 @@ async def collect_outputs(
     for prompt in prompts:
         entry = reference.entries[prompt]
         if entry.teacher_logprobs:
-            teacher[prompt] = await teacher_forced_logprobs(client, model, entry.completion)
+            try:
+                teacher[prompt] = await teacher_forced_logprobs(client, model, entry.completion)
+            except httpx.HTTPStatusError as exc:
+                # A live server that cannot score the reference continuation (seen: a broken
+                # model whose logprobs are not finite, which JSON cannot carry) fails the gate.
+                teacher[prompt] = TeacherRejected(
+                    f"{exc.response.status_code}: {exc.response.text[:200]}"
+                )
     return {c.prompt: c for c in completions}, teacher
 
 
@@ -370,7 +381,19 @@ def compare(
                     ),
                     f"{prompt!r}: token {position} differs",
                 )
-        if prompt in teacher:
+        if isinstance(teacher.get(prompt), TeacherRejected):
+            fail(
+                Divergence(
+                    prompt=prompt,
+                    position=0,
+                    kind="logprob",
+                    expected_text=ref.text,
+                    got_text=got.text,
+                    detail=f"the server rejected teacher-forced scoring: {teacher[prompt]}",
+                ),
+                f"{prompt!r}: teacher-forced scoring rejected",
+            )
+        elif prompt in teacher:
             expected = reference.entries[prompt].teacher_logprobs
             diffs = [abs(a - b) for a, b in zip(expected, teacher[prompt], strict=False)]
             if diffs:

@@ -144,3 +144,14 @@ def test_sanity_problems(text, ids, problem):
 def test_sane_patterns_are_not_repetition():
     # "red green blue" repeats with a period of several tokens: legitimate for the demo.
     assert sanity_problem(" red green blue red green blue", tuple([5, 6, 7] * 8)) is None
+
+
+def test_teacher_forced_scoring_the_server_rejects_fails_the_gate():
+    from autotune.check import TeacherRejected
+
+    completions, teacher = candidate("baseline_again")
+    prompt = next(iter(teacher))
+    teacher[prompt] = TeacherRejected("400: Out of range float values are not JSON compliant")
+    result = compare(REFERENCE, completions, teacher, CHECK)
+    assert not result.passed
+    assert "rejected teacher-forced scoring" in result.first_divergence.detail
