@@ -27,7 +27,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Autonomous, correctness-gated tuner for LLM inference servers.",
 )
-console = Console()
+# Wide tables when the output is a file or a pipe (CI logs, `| less`), not 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 180)
 err = Console(stderr=True)
 
 DEFAULT_SPEC = Path("studies/demo.yaml")
@@ -287,17 +288,30 @@ class _LiveView:
         console.print(f"trial {outcome.number} \\[{outcome.role}]: {outcome.verdict} {values}")
 
 
+def _short(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
 def _print_report(storage_url: str, study_name: str, *, limit: int | None = None) -> None:
     from autotune.report import load_report
 
     report = load_report(storage_url, study_name)
-    metric_cols = ["decode_tokens_per_s", "output_tokens_per_s", "ttft_p95_ms", "itl_p95_ms"]
+    metric_cols = {
+        "decode_tokens_per_s": "decode tok/s",
+        "output_tokens_per_s": "out tok/s",
+        "ttft_p95_ms": "TTFT p95 ms",
+        "itl_p95_ms": "ITL p95 ms",
+    }
     table = Table(title=f"study {report.name} ({', '.join(report.directions)})")
-    for col in ("#", "role", "state", "verdict", "params", *metric_cols, "startup_s", "reason"):
-        table.add_column(col, overflow="fold")
+    for col in ("#", "role", "verdict", "params", *metric_cols.values(), "start s", "reason"):
+        table.add_column(col, overflow="fold", ratio=4 if col in ("params", "reason") else None)
     rows = report.rows if limit is None else report.rows[-limit:]
     for row in rows:
-        params = ", ".join(f"{k}={v}" for k, v in row.params.items())
+        params = " ".join(f"{k}={_short(v)}" for k, v in row.params.items())
         style = (
             "bold green"
             if row.is_best
@@ -306,7 +320,6 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
         table.add_row(
             f"{row.number}{' *' if row.is_best else ''}",
             row.role,
-            row.state,
             row.verdict,
             params,
             *[f"{row.metrics[c]:.1f}" if c in row.metrics else "" for c in metric_cols],

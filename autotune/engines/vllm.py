@@ -131,7 +131,13 @@ class VllmEngine(Engine):
         for flag, value in settings.flags.items():
             if value is None or value is False:
                 continue
-            config[flag.lstrip("-")] = True if value is True else value
+            key = flag.lstrip("-")
+            if value is True and key.startswith("no-"):
+                # `enable-prefix-caching: false` reads better than `no-enable-...: true`, and
+                # vLLM's config loader turns it back into --no-enable-prefix-caching.
+                config[key[3:]] = False
+            else:
+                config[key] = value
         for flag, obj in settings.json_flags.items():
             config[flag.lstrip("-")] = json.loads(json.dumps(obj))
         return config
