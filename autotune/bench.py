@@ -68,10 +68,10 @@ class RequestRecord:
         tokens / end-to-end time, a lower bound that cannot be inflated by bursts.
         """
         t = self.token_times_s
-        if len(t) < 2 or t[-1] <= t[0]:
+        if not t:
             return None
-        if self.bunched and self.e2e_s:
-            return len(t) / self.e2e_s
+        if (len(t) < 2 or t[-1] <= t[0] or self.bunched) and self.e2e_s:
+            return len(t) / self.e2e_s  # all tokens in one burst: the clock says nothing
         return (len(t) - 1) / (t[-1] - t[0])
 
 

@@ -381,13 +381,7 @@ class TrialRunner:
         spec = self.ctx.spec
         trial.set_user_attr(keys.METRICS, {k: round(v, 4) for k, v in metrics.items()})
         trial.set_user_attr(keys.CORRECT, True)
-        trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
         missing = [m for m in spec.objective.metrics if m not in metrics]
-        for slo in spec.objective.slos:
-            value = metrics.get(slo.metric)
-            trial.set_constraint(
-                f"slo:{slo.metric}", slo.violation(value) if value is not None else 1.0
-            )
         if missing:
             self._record_failure(
                 trial,
@@ -396,6 +390,12 @@ class TrialRunner:
                 launched=True,
             )
             raise optuna.TrialPruned("request_errors")
+        trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
+        for slo in spec.objective.slos:
+            trial.set_constraint(
+                f"slo:{slo.metric}",
+                slo.violation(metrics[slo.metric]) if slo.metric in metrics else 1.0,
+            )
         values = tuple(metrics[m] for m in spec.objective.metrics)
         self.last = TrialOutcome(trial.number, role, "correct", values)
         return values[0] if len(values) == 1 else list(values)

@@ -106,6 +106,11 @@ def test_bunched_delivery_falls_back_to_end_to_end_rate():
     assert record.decode_tokens_per_s == pytest.approx(10 / 2.0)
 
 
+def test_all_tokens_in_one_chunk_still_give_a_rate():
+    record = rec([0.8] * 8, e2e=1.0)
+    assert record.decode_tokens_per_s == pytest.approx(8.0)
+
+
 def test_summarize_percentiles_and_throughput():
     single = PhaseResult(records=(rec([0.1, 0.2, 0.3]),), wall_s=0.3)
     load = PhaseResult(records=(rec([0.1, 0.2]), rec([0.3, 0.5]), rec([], ok=False)), wall_s=1.0)
