@@ -19,7 +19,6 @@ import yaml
 
 from autotune import storage as keys
 from autotune.engines import build_engine
-from autotune.engines.vllm import PATCH_DIRS_ENV, PATCHES_ENV
 from autotune.errors import SpecError
 from autotune.report import best_trials
 from autotune.spec import StudySpec
@@ -65,11 +64,7 @@ def export_values(
     config = engine.export_config(settings)
     env = dict(spec.engine.env)
     env.update(settings.env)
-    if settings.patches:
-        import json
-
-        env[PATCHES_ENV] = json.dumps(dict(settings.patches), sort_keys=True)
-        env[PATCH_DIRS_ENV] = os.pathsep.join(str(d) for d in spec.engine.patch_dirs)
+    env.update(engine.patch_env(settings))
     command = engine.launch_command(settings, str(out))
     metrics = metrics or {}
     header = [f"# autotune export: study {spec.name}, {title}"]

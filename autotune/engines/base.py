@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import abc
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+#: env vars that select patches inside every engine process (read by autotune/plugin.py)
+PATCHES_ENV = "AUTOTUNE_PATCHES"
+PATCH_DIRS_ENV = "AUTOTUNE_PATCH_DIRS"
 
 if TYPE_CHECKING:
     from autotune.space import SearchSpace
@@ -94,6 +99,15 @@ class Engine(abc.ABC):
 
     def __init__(self, spec: StudySpec) -> None:
         self.spec = spec
+
+    def patch_env(self, settings: ServerSettings) -> dict[str, str]:
+        """The env that makes autotune's plugin apply the trial's patches (empty if none)."""
+        if not settings.patches:
+            return {}
+        return {
+            PATCHES_ENV: json.dumps(dict(settings.patches), sort_keys=True),
+            PATCH_DIRS_ENV: os.pathsep.join(str(d) for d in self.spec.engine.patch_dirs),
+        }
 
     @abc.abstractmethod
     def version(self) -> str:

@@ -10,14 +10,12 @@ or TGI be tuned, and lets the tests drive the whole loop with a fault-injecting 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
 from typing import Any
 
 from autotune.engines.base import Engine, LaunchConfig, ServerSettings, ValidationIssue
-from autotune.engines.vllm import PATCH_DIRS_ENV, PATCHES_ENV
 
 _PLACEHOLDERS = ("port", "host", "model", "served_name", "api_key", "python")
 
@@ -52,10 +50,7 @@ class CommandEngine(Engine):
         env = {k: self._fill(v, values) for k, v in self.spec.engine.env.items()}
         env.update(settings.env)
         env["AUTOTUNE_API_KEY"] = api_key
-        if settings.patches:
-            env[PATCHES_ENV] = json.dumps(dict(settings.patches), sort_keys=True)
-            env[PATCH_DIRS_ENV] = os.pathsep.join(str(d) for d in self.spec.engine.patch_dirs)
-        uses_key_in_argv = any("{api_key}" in p for p in self.spec.engine.command)
+        env.update(self.patch_env(settings))
         return LaunchConfig(
             argv=tuple(argv),
             env=env,
@@ -64,7 +59,7 @@ class CommandEngine(Engine):
             api_key=api_key,
             served_model=self.spec.model.served_name,
             health_path=self.spec.engine.health_path,
-            secret_env=("AUTOTUNE_API_KEY",) if not uses_key_in_argv else ("AUTOTUNE_API_KEY",),
+            secret_env=("AUTOTUNE_API_KEY",),
         )
 
     def validate_space(self, space) -> list[ValidationIssue]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 from typing import Any
 
 from autotune.engines.base import (
@@ -21,10 +20,6 @@ from autotune.engines.base import (
     ValidationIssue,
     classify_common,
 )
-
-#: env vars autotune sets to select patches inside every vLLM process (see plugin.py)
-PATCHES_ENV = "AUTOTUNE_PATCHES"
-PATCH_DIRS_ENV = "AUTOTUNE_PATCH_DIRS"
 
 
 def installed_vllm_version() -> str | None:
@@ -65,9 +60,7 @@ class VllmEngine(Engine):
         env = dict(self.spec.engine.env)
         env.update(settings.env)
         env["VLLM_API_KEY"] = api_key
-        if settings.patches:
-            env[PATCHES_ENV] = json.dumps(dict(settings.patches), sort_keys=True)
-            env[PATCH_DIRS_ENV] = os.pathsep.join(str(d) for d in self.spec.engine.patch_dirs)
+        env.update(self.patch_env(settings))
         return LaunchConfig(
             argv=tuple(argv),
             env=env,
