@@ -98,8 +98,22 @@ class TrialRunner:
         self.last: TrialOutcome | None = None
 
     def __call__(self, trial: optuna.Trial) -> float | list[float]:
-        spec = self.ctx.spec
         role = trial.user_attrs.get(keys.ROLE, "search")
+        try:
+            return self._run(trial, role)
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            # Wherever Ctrl-C lands (suggesting, launching, measuring), the trial keeps a reason.
+            self._record_failure(
+                trial,
+                role,
+                InfrastructureError(
+                    "interrupted", "stopped by the user (Ctrl-C) while this trial ran"
+                ),
+            )
+            raise
+
+    def _run(self, trial: optuna.Trial, role: str) -> float | list[float]:
+        spec = self.ctx.spec
         pinned = trial.user_attrs.get(keys.PINNED)
         if pinned is not None:
             # ablation and confirmation variants: exactly these values, the rest left out
@@ -147,15 +161,6 @@ class TrialRunner:
             raise optuna.TrialPruned("pruned_early") from None
         except InfrastructureError as exc:
             self._record_failure(trial, role, exc)
-            raise
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            self._record_failure(
-                trial,
-                role,
-                InfrastructureError(
-                    "interrupted", "stopped by the user (Ctrl-C) while this trial ran"
-                ),
-            )
             raise
         return self._score(trial, role, metrics)
 
