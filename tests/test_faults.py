@@ -38,6 +38,7 @@ FAULTS = (
     "slow_start",
     "oom",
     "http_500",
+    "flaky_500",
     "healthy_but_broken",
     "wrong_text",
     "ignore_sigterm",
@@ -52,6 +53,8 @@ EXPECTED = {
     # Every completion answers 500, so the readiness completion already fails: the server never
     # served a request, which is a failed start (like healthy_but_broken), not request errors.
     "http_500": "startup_failed",
+    # one benchmark request in three fails while the server stays up: request errors
+    "flaky_500": "request_errors",
     "healthy_but_broken": "startup_failed",
     "wrong_text": "incorrect_output",
     "ignore_sigterm": None,  # healthy apart from SIGTERM: the trial completes

@@ -89,6 +89,7 @@ FAULTS = (
     "slow_start",
     "oom",
     "http_500",
+    "flaky_500",
     "wrong_text",
     "ignore_sigterm",
     "healthy_but_broken",
@@ -620,6 +621,14 @@ class FakeServer:
         fault = self.opts.fault
         if fault == "http_500":
             return _error(500, "Internal Server Error (injected fault)", "InternalServerError")
+        if fault == "flaky_500" and params.stream:
+            # Only streamed (benchmark) requests, one in three: the server starts, verifies and
+            # stays up, but part of its load fails.
+            self._flaky_count = getattr(self, "_flaky_count", 0) + 1
+            if self._flaky_count % 3 == 0:
+                return _error(
+                    500, "Internal Server Error (injected, 1 in 3)", "InternalServerError"
+                )
         if fault == "healthy_but_broken":
             return _error(
                 500,
