@@ -64,6 +64,22 @@ def autotune_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "autotune", *args]
 
 
+#: the command-engine template that starts the fault-injecting test double
+FAKE_SERVER_COMMAND = (
+    sys.executable,
+    "-m",
+    "autotune.testing.fake_server",
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+    "--api-key",
+    "{api_key}",
+    "--model",
+    "{served_name}",
+)
+
+
 def write_fake_spec(
     directory: Path,
     space: str,
@@ -81,19 +97,7 @@ def write_fake_spec(
         "study": name,
         "engine": {
             "kind": "command",
-            "command": [
-                sys.executable,
-                "-m",
-                "autotune.testing.fake_server",
-                "--host",
-                "{host}",
-                "--port",
-                "{port}",
-                "--api-key",
-                "{api_key}",
-                "--model",
-                "{served_name}",
-            ],
+            "command": list(FAKE_SERVER_COMMAND),
             "args": list(args),
         },
         "model": {"path": "model", "served_name": f"fake-{name}"},

@@ -12,7 +12,6 @@ configuration, and K of them in a row stop the run. A broken baseline stops the 
 from __future__ import annotations
 
 import socket
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -29,6 +28,7 @@ from autotune import storage as keys
 from autotune.errors import PreflightError
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
+from tests.conftest import FAKE_SERVER_COMMAND
 
 FAULTS = (
     "exit_at_start",
@@ -87,19 +87,7 @@ def write_spec(
         "study": name,
         "engine": {
             "kind": "command",
-            "command": [
-                sys.executable,
-                "-m",
-                "autotune.testing.fake_server",
-                "--host",
-                "{host}",
-                "--port",
-                "{port}",
-                "--api-key",
-                "{api_key}",
-                "--model",
-                "{served_name}",
-            ],
+            "command": list(FAKE_SERVER_COMMAND),
             # crash after readiness + verification; slow_start sleeps past timeouts.startup_s
             "args": [
                 "--spawn-child",

@@ -32,6 +32,7 @@ from optuna.trial import TrialState
 
 from autotune import storage as keys
 from autotune.errors import CANDIDATE_REASONS
+from tests.conftest import FAKE_SERVER_COMMAND
 
 ROOT = Path(__file__).resolve().parents[1]
 HEARTBEAT_ENV = {
@@ -91,19 +92,7 @@ def fake_spec(tmp: Path, tag: str, *, decode_ms: float = 2.0) -> Path:
         "study": "resume",
         "engine": {
             "kind": "command",
-            "command": [
-                sys.executable,
-                "-m",
-                "autotune.testing.fake_server",
-                "--host",
-                "{host}",
-                "--port",
-                "{port}",
-                "--api-key",
-                "{api_key}",
-                "--model",
-                "{served_name}",
-            ],
+            "command": list(FAKE_SERVER_COMMAND),
             "args": [
                 "--spawn-child",
                 "--child-title",
