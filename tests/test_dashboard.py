@@ -13,7 +13,7 @@ import optuna
 from autotune import storage as keys
 from autotune._proc import free_port
 from autotune.spec import load_spec
-from autotune.study import open_study
+from autotune.study import RunOptions, open_study, run_study
 from tests.conftest import autotune_cmd, write_fake_spec
 
 SPACE = """
@@ -25,6 +25,7 @@ parameters:
 def test_dashboard_serves_the_study(tmp_path):
     spec_path = write_fake_spec(tmp_path, SPACE, name="dash")
     spec = load_spec(spec_path)
+    run_study(spec, RunOptions(trials=1, validate=False))  # the baseline, with its artifacts
     study, _ = open_study(spec, spec.default_storage())
     trial = study.ask()
     trial.set_user_attr(keys.FAIL_REASON, "oom")
@@ -56,6 +57,16 @@ def test_dashboard_serves_the_study(tmp_path):
         by_number = {t["number"]: t for t in detail["trials"]}
         attrs = {a["key"]: a["value"] for a in by_number[trial.number]["user_attrs"]}
         assert attrs[keys.FAIL_REASON] == "oom"
+        # the baseline's server log and verified outputs are artifacts the dashboard can show
+        names = sorted(a["filename"] for a in by_number[0]["artifacts"])
+        assert len(names) == 2 and names[1] == "trial-00000.log", names
+        artifact = by_number[0]["artifacts"][0]
+        served = httpx.get(
+            f"http://127.0.0.1:{port}/artifacts/{studies[0]['study_id']}/"
+            f"{by_number[0]['trial_id']}/{artifact['artifact_id']}",
+            trust_env=False,
+        )
+        assert served.status_code == 200 and served.content
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
