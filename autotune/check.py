@@ -162,6 +162,12 @@ async def complete_greedy(
         "ignore_eos": ignore_eos,
     }
     response = await client.post("/v1/completions", json=body, timeout=timeout_s)
+    if response.status_code == 400 and "Out of range float" in response.text:
+        # A runner-up with probability 0 (logprob -inf, which JSON cannot carry) makes vLLM
+        # refuse the whole answer. Ask for the chosen tokens' logprobs only: without a finite
+        # runner-up there is no near-tie, which is what a missing margin means in compare().
+        body["logprobs"] = 1
+        response = await client.post("/v1/completions", json=body, timeout=timeout_s)
     response.raise_for_status()
     choice = response.json()["choices"][0]
     lp = choice.get("logprobs") or {}

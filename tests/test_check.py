@@ -155,3 +155,42 @@ def test_teacher_forced_scoring_the_server_rejects_fails_the_gate():
     result = compare(REFERENCE, completions, teacher, CHECK)
     assert not result.passed
     assert "rejected teacher-forced scoring" in result.first_divergence.detail
+
+
+def test_greedy_request_survives_a_runner_up_with_zero_probability():
+    import asyncio
+    import json as _json
+
+    import httpx
+
+    from autotune.check import complete_greedy
+
+    asked = []
+
+    def handler(request):
+        body = _json.loads(request.content)
+        asked.append(body["logprobs"])
+        if body["logprobs"] == 2:  # what vLLM answers when a top-2 logprob is -inf
+            return httpx.Response(
+                400, json={"error": {"message": "Out of range float values are not JSON compliant"}}
+            )
+        choice = {
+            "text": " four",
+            "token_ids": [7],
+            "prompt_token_ids": [1, 2],
+            "logprobs": {
+                "tokens": [" four"],
+                "token_logprobs": [-0.01],
+                "top_logprobs": [{" four": -0.01}],
+            },
+        }
+        return httpx.Response(200, json={"choices": [choice]})
+
+    async def go():
+        transport = httpx.MockTransport(handler)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await complete_greedy(client, "m", "one two three", 1)
+
+    completion = asyncio.run(go())
+    assert asked == [2, 1]
+    assert completion.token_ids == (7,) and completion.margins == (None,)
