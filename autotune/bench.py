@@ -151,28 +151,11 @@ async def stream_request(
                         ids.extend(new_ids)
                         text.append(piece)
     except (TimeoutError, httpx.TimeoutException):
-        return RequestRecord(
-            prompt=prompt,
-            ok=False,
-            error="hang: no token within the deadline",
-            e2e_s=time.perf_counter() - start,
-            token_times_s=tuple(times),
-        )
+        return _failed(prompt, "hang: no token within the deadline", start, times)
     except httpx.HTTPError as exc:
-        return RequestRecord(
-            prompt=prompt,
-            ok=False,
-            error=f"{type(exc).__name__}: {exc}",
-            e2e_s=time.perf_counter() - start,
-            token_times_s=tuple(times),
-        )
+        return _failed(prompt, f"{type(exc).__name__}: {exc}", start, times)
     except json.JSONDecodeError as exc:
-        return RequestRecord(
-            prompt=prompt,
-            ok=False,
-            error=f"bad stream chunk: {exc}",
-            e2e_s=time.perf_counter() - start,
-        )
+        return _failed(prompt, f"bad stream chunk: {exc}", start, times)
     e2e = time.perf_counter() - start
     n_tokens = usage_tokens if usage_tokens is not None else len(times)
     if not times:
@@ -188,6 +171,17 @@ async def stream_request(
         token_ids=tuple(ids),
         text="".join(text),
         output_tokens=int(n_tokens),
+    )
+
+
+def _failed(prompt: str, error: str, start: float, times: list[float]) -> RequestRecord:
+    """A request that did not complete, with whatever token times it had (never dropped)."""
+    return RequestRecord(
+        prompt=prompt,
+        ok=False,
+        error=error,
+        e2e_s=time.perf_counter() - start,
+        token_times_s=tuple(times),
     )
 
 

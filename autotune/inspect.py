@@ -265,6 +265,16 @@ class _Counts:
     quant: tuple[QuantStat, ...]
     tied: bool
 
+    def fact_fields(self) -> dict[str, Any]:
+        """The ModelFacts fields both readers (GGUF, HF) take straight from the counts."""
+        return {
+            "quant_types": self.quant,
+            "total_params": self.total_params,
+            "total_bytes": self.total_bytes,
+            "active_params_per_token": self.active_params,
+            "active_bytes_per_token": self.active_bytes,
+        }
+
 
 def _count(tensors: list[_Tensor], *, active_fraction: float, vocab: int) -> _Counts:
     """Totals and per-token active sums.
@@ -578,13 +588,9 @@ def _inspect_gguf(path: Path) -> ModelFacts:
         vocab_size=vocab,
         attention=attention,
         moe=moe,
-        quant_types=counts.quant,
         quantization=quantization,
         tensor_count=len(tensors),
-        total_params=counts.total_params,
-        total_bytes=counts.total_bytes,
-        active_params_per_token=counts.active_params,
-        active_bytes_per_token=counts.active_bytes,
+        **counts.fact_fields(),
         fused_projections=fused,
         tied_embeddings=counts.tied,
         notes=tuple(notes),
@@ -903,13 +909,9 @@ def _inspect_hf(folder: Path) -> ModelFacts:
         vocab_size=vocab,
         attention=attention,
         moe=moe,
-        quant_types=counts.quant,
         quantization=quantization,
         tensor_count=len(tensors),
-        total_params=counts.total_params,
-        total_bytes=counts.total_bytes,
-        active_params_per_token=counts.active_params,
-        active_bytes_per_token=counts.active_bytes,
+        **counts.fact_fields(),
         fused_projections=_hf_fused(tensors, attention),
         tied_embeddings=counts.tied,
         notes=tuple(notes),

@@ -109,6 +109,34 @@ class Engine(abc.ABC):
             PATCH_DIRS_ENV: os.pathsep.join(str(d) for d in self.spec.engine.patch_dirs),
         }
 
+    def _launch(
+        self,
+        argv: list[str],
+        base_env: Mapping[str, str],
+        settings: ServerSettings,
+        *,
+        host: str,
+        port: int,
+        api_key: str,
+        key_env: str,
+    ) -> LaunchConfig:
+        """The parts every engine shares: env layering (spec, then the trial's settings, then
+        the secret key and the patch selection) and the launch record itself."""
+        env = dict(base_env)
+        env.update(settings.env)
+        env[key_env] = api_key
+        env.update(self.patch_env(settings))
+        return LaunchConfig(
+            argv=tuple(argv),
+            env=env,
+            host=host,
+            port=port,
+            api_key=api_key,
+            served_model=self.spec.model.served_name,
+            health_path=self.spec.engine.health_path,
+            secret_env=(key_env,),
+        )
+
     @abc.abstractmethod
     def version(self) -> str:
         """The installed engine's version, recorded in every trial."""

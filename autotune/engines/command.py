@@ -48,18 +48,8 @@ class CommandEngine(Engine):
         argv += [self._fill(a, values) for a in self.spec.engine.args]
         argv += settings.flag_argv()
         env = {k: self._fill(v, values) for k, v in self.spec.engine.env.items()}
-        env.update(settings.env)
-        env["AUTOTUNE_API_KEY"] = api_key
-        env.update(self.patch_env(settings))
-        return LaunchConfig(
-            argv=tuple(argv),
-            env=env,
-            host=host,
-            port=port,
-            api_key=api_key,
-            served_model=self.spec.model.served_name,
-            health_path=self.spec.engine.health_path,
-            secret_env=("AUTOTUNE_API_KEY",),
+        return self._launch(
+            argv, env, settings, host=host, port=port, api_key=api_key, key_env="AUTOTUNE_API_KEY"
         )
 
     def validate_space(self, space) -> list[ValidationIssue]:

@@ -57,19 +57,14 @@ class VllmEngine(Engine):
             argv += ["--tokenizer", model.tokenizer]
         argv += list(self.spec.engine.args)
         argv += settings.flag_argv()
-        env = dict(self.spec.engine.env)
-        env.update(settings.env)
-        env["VLLM_API_KEY"] = api_key
-        env.update(self.patch_env(settings))
-        return LaunchConfig(
-            argv=tuple(argv),
-            env=env,
+        return self._launch(
+            argv,
+            self.spec.engine.env,
+            settings,
             host=host,
             port=port,
             api_key=api_key,
-            served_model=model.served_name,
-            health_path=self.spec.engine.health_path,
-            secret_env=("VLLM_API_KEY",),
+            key_env="VLLM_API_KEY",
         )
 
     def classify_failure(self, log_tail: str) -> str | None:
