@@ -19,6 +19,7 @@ Metrics are the median over repeats; the spread ((max - min) / median) is record
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import statistics
 import time
@@ -28,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from autotune.protocol import open_stream, sse_payloads
 from autotune.spec import WorkloadSpec
 
 #: inter-token gaps below this are "arrived together" rather than measured decode steps
@@ -47,6 +49,8 @@ class RequestRecord:
     token_ids: tuple[int, ...] = ()
     text: str = ""
     output_tokens: int = 0
+    #: no token arrived within the deadline (the request was given up, the phase ended)
+    hung: bool = False
 
     @property
     def itls_s(self) -> list[float]:
@@ -79,6 +83,8 @@ class RequestRecord:
 class PhaseResult:
     records: tuple[RequestRecord, ...]
     wall_s: float
+    #: the first hung request of the phase, which ended it (see :func:`run_phase`)
+    hang: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,8 @@ class BenchResult:
     errors: tuple[str, ...] = ()
     #: successful load-phase records, kept for the correctness-under-load check
     samples: tuple[RequestRecord, ...] = field(default=(), repr=False)
+    #: the first hung request (phase, request, deadline), which ended the benchmark, or None
+    hang: str | None = None
 
 
 async def stream_request(
@@ -101,10 +109,13 @@ async def stream_request(
     prompt: str,
     max_tokens: int,
     *,
-    read_timeout_s: float = 30.0,
-    total_timeout_s: float = 120.0,
+    read_timeout_s: float | None = 30.0,
 ) -> RequestRecord:
-    """Send one streaming completion and time every token. Never raises for server faults."""
+    """Send one streaming completion and time every token. Never raises for server faults.
+
+    ``read_timeout_s`` is the longest wait for any token (the first included): a request that
+    waits longer is recorded ``hung``; a slow request that keeps streaming never is.
+    """
     body = {
         "model": model,
         "prompt": prompt,
@@ -120,38 +131,41 @@ async def stream_request(
     ids: list[int] = []
     text: list[str] = []
     usage_tokens = None
-    timeout = httpx.Timeout(connect=10.0, read=read_timeout_s, write=10.0, pool=total_timeout_s)
     try:
-        async with asyncio.timeout(total_timeout_s):
-            async with client.stream(
-                "POST", "/v1/completions", json=body, timeout=timeout
-            ) as response:
-                if response.status_code != 200:
-                    detail = (await response.aread()).decode("utf-8", "replace")[:200]
-                    return RequestRecord(
-                        prompt=prompt,
-                        ok=False,
-                        error=f"http {response.status_code}: {detail}",
-                        e2e_s=time.perf_counter() - start,
-                    )
-                async for payload, now in _sse_events(response, start):
-                    if payload == b"[DONE]":
-                        break
-                    chunk = json.loads(payload)
-                    if chunk.get("usage") and not chunk.get("choices"):
-                        usage_tokens = chunk["usage"].get("completion_tokens")
-                        continue
-                    if chunk.get("usage"):
-                        usage_tokens = chunk["usage"].get("completion_tokens")
-                    for choice in chunk.get("choices") or []:
-                        new_ids = choice.get("token_ids") or []
-                        piece = choice.get("text") or ""
-                        count = len(new_ids) if new_ids else (1 if piece else 0)
-                        times.extend([now] * count)
-                        ids.extend(new_ids)
-                        text.append(piece)
+        async with open_stream(
+            client, "/v1/completions", body, deadline_s=read_timeout_s
+        ) as response:
+            if response.status_code != 200:
+                detail = (await response.aread()).decode("utf-8", "replace")[:200]
+                return RequestRecord(
+                    prompt=prompt,
+                    ok=False,
+                    error=f"http {response.status_code}: {detail}",
+                    e2e_s=time.perf_counter() - start,
+                )
+            async for payload, now in sse_payloads(
+                response, start, token_deadline_s=read_timeout_s
+            ):
+                if payload == b"[DONE]":
+                    break
+                chunk = json.loads(payload)
+                if chunk.get("usage") and not chunk.get("choices"):
+                    usage_tokens = chunk["usage"].get("completion_tokens")
+                    continue
+                if chunk.get("usage"):
+                    usage_tokens = chunk["usage"].get("completion_tokens")
+                for choice in chunk.get("choices") or []:
+                    new_ids = choice.get("token_ids") or []
+                    piece = choice.get("text") or ""
+                    count = len(new_ids) if new_ids else (1 if piece else 0)
+                    times.extend([now] * count)
+                    ids.extend(new_ids)
+                    text.append(piece)
     except (TimeoutError, httpx.TimeoutException):
-        return _failed(prompt, "hang: no token within the deadline", start, times)
+        waited = "the first token" if not times else f"token {len(times) + 1}"
+        error = f"hang: no token within {read_timeout_s:g} s (waiting for {waited})"
+        record = _failed(prompt, error, start, times)
+        return dataclasses.replace(record, hung=True)
     except httpx.HTTPError as exc:
         return _failed(prompt, f"{type(exc).__name__}: {exc}", start, times)
     except json.JSONDecodeError as exc:
@@ -185,25 +199,6 @@ def _failed(prompt: str, error: str, start: float, times: list[float]) -> Reques
     )
 
 
-async def _sse_events(response: httpx.Response, start: float):
-    """Yield (data payload, arrival time) of each server-sent event.
-
-    Raw bytes split by hand: ``aiter_lines`` decodes and re-splits text per chunk, and on a
-    machine where the server and this client share two cores that client CPU time was taken
-    from the server being measured.
-    """
-    buffer = b""
-    async for data in response.aiter_bytes():
-        now = time.perf_counter() - start
-        buffer += data
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line.startswith(b"data:"):
-                yield line[5:].strip(), now
-    if buffer.startswith(b"data:"):
-        yield buffer[5:].strip(), time.perf_counter() - start
-
-
 async def run_phase(
     client: httpx.AsyncClient,
     model: str,
@@ -212,10 +207,15 @@ async def run_phase(
     concurrency: int,
     max_tokens: int,
     *,
-    read_timeout_s: float,
-    total_timeout_s: float,
+    read_timeout_s: float | None,
+    phase: str = "load",
 ) -> PhaseResult:
-    """``num_requests`` requests, prompts taken round-robin, at most ``concurrency`` at once."""
+    """``num_requests`` requests, prompts taken round-robin, at most ``concurrency`` at once.
+
+    The first hung request ends the phase: the requests still in flight or queued are cancelled
+    (a hung server would make each of them wait its own deadline, one wave after another), and
+    the result's ``hang`` names the request, the phase and the deadline.
+    """
     semaphore = asyncio.Semaphore(concurrency)
 
     async def one(index: int) -> RequestRecord:
@@ -226,12 +226,25 @@ async def run_phase(
                 prompts[index % len(prompts)],
                 max_tokens,
                 read_timeout_s=read_timeout_s,
-                total_timeout_s=total_timeout_s,
             )
 
     start = time.perf_counter()
-    records = await asyncio.gather(*(one(i) for i in range(num_requests)))
-    return PhaseResult(records=tuple(records), wall_s=time.perf_counter() - start)
+    tasks = [asyncio.ensure_future(one(i)) for i in range(num_requests)]
+    hang = None
+    try:
+        for index, task in enumerate(tasks):
+            record = await task
+            if record.hung and hang is None:
+                hang = f"{phase} phase: request {index + 1} of {num_requests} ({record.error})"
+                break
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    records = [t.result() for t in tasks if t.done() and not t.cancelled()]
+    if hang is None:
+        hang = next((f"{phase} phase: {r.error}" for r in records if r.hung), None)
+    return PhaseResult(records=tuple(records), wall_s=time.perf_counter() - start, hang=hang)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -290,11 +303,17 @@ async def run_benchmark(
     on_repeat: Callable[[int, dict[str, float]], None] | None = None,
     hang_timeout_s: float | None = None,
 ) -> BenchResult:
-    """Warm up, then ``repeats`` x (single-request decode, load). See the module docstring."""
+    """Warm up, then ``repeats`` x (single-request decode, load). See the module docstring.
+
+    A hung request ends the benchmark at once (``BenchResult.hang``): a trial whose server went
+    silent costs one ``request_timeout_s``, not one per phase and wave.
+    """
     read_timeout = hang_timeout_s or workload.request_timeout_s
-    kwargs = {"read_timeout_s": read_timeout, "total_timeout_s": workload.request_timeout_s * 4}
     prompts = list(workload.prompts)
     all_records: list[RequestRecord] = []
+    repeats: list[dict[str, float]] = []
+    samples: list[RequestRecord] = []
+    hang = None
     if workload.warmup_requests:
         warm = await run_phase(
             client,
@@ -303,15 +322,26 @@ async def run_benchmark(
             workload.warmup_requests,
             min(workload.concurrency, workload.warmup_requests),
             workload.max_tokens,
-            **kwargs,
+            read_timeout_s=read_timeout,
+            phase="warm-up",
         )
         all_records += warm.records
-    repeats: list[dict[str, float]] = []
-    samples: list[RequestRecord] = []
-    for index in range(workload.repeats):
+        hang = warm.hang
+    for index in range(0 if hang else workload.repeats):
         single = await run_phase(
-            client, model, prompts, workload.single_requests, 1, workload.max_tokens, **kwargs
+            client,
+            model,
+            prompts,
+            workload.single_requests,
+            1,
+            workload.max_tokens,
+            read_timeout_s=read_timeout,
+            phase=f"single-request (repeat {index + 1})",
         )
+        all_records += single.records
+        if single.hang:
+            hang = single.hang
+            break
         load = await run_phase(
             client,
             model,
@@ -319,9 +349,13 @@ async def run_benchmark(
             workload.num_requests,
             workload.concurrency,
             workload.max_tokens,
-            **kwargs,
+            read_timeout_s=read_timeout,
+            phase=f"load (repeat {index + 1})",
         )
-        all_records += single.records + load.records
+        all_records += load.records
+        if load.hang:
+            hang = load.hang
+            break
         samples += [r for r in load.records if r.ok]
         metrics = summarize(single, load)
         repeats.append(metrics)
@@ -339,6 +373,7 @@ async def run_benchmark(
         failed_requests=len(failed),
         errors=tuple(sorted({r.error or "" for r in failed}))[:10],
         samples=tuple(samples),
+        hang=hang,
     )
 
 
@@ -349,4 +384,5 @@ def bench_summary(result: BenchResult) -> dict[str, Any]:
         "errors": list(result.errors),
         "spread": result.spread,
         "repeats": list(result.repeats),
+        "hang": result.hang,
     }

@@ -24,17 +24,29 @@ Policy (also in the README, "The correctness gate"):
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 
+from autotune.protocol import NoTokenWithin, StreamError, open_stream, sse_payloads
 from autotune.spec import CheckSpec
 
 #: the derived tolerance is this many times the largest drift the baseline showed itself
 TOLERANCE_MULTIPLIER = 4.0
+#: teacher-forced scoring: token ids with vLLM's ``prompt_logprobs``, or text with ``echo``
+TEACHER_PROMPT_LOGPROBS = "prompt_logprobs"
+TEACHER_ECHO = "echo"
+#: how outputs are compared, best first: token ids, per-token strings, the text itself
+COMPARE_TOKEN_IDS = "token_ids"
+COMPARE_TOKEN_STRINGS = "token_strings"
+COMPARE_TEXT = "text"
+_NO_READ_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=10.0, pool=None)
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,64 @@ class Completion:
     logprobs: tuple[float, ...] = ()
     margins: tuple[float | None, ...] = ()
     prompt_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What this server's answers let the gate check, learned from the baseline's answers.
+
+    Servers differ: vLLM returns token ids, per-token logprobs and scores a given continuation
+    (``prompt_logprobs``); llama.cpp, TGI, SGLang and most proxies return text, sometimes
+    per-token strings and logprobs, rarely ids. The gate compares with the best thing every
+    answer carries and says which: it never reports a check that could not run.
+    """
+
+    text: bool = True
+    token_ids: bool = True
+    token_strings: bool = True
+    token_logprobs: bool = True
+    top_logprobs: bool = True
+    teacher_forced: str | None = TEACHER_PROMPT_LOGPROBS
+
+    @property
+    def comparison(self) -> str:
+        if self.token_ids:
+            return COMPARE_TOKEN_IDS
+        if self.token_strings:
+            return COMPARE_TOKEN_STRINGS
+        return COMPARE_TEXT
+
+    def problem(self) -> str | None:
+        """Why nothing can be verified on this server, or None."""
+        if not self.text:
+            return (
+                "the server returns no text for the check prompts, so no output can be "
+                "verified; check engine.command / model.served_name and that /v1/completions "
+                "answers with choices[0].text"
+            )
+        return None
+
+    def notices(self) -> list[str]:
+        """One line per check this server's answers do not allow (warnings, not errors)."""
+        out = []
+        if not self.token_ids:
+            what = "per-token strings" if self.token_strings else "the text"
+            out.append(f"server returns no token ids; outputs are compared by {what}")
+        if not self.teacher_forced:
+            out.append(
+                "server scores no given continuation (neither prompt_logprobs nor echo with "
+                "logprobs); the teacher-forced logprob check is skipped"
+            )
+        if not self.top_logprobs:
+            out.append("server returns no top-2 logprobs; near-tie token flips are not excused")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Capabilities:
+        return cls(**data) if data else cls()
 
 
 @dataclass(frozen=True)
@@ -66,6 +136,10 @@ class Reference:
     tolerance: float
     drift_observed: float
     engine_version: str = ""
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    #: prompts whose baseline output differed between alone and batched (the baseline's own
+    #: nondeterminism; a check on such a server can flag correct configs)
+    unstable_prompts: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +154,8 @@ class Reference:
             "tolerance": self.tolerance,
             "drift_observed": self.drift_observed,
             "engine_version": self.engine_version,
+            "capabilities": self.capabilities.to_dict(),
+            "unstable_prompts": self.unstable_prompts,
         }
 
     @classmethod
@@ -103,6 +179,8 @@ class Reference:
             tolerance=float(data["tolerance"]),
             drift_observed=float(data["drift_observed"]),
             engine_version=data.get("engine_version", ""),
+            capabilities=Capabilities.from_dict(data.get("capabilities")),
+            unstable_prompts=int(data.get("unstable_prompts", 0)),
         )
 
 
@@ -132,6 +210,9 @@ class CheckResult:
     tie_flips: int = 0
     first_divergence: Divergence | None = None
     problems: tuple[str, ...] = field(default_factory=tuple)
+    #: the checks that actually ran, e.g. ``{"compared_by": "token_ids", "teacher_forced":
+    #: "prompt_logprobs", "sanity": True, "known_answers": 2}``; a check absent here never ran
+    checks: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -149,64 +230,156 @@ async def complete_greedy(
     max_tokens: int,
     *,
     ignore_eos: bool = False,
-    timeout_s: float = 60.0,
+    deadline_s: float | None = 60.0,
+    phase: str = "verification",
 ) -> Completion:
-    """A greedy, non-streaming completion with token ids and top-2 logprobs."""
-    body = {
+    """A greedy completion, streamed, with whatever the server gives beside the text.
+
+    Asks for token ids (vLLM's ``return_token_ids``) and top-2 logprobs. A server that refuses
+    the request (HTTP 400/422: a field it does not know, or vLLM refusing a runner-up logprob of
+    -inf) is asked again with top-1 logprobs, then with a plain OpenAI body; what the answer then
+    lacks is what :class:`Capabilities` records at the baseline. Streamed so that the deadline is
+    time without a token (``protocol.py``): a long answer from a slow config is not a hang.
+    """
+    body: dict[str, Any] = {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0.0,
+        "stream": True,
         "logprobs": 2,
         "return_token_ids": True,
         "ignore_eos": ignore_eos,
     }
-    response = await client.post("/v1/completions", json=body, timeout=timeout_s)
-    if response.status_code == 400 and "Out of range float" in response.text:
-        # A runner-up with probability 0 (logprob -inf, which JSON cannot carry) makes vLLM
-        # refuse the whole answer. Ask for the chosen tokens' logprobs only: without a finite
-        # runner-up there is no near-tie, which is what a missing margin means in compare().
-        body["logprobs"] = 1
-        response = await client.post("/v1/completions", json=body, timeout=timeout_s)
-    response.raise_for_status()
-    choice = response.json()["choices"][0]
-    lp = choice.get("logprobs") or {}
-    tokens = tuple(lp.get("tokens") or ())
-    logprobs = tuple(float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or ())
-    margins = tuple(_margin(top) for top in lp.get("top_logprobs") or ())
+    plain = {k: body[k] for k in ("model", "prompt", "max_tokens", "temperature", "stream")}
+    rejected: httpx.HTTPStatusError | None = None
+    for variant in (body, {**body, "logprobs": 1}, plain):
+        try:
+            return await _stream_completion(client, variant, deadline_s, phase)
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code not in (400, 422):
+                raise
+            rejected = exc
+    assert rejected is not None
+    raise rejected
+
+
+async def _stream_completion(
+    client: httpx.AsyncClient, body: dict[str, Any], deadline_s: float | None, phase: str
+) -> Completion:
+    prompt = body["prompt"]
+    text: list[str] = []
+    ids: list[int] = []
+    prompt_ids: list[int] = []
+    tokens: list[str] = []
+    logprobs: list[float] = []
+    margins: list[float | None] = []
+    try:
+        async with open_stream(client, "/v1/completions", body, deadline_s=deadline_s) as response:
+            if response.status_code != 200:
+                await response.aread()
+                response.raise_for_status()
+            async for payload, _now in sse_payloads(
+                response, time.perf_counter(), token_deadline_s=deadline_s
+            ):
+                if payload == b"[DONE]":
+                    break
+                chunk = json.loads(payload)
+                if chunk.get("error"):
+                    raise StreamError(f"the stream carried an error: {chunk['error']}")
+                for choice in chunk.get("choices") or []:
+                    text.append(choice.get("text") or "")
+                    ids.extend(choice.get("token_ids") or ())
+                    prompt_ids.extend(choice.get("prompt_token_ids") or ())
+                    lp = choice.get("logprobs") or {}
+                    tokens.extend(lp.get("tokens") or ())
+                    logprobs.extend(_finite(x) for x in lp.get("token_logprobs") or ())
+                    margins.extend(_margin(top) for top in lp.get("top_logprobs") or ())
+    except TimeoutError:
+        raise NoTokenWithin(phase, f"the request for prompt {prompt!r}", deadline_s or 0) from None
+    except json.JSONDecodeError as exc:
+        raise StreamError(f"a stream chunk was not JSON: {exc}") from None
     return Completion(
         prompt=prompt,
-        text=choice.get("text") or "",
-        token_ids=tuple(choice.get("token_ids") or ()),
-        tokens=tokens,
-        logprobs=logprobs,
-        margins=margins,
-        prompt_token_ids=tuple(choice.get("prompt_token_ids") or ()),
+        text="".join(text),
+        token_ids=tuple(ids),
+        tokens=tuple(tokens),
+        logprobs=tuple(logprobs),
+        margins=tuple(margins),
+        prompt_token_ids=tuple(prompt_ids),
     )
 
 
-def _margin(top: dict[str, float] | None) -> float | None:
+def _finite(value: float | None) -> float:
+    """A logprob as a float; JSON's null (how a -inf is serialised) becomes -inf."""
+    return float("-inf") if value is None else float(value)
+
+
+def _margin(top: dict[str, float | None] | None) -> float | None:
     if not top or len(top) < 2:
         return None
-    best = sorted(top.values(), reverse=True)
+    best = sorted((_finite(v) for v in top.values()), reverse=True)
+    if best[1] == float("-inf"):
+        return None  # no finite runner-up: no near-tie
     return float(best[0] - best[1])
 
 
+class TeacherUnsupported(Exception):
+    """The server cannot score a given continuation in this way (detected at the baseline)."""
+
+
 async def teacher_forced_logprobs(
-    client: httpx.AsyncClient, model: str, reference: Completion, *, timeout_s: float = 60.0
+    client: httpx.AsyncClient,
+    model: str,
+    reference: Completion,
+    *,
+    mode: str = TEACHER_PROMPT_LOGPROBS,
+    deadline_s: float | None = 60.0,
 ) -> tuple[float, ...]:
-    """Logprobs the server gives the reference continuation when it is fed back as prompt."""
-    ids = list(reference.prompt_token_ids) + list(reference.token_ids)
-    body = {
-        "model": model,
-        "prompt": ids,
-        "max_tokens": 1,
-        "temperature": 0.0,
-        "prompt_logprobs": 0,
-    }
-    response = await client.post("/v1/completions", json=body, timeout=timeout_s)
+    """Logprobs the server gives the reference continuation when it is fed back as prompt.
+
+    ``prompt_logprobs`` (vLLM): the prompt and continuation as token ids, scored exactly on the
+    reference's tokens. ``echo`` (the OpenAI legacy API: ``echo`` with ``logprobs``): the prompt
+    and continuation as text, scored on however the server tokenises it, which is the same for
+    the baseline and every trial of one server, so the two stay comparable.
+    """
+    if mode == TEACHER_PROMPT_LOGPROBS:
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": list(reference.prompt_token_ids) + list(reference.token_ids),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 0,
+        }
+    else:
+        body = {
+            "model": model,
+            "prompt": reference.prompt + reference.text,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "echo": True,
+            "logprobs": 1,
+        }
+    try:
+        async with asyncio.timeout(deadline_s):
+            response = await client.post("/v1/completions", json=body, timeout=_NO_READ_TIMEOUT)
+    except TimeoutError:
+        raise NoTokenWithin(
+            "verification",
+            f"teacher-forced scoring of prompt {reference.prompt!r}",
+            deadline_s or 0,
+        ) from None
     response.raise_for_status()
-    entries = response.json()["choices"][0].get("prompt_logprobs") or []
+    choice = (response.json().get("choices") or [{}])[0]
+    if mode == TEACHER_PROMPT_LOGPROBS:
+        return _from_prompt_logprobs(choice, reference)
+    return _from_echo(choice, reference)
+
+
+def _from_prompt_logprobs(choice: dict[str, Any], reference: Completion) -> tuple[float, ...]:
+    entries = choice.get("prompt_logprobs")
+    if not entries:
+        raise TeacherUnsupported("the answer has no prompt_logprobs")
     start = len(reference.prompt_token_ids)
     out = []
     for position, token_id in enumerate(reference.token_ids, start=start):
@@ -215,17 +388,31 @@ async def teacher_forced_logprobs(
         if entry:
             item = entry.get(str(token_id)) or entry.get(token_id)
             if item is not None:
-                value = item["logprob"] if isinstance(item, dict) else float(item)
-        out.append(float(value) if value is not None else float("-inf"))
+                value = item["logprob"] if isinstance(item, dict) else item
+        out.append(_finite(value))
     return tuple(out)
 
 
+def _from_echo(choice: dict[str, Any], reference: Completion) -> tuple[float, ...]:
+    lp = choice.get("logprobs") or {}
+    offsets = lp.get("text_offset") or []
+    values = lp.get("token_logprobs") or []
+    if not offsets or len(offsets) != len(values):
+        raise TeacherUnsupported("the echoed answer has no per-token offsets and logprobs")
+    begin = len(reference.prompt)
+    end = begin + len(reference.text)
+    scored = [_finite(v) for o, v in zip(offsets, values, strict=True) if begin <= o < end]
+    if not scored:
+        raise TeacherUnsupported("the echoed answer does not cover the continuation")
+    return tuple(scored)
+
+
 async def _gather_completions(
-    client, model, prompts, max_tokens, *, concurrent: bool, ignore_eos: dict[str, bool]
+    client, model, prompts, max_tokens, *, concurrent: bool, deadline_s: float | None
 ) -> list[Completion]:
     async def one(prompt: str) -> Completion:
         return await complete_greedy(
-            client, model, prompt, max_tokens[prompt], ignore_eos=ignore_eos[prompt]
+            client, model, prompt, max_tokens[prompt], ignore_eos=True, deadline_s=deadline_s
         )
 
     if concurrent:
@@ -240,26 +427,48 @@ async def collect_outputs(
     prompts: Sequence[str],
     *,
     concurrent: bool = False,
+    deadline_s: float | None = 60.0,
 ) -> tuple[dict[str, Completion], dict[str, tuple[float, ...]]]:
     """The trial's greedy completions and teacher-forced logprobs for ``prompts``."""
     max_tokens = {p: reference.max_tokens[p] for p in prompts}
-    ignore = {p: True for p in prompts}
     completions = await _gather_completions(
-        client, model, prompts, max_tokens, concurrent=concurrent, ignore_eos=ignore
+        client, model, prompts, max_tokens, concurrent=concurrent, deadline_s=deadline_s
     )
     teacher = {}
+    mode = reference.capabilities.teacher_forced
     for prompt in prompts:
         entry = reference.entries[prompt]
-        if entry.teacher_logprobs:
+        if mode and entry.teacher_logprobs:
             try:
-                teacher[prompt] = await teacher_forced_logprobs(client, model, entry.completion)
-            except httpx.HTTPStatusError as exc:
-                # A live server that cannot score the reference continuation (seen: a broken
-                # model whose logprobs are not finite, which JSON cannot carry) fails the gate.
-                teacher[prompt] = TeacherRejected(
-                    f"{exc.response.status_code}: {exc.response.text[:200]}"
+                teacher[prompt] = await teacher_forced_logprobs(
+                    client, model, entry.completion, mode=mode, deadline_s=deadline_s
                 )
+            except (httpx.HTTPStatusError, TeacherUnsupported) as exc:
+                # The baseline could score it, this config cannot (seen: a broken model whose
+                # logprobs are not finite, which JSON cannot carry): the gate fails it.
+                if isinstance(exc, httpx.HTTPStatusError):
+                    exc = f"{exc.response.status_code}: {exc.response.text[:200]}"
+                teacher[prompt] = TeacherRejected(str(exc))
     return {c.prompt: c for c in completions}, teacher
+
+
+async def _detect_teacher_mode(
+    client: httpx.AsyncClient, model: str, sample: Completion, deadline_s: float | None
+) -> str | None:
+    """Which way of teacher-forced scoring this server supports, tried on one completion."""
+    modes = [TEACHER_ECHO]
+    if sample.token_ids and sample.prompt_token_ids:
+        modes.insert(0, TEACHER_PROMPT_LOGPROBS)
+    for mode in modes:
+        try:
+            scored = await teacher_forced_logprobs(
+                client, model, sample, mode=mode, deadline_s=deadline_s
+            )
+        except (httpx.HTTPStatusError, TeacherUnsupported):
+            continue
+        if scored and all(math.isfinite(v) for v in scored):
+            return mode
+    return None
 
 
 async def record_reference(
@@ -270,43 +479,61 @@ async def record_reference(
     workload_max_tokens: int,
     *,
     engine_version: str = "",
+    deadline_s: float | None = 60.0,
 ) -> Reference:
     """Run the baseline's greedy outputs twice (alone, then batched) and pin the reference.
 
-    ``ignore_eos`` is set on every request so lengths are fixed and comparable.
+    ``ignore_eos`` is set on every request so lengths are fixed and comparable. What the answers
+    carry (token ids, per-token strings, logprobs, a way to teacher-force) is recorded as the
+    reference's :class:`Capabilities`: every later trial is judged with exactly those checks.
     """
     max_tokens = {p: check.max_tokens for p in check.prompts}
     for prompt in workload_prompts:
         max_tokens.setdefault(prompt, workload_max_tokens)
     prompts = list(max_tokens)
-    ignore = {p: True for p in prompts}
     alone = await _gather_completions(
-        client, model, prompts, max_tokens, concurrent=False, ignore_eos=ignore
+        client, model, prompts, max_tokens, concurrent=False, deadline_s=deadline_s
     )
     batched = await _gather_completions(
-        client, model, prompts, max_tokens, concurrent=True, ignore_eos=ignore
+        client, model, prompts, max_tokens, concurrent=True, deadline_s=deadline_s
     )
+    checked = [c for c in alone if c.prompt in check.prompts]
+    teacher_mode = None
+    if checked and checked[0].text:
+        teacher_mode = await _detect_teacher_mode(client, model, checked[0], deadline_s)
+    capabilities = Capabilities(
+        text=any(c.text.strip() for c in checked),
+        token_ids=all(c.token_ids for c in alone),
+        token_strings=all(c.tokens for c in alone),
+        token_logprobs=all(len(c.logprobs) == len(c.tokens) and c.tokens for c in alone),
+        top_logprobs=any(m is not None for c in alone for m in c.margins),
+        teacher_forced=teacher_mode,
+    )
+    method = capabilities.comparison
     drift = 0.0
+    unstable = 0
     for a, b in zip(alone, batched, strict=True):
-        common = _common_prefix(a.token_ids, b.token_ids)
-        for i in range(common):
-            drift = max(drift, abs(a.logprobs[i] - b.logprobs[i]))
-    entries: dict[str, ReferenceEntry] = {}
-    teacher_alone = {}
-    for completion in alone:
-        if completion.prompt in check.prompts:
+        common = _common_prefix(_units(a, method), _units(b, method))
+        if common < max(len(_units(a, method)), len(_units(b, method))):
+            unstable += 1
+        if capabilities.token_logprobs:
+            for i in range(min(common, len(a.logprobs), len(b.logprobs))):
+                drift = max(drift, abs(a.logprobs[i] - b.logprobs[i]))
+    teacher_alone: dict[str, tuple[float, ...]] = {}
+    if teacher_mode:
+        for completion in checked:
             teacher_alone[completion.prompt] = await teacher_forced_logprobs(
-                client, model, completion
+                client, model, completion, mode=teacher_mode, deadline_s=deadline_s
             )
-    teacher_batched = await asyncio.gather(
-        *(teacher_forced_logprobs(client, model, c) for c in alone if c.prompt in teacher_alone)
-    )
-    for first, second in zip(teacher_alone.values(), teacher_batched, strict=True):
-        drift = max(drift, _max_abs_diff(first, second))
-    for completion in alone:
-        entries[completion.prompt] = ReferenceEntry(
-            completion, teacher_alone.get(completion.prompt, ())
+        teacher_batched = await asyncio.gather(
+            *(
+                teacher_forced_logprobs(client, model, c, mode=teacher_mode, deadline_s=deadline_s)
+                for c in checked
+            )
         )
+        for first, second in zip(teacher_alone.values(), teacher_batched, strict=True):
+            drift = max(drift, _max_abs_diff(first, second))
+    entries = {c.prompt: ReferenceEntry(c, teacher_alone.get(c.prompt, ())) for c in alone}
     tolerance = check.logprob_tolerance
     if tolerance is None:
         tolerance = max(check.tolerance_floor, TOLERANCE_MULTIPLIER * drift)
@@ -316,6 +543,8 @@ async def record_reference(
         tolerance=float(tolerance),
         drift_observed=float(drift),
         engine_version=engine_version,
+        capabilities=capabilities,
+        unstable_prompts=unstable,
     )
 
 
@@ -358,35 +587,14 @@ def compare(
         if first is None:
             first = divergence
 
+    method = reference.capabilities.comparison
     for prompt, got in completions.items():
         ref = reference.entries[prompt].completion
-        position = _common_prefix(ref.token_ids, got.token_ids)
-        if position < max(len(ref.token_ids), len(got.token_ids)):
-            margin = ref.margins[position] if position < len(ref.margins) else None
-            if (
-                position < len(ref.token_ids)
-                and position < len(got.token_ids)
-                and margin is not None
-                and margin <= 2 * tol
-            ):
-                tie_flips += 1
-            else:
-                kind = (
-                    "token" if position < min(len(ref.token_ids), len(got.token_ids)) else "length"
-                )
-                fail(
-                    Divergence(
-                        prompt=prompt,
-                        position=position,
-                        kind=kind,
-                        expected_token=_token_at(ref, position),
-                        got_token=_token_at(got, position),
-                        expected_text=ref.text,
-                        got_text=got.text,
-                        detail=f"reference top-2 margin {margin}",
-                    ),
-                    f"{prompt!r}: token {position} differs",
-                )
+        divergence = _first_divergence(reference, ref, got, method)
+        if divergence == "tie_flip":
+            tie_flips += 1
+        elif divergence is not None:
+            fail(divergence, f"{prompt!r}: {divergence.kind} {divergence.position} differs")
         if isinstance(teacher.get(prompt), TeacherRejected):
             fail(
                 Divergence(
@@ -433,8 +641,10 @@ def compare(
                     ),
                     f"{prompt!r}: {problem}",
                 )
+    known = 0
     if check is not None:
         for answer in check.known_answers:
+            known += answer.prompt in completions
             got = completions.get(answer.prompt)
             if got is not None and not re.search(answer.expect, got.text):
                 fail(
@@ -455,34 +665,97 @@ def compare(
         tie_flips=tie_flips,
         first_divergence=first,
         problems=tuple(problems),
+        checks={
+            "compared_by": method,
+            "prompts": len(completions),
+            "teacher_forced": reference.capabilities.teacher_forced if teacher else None,
+            "sanity": True,
+            "known_answers": known,
+        },
     )
+
+
+def _units(completion: Completion, method: str) -> Sequence[Any]:
+    """The sequence a comparison walks: token ids, per-token strings, or characters."""
+    if method == COMPARE_TOKEN_IDS:
+        return completion.token_ids
+    if method == COMPARE_TOKEN_STRINGS:
+        return completion.tokens
+    return completion.text
+
+
+def _first_divergence(
+    reference: Reference, ref: Completion, got: Completion, method: str, kind_suffix: str = ""
+) -> Divergence | str | None:
+    """Where ``got`` first leaves ``ref``: None (equal), ``"tie_flip"`` (excused), or the
+    :class:`Divergence`. Tie flips need the reference's top-2 margin at that token, so they
+    exist only for token-wise comparisons of a server that gives top-2 logprobs."""
+    a, b = _units(ref, method), _units(got, method)
+    position = _common_prefix(a, b)
+    if position >= max(len(a), len(b)):
+        return None
+    both = position < min(len(a), len(b))
+    margin = None
+    if method != COMPARE_TEXT and position < len(ref.margins):
+        margin = ref.margins[position]
+    if both and margin is not None and margin <= 2 * reference.tolerance:
+        return "tie_flip"
+    detail = f"reference top-2 margin {margin}" if method != COMPARE_TEXT else ""
+    if method == COMPARE_TOKEN_IDS and not got.token_ids and got.text:
+        detail = "the answer carries no token ids (the baseline's did)"
+    if method == COMPARE_TEXT:
+        kind, expected, found = "text", _word_at(ref.text, position), _word_at(got.text, position)
+        detail = f"first differing character at offset {position}"
+    else:
+        kind = "token" if both else "length"
+        expected, found = _token_at(ref, position), _token_at(got, position)
+    return Divergence(
+        prompt=ref.prompt,
+        position=position,
+        kind=kind + kind_suffix,
+        expected_token=expected,
+        got_token=found,
+        expected_text=ref.text,
+        got_text=got.text,
+        detail=detail,
+    )
+
+
+def compare_under_load(
+    reference: Reference, prompt: str, token_ids: Sequence[int], text: str
+) -> tuple[Divergence | None, str]:
+    """One benchmark response against the reference (correctness under load).
+
+    Compared by token ids where both have them, else by the text (every server streams text).
+    Returns the divergence (or None) and the method used.
+    """
+    ref = reference.entries[prompt].completion
+    method = COMPARE_TOKEN_IDS if ref.token_ids and token_ids else COMPARE_TEXT
+    got = Completion(prompt=prompt, text=text, token_ids=tuple(token_ids))
+    divergence = _first_divergence(reference, ref, got, method, kind_suffix="_under_load")
+    return (None if divergence in (None, "tie_flip") else divergence), method
+
+
+def _word_at(text: str, offset: int) -> str:
+    """The whitespace-delimited word around ``offset`` (evidence for a text divergence)."""
+    if offset >= len(text):
+        return "<end of text>"
+    start = text.rfind(" ", 0, offset + 1)
+    start = 0 if start < 0 else start
+    if start == offset and text[offset] == " ":
+        start = offset
+    end = text.find(" ", offset + 1)
+    return text[start : len(text) if end < 0 else end]
 
 
 def compare_tokens(
     reference: Reference, prompt: str, token_ids: Sequence[int], text: str
 ) -> Divergence | None:
-    """Token-only comparison for benchmark responses (correctness under load)."""
+    """Token-id comparison of one benchmark response (see :func:`compare_under_load`)."""
     ref = reference.entries[prompt].completion
-    position = _common_prefix(ref.token_ids, tuple(token_ids))
-    if position >= max(len(ref.token_ids), len(token_ids)):
-        return None
-    margin = ref.margins[position] if position < len(ref.margins) else None
-    if (
-        position < min(len(ref.token_ids), len(token_ids))
-        and margin is not None
-        and margin <= 2 * reference.tolerance
-    ):
-        return None
-    got_id = token_ids[position] if position < len(token_ids) else None
-    return Divergence(
-        prompt=prompt,
-        position=position,
-        kind="token_under_load",
-        expected_token=_token_at(ref, position),
-        got_token=f"id:{got_id}",
-        expected_text=ref.text,
-        got_text=text,
-    )
+    got = Completion(prompt=prompt, text=text, token_ids=tuple(token_ids))
+    divergence = _first_divergence(reference, ref, got, COMPARE_TOKEN_IDS, "_under_load")
+    return None if divergence in (None, "tie_flip") else divergence
 
 
 def _token_at(completion: Completion, position: int) -> str | None:

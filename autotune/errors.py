@@ -26,6 +26,7 @@ CANDIDATE_REASONS: dict[str, str] = {
     "hang": "no token arrived within the request deadline",
     "request_errors": "too many requests failed during the benchmark",
     "incorrect_output": "the output diverged from the pinned reference",
+    "unverifiable": "the server's answers carry nothing the gate can check (e.g. no text)",
     "patch_failed": "a selected patch could not be applied",
     "constraint_violated": "the sampled parameters violate a search-space constraint",
     "duplicate": "another worker is running the same parameters right now (not launched)",

@@ -38,13 +38,14 @@ from autotune.check import (
     Reference,
     collect_outputs,
     compare,
-    compare_tokens,
+    compare_under_load,
     record_reference,
     sanity_problem,
 )
 from autotune.client import build_client
 from autotune.engines.base import Engine, ServerSettings
 from autotune.errors import CandidateError, InfrastructureError, TrialFailure
+from autotune.protocol import NoTokenWithin, StreamError
 from autotune.server import ServerProcess
 from autotune.spec import StudySpec
 
@@ -257,6 +258,16 @@ class TrialRunner:
             exc.evidence.setdefault("log_tail", server.log_tail())
             exc.evidence.setdefault("exit_code", server.exit_code())
             raise
+        except NoTokenWithin as exc:
+            # The first request that went silent ends the trial: one deadline, not one per
+            # request still queued behind it.
+            if not server.alive():
+                raise server.failure("server_crashed", f"server died: {exc}") from None
+            raise server.failure("hang", str(exc)) from None
+        except StreamError as exc:
+            if not server.alive():
+                raise server.failure("server_crashed", f"server died: {exc}") from None
+            raise server.failure("request_errors", f"verification: {exc}") from None
         except (httpx.TransportError, httpx.HTTPStatusError) as exc:
             if not server.alive():
                 raise server.failure("server_crashed", f"server died: {exc}") from None
@@ -295,7 +306,12 @@ class TrialRunner:
                 spec.workload.prompts,
                 spec.workload.max_tokens,
                 engine_version=self.ctx.engine.version(),
+                deadline_s=spec.workload.request_timeout_s,
             )
+            unverifiable = reference.capabilities.problem()
+            if unverifiable:
+                # Verify or refuse: a study whose gate could check nothing must not start.
+                raise CandidateError("unverifiable", unverifiable)
             for prompt, entry in reference.entries.items():
                 problem = sanity_problem(entry.completion.text, entry.completion.token_ids)
                 if problem and prompt in spec.check.prompts:
@@ -314,7 +330,13 @@ class TrialRunner:
         self, client: httpx.AsyncClient, model: str, reference: Reference, server: ServerProcess
     ) -> CheckResult:
         prompts = [p for p in self.ctx.spec.check.prompts if p in reference.entries]
-        completions, teacher = await collect_outputs(client, model, reference, prompts)
+        completions, teacher = await collect_outputs(
+            client,
+            model,
+            reference,
+            prompts,
+            deadline_s=self.ctx.spec.workload.request_timeout_s,
+        )
         return compare(reference, completions, teacher, self.ctx.spec.check)
 
     async def _benchmark(
@@ -336,6 +358,10 @@ class TrialRunner:
 
         bench = await run_benchmark(client, model, workload, on_repeat=on_repeat)
         trial.set_user_attr(keys.BENCH, bench_summary(bench))
+        if bench.hang:
+            if not server.alive():
+                raise server.failure("server_crashed", f"server died: {bench.hang}")
+            raise server.failure("hang", bench.hang)
         if bench.failed_requests:
             fraction = bench.failed_requests / max(1, bench.total_requests)
             if not server.alive():
@@ -355,26 +381,37 @@ class TrialRunner:
     def _check_under_load(
         self, trial: optuna.Trial, reference: Reference, bench: BenchResult
     ) -> None:
-        """Benchmark responses, at the batch shapes where batching bugs live, vs the reference."""
+        """Benchmark responses, at the batch shapes where batching bugs live, vs the reference.
+
+        Each response is compared by token ids where it and the reference have them, else by
+        its text. The stored count is of responses actually compared, never of responses seen.
+        """
         sample = [r for r in bench.samples if r.prompt in reference.entries]
         sample = sample[: self.ctx.spec.check.under_load_sample]
         divergences = []
+        methods: dict[str, int] = {}
         for record in sample:
-            if not record.token_ids:
-                continue
-            divergence = compare_tokens(reference, record.prompt, record.token_ids, record.text)
+            divergence, method = compare_under_load(
+                reference, record.prompt, record.token_ids, record.text
+            )
+            methods[method] = methods.get(method, 0) + 1
             if divergence is not None:
                 divergences.append(divergence)
         check = dict(trial.user_attrs.get(keys.CHECK) or {})
         check["under_load_checked"] = len(sample)
+        check["under_load_compared_by"] = methods
         check["under_load_divergent"] = len(divergences)
+        if not sample:
+            check["under_load_skipped"] = (
+                "no benchmark response used a reference prompt (workload.prompts)"
+            )
         trial.set_user_attr(keys.CHECK, check)
         if divergences:
             first = divergences[0]
             raise CandidateError(
                 "incorrect_output",
                 f"{len(divergences)} of {len(sample)} benchmark responses "
-                f"diverged under load (first at token {first.position})",
+                f"diverged under load (first at {first.kind} {first.position})",
                 evidence={"first_divergence": asdict(first)},
             )
 

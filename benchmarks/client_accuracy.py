@@ -88,7 +88,6 @@ async def autotune_round(
             concurrency,
             max_tokens,
             read_timeout_s=60.0,
-            total_timeout_s=240.0,
         )
     failed = [r for r in load.records if not r.ok]
     if failed:

@@ -157,9 +157,14 @@ def test_teacher_forced_scoring_the_server_rejects_fails_the_gate():
     assert "rejected teacher-forced scoring" in result.first_divergence.detail
 
 
+def _sse(*chunks: dict) -> bytes:
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + (
+        b"data: [DONE]\n\n"
+    )
+
+
 def test_greedy_request_survives_a_runner_up_with_zero_probability():
     import asyncio
-    import json as _json
 
     import httpx
 
@@ -168,8 +173,9 @@ def test_greedy_request_survives_a_runner_up_with_zero_probability():
     asked = []
 
     def handler(request):
-        body = _json.loads(request.content)
-        asked.append(body["logprobs"])
+        body = json.loads(request.content)
+        asked.append(body.get("logprobs"))
+        assert body["stream"] is True and body["temperature"] == 0.0
         if body["logprobs"] == 2:  # what vLLM answers when a top-2 logprob is -inf
             return httpx.Response(
                 400, json={"error": {"message": "Out of range float values are not JSON compliant"}}
@@ -184,7 +190,7 @@ def test_greedy_request_survives_a_runner_up_with_zero_probability():
                 "top_logprobs": [{" four": -0.01}],
             },
         }
-        return httpx.Response(200, json={"choices": [choice]})
+        return httpx.Response(200, content=_sse({"choices": [choice]}))
 
     async def go():
         transport = httpx.MockTransport(handler)
@@ -194,3 +200,4 @@ def test_greedy_request_survives_a_runner_up_with_zero_probability():
     completion = asyncio.run(go())
     assert asked == [2, 1]
     assert completion.token_ids == (7,) and completion.margins == (None,)
+    assert completion.prompt_token_ids == (1, 2) and completion.text == " four"

@@ -41,6 +41,8 @@ FAULTS = (
     "flaky_500",
     "healthy_but_broken",
     "wrong_text",
+    "corrupt_words",
+    "hang_in_bench",
     "ignore_sigterm",
 )
 EXPECTED = {
@@ -57,6 +59,10 @@ EXPECTED = {
     "flaky_500": "request_errors",
     "healthy_but_broken": "startup_failed",
     "wrong_text": "incorrect_output",
+    # fluent but wrong (sane text): only the comparison with the reference catches it
+    "corrupt_words": "incorrect_output",
+    # verified, then silent under load: one deadline, named in the detail
+    "hang_in_bench": "hang",
     "ignore_sigterm": None,  # healthy apart from SIGTERM: the trial completes
 }
 STARTUP_S = 4.0
@@ -271,6 +277,16 @@ def test_fault_details(matrix) -> None:
     assert divergence["expected_text"] and divergence["got_text"]
     assert divergence["expected_text"] != divergence["got_text"]
     assert divergence["prompt"] in ("1 2 3", "a b c")
+    corrupt = attrs("corrupt_words")
+    assert corrupt[keys.CORRECT] is False and keys.METRICS not in corrupt
+    divergence = corrupt[keys.EVIDENCE]["first_divergence"]
+    assert (divergence["kind"], divergence["position"]) == ("token", 6)  # every 7th word
+    # The first silent request ends the benchmark: one deadline, named with its phase.
+    hung = attrs("hang_in_bench")
+    assert hung[keys.FAIL_DETAIL].startswith("warm-up phase: request 1 of 1")
+    assert f"no token within {REQUEST_TIMEOUT_S:g} s" in hung[keys.FAIL_DETAIL]
+    assert hung[keys.BENCH]["failed_requests"] == 1 and hung[keys.BENCH]["hang"]
+    assert hung[keys.CHECK]["passed"] is True  # verified first, silent only under load
 
 
 def test_hang_and_sigterm_are_bounded(matrix) -> None:

@@ -54,6 +54,17 @@ Faults (``--fault NAME`` or env ``FAKE_FAULT``), each mimicking a failure real e
 * ``ignore_sigterm``: SIGTERM is ignored (server and child); only SIGKILL stops it.
 * ``healthy_but_broken``: ``/health`` 200, every completion 500 (vLLM's CPU head_dim case).
 * ``unknown_flag``: rejects its arguments like argparse does: exit 2, "unrecognized arguments".
+* ``corrupt_words``: fluent but wrong: every 7th generated token is the runner-up instead of the
+  greedy choice (sane text, scored logprobs unchanged); only a comparison with the reference
+  sees it.
+* ``no_text``: every answer's text is empty (token ids and logprobs as usual).
+* ``hang_in_bench``: benchmark requests (streamed with ``stream_options.include_usage``) are
+  accepted and never answered; readiness and verification requests are served.
+
+``--dialect`` chooses the response fields: ``vllm`` (default: ``token_ids``,
+``prompt_token_ids``, ``prompt_logprobs``), ``openai`` (the plain OpenAI completions API: text,
+``logprobs`` with per-token strings, ``echo``; vLLM's extra fields are ignored, as llama.cpp,
+TGI or a proxy would), ``text`` (text only: no logprobs, no ids, no echo).
 
 Unknown command-line arguments are rejected (exit 2), as vLLM's parser does. ``--spawn-child``
 starts a child process in the server's process group, named like vLLM's ``EngineCore`` (via
@@ -94,7 +105,13 @@ FAULTS = (
     "ignore_sigterm",
     "healthy_but_broken",
     "unknown_flag",
+    "corrupt_words",
+    "no_text",
+    "hang_in_bench",
 )
+#: which response fields the server speaks: vLLM's (token ids, prompt_logprobs), the plain
+#: OpenAI completions API (text, logprobs, echo), or text only (what many proxies return)
+DIALECTS = ("vllm", "openai", "text")
 SIMULATIONS = ("glm5-8gpu",)
 MAX_LOGPROBS = 20
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
@@ -160,6 +177,7 @@ class ServerOptions:
     time_scale: float
     sim_noise: float
     sim_seed: int | None
+    dialect: str = "vllm"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply every sleep by this")
     p.add_argument("--sim-noise", type=float, default=0.05, help="run-level noise (std dev)")
     p.add_argument("--sim-seed", type=int, default=None, help="noise seed (default: random)")
+    p.add_argument("--dialect", choices=DIALECTS, default="vllm", help="response fields spoken")
     return p
 
 
@@ -247,6 +266,7 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         time_scale=ns.time_scale,
         sim_noise=ns.sim_noise,
         sim_seed=ns.sim_seed,
+        dialect=ns.dialect,
     )
 
 
@@ -375,6 +395,7 @@ class Engine:
         wrong_from: int | None,
         drift: bool,
         crash_after: int | None,
+        corrupt_every: int | None = None,
     ) -> None:
         self.model = model
         self.step_cost_ms = step_cost_ms
@@ -385,6 +406,7 @@ class Engine:
         self.wrong_from = wrong_from
         self.drift = drift
         self.crash_after = crash_after
+        self.corrupt_every = corrupt_every
         self.waiting: deque[GenRequest] = deque()
         self.running: list[GenRequest] = []
         self.stats = EngineStats()
@@ -457,6 +479,9 @@ class Engine:
             chosen = self.model.sample(
                 context, request.temperature, request.rng, broken=broken, drift=self.drift
             )
+            every = self.corrupt_every
+            if every and len(request.generated) % every == every - 1:
+                chosen = top[1]  # fluent but wrong: the runner-up
             request.generated.append(chosen.token_id)
             self.stats.tokens += 1
             finish: str | None = None
@@ -494,6 +519,7 @@ class CompletionParams:
     return_token_ids: bool
     ignore_eos: bool
     seed: int | None
+    echo: bool = False
 
 
 def _error(status: int, message: str, kind: str) -> Any:
@@ -636,7 +662,7 @@ class FakeServer:
                 "configuration: head_dim=16",
                 "InternalServerError",
             )
-        if fault == "hang":
+        if fault == "hang" or (fault == "hang_in_bench" and params.include_usage):
             await asyncio.Event().wait()  # never set: the request is accepted and never answered
         rng = random.Random(params.seed if params.seed is not None else random.getrandbits(64))
         gen = GenRequest(
@@ -700,6 +726,14 @@ class FakeServer:
             raise BadRequest("prompt_logprobs is not supported with stream=true")
         stream_options = body.get("stream_options") or {}
         seed = body.get("seed")
+        dialect = self.opts.dialect
+        if dialect != "vllm":  # vLLM's own fields are unknown here: ignored, as proxies do
+            prompt_logprobs = None
+        if dialect == "text":
+            logprobs = None
+        echo = dialect == "openai" and bool(body.get("echo", False))
+        if echo and stream:
+            raise BadRequest("echo is not supported with stream=true")
         return CompletionParams(
             prompt_ids=prompt_ids,
             max_tokens=max_tokens,
@@ -708,9 +742,10 @@ class FakeServer:
             include_usage=bool(stream_options.get("include_usage", False)),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
-            return_token_ids=bool(body.get("return_token_ids", False)),
+            return_token_ids=dialect == "vllm" and bool(body.get("return_token_ids", False)),
             ignore_eos=bool(body.get("ignore_eos", False)),
             seed=seed if isinstance(seed, int) else (self.opts.seed if temperature > 0 else None),
+            echo=echo,
         )
 
     def _logprobs_block(self, events: list[TokenEvent], k: int, offset: int) -> dict[str, Any]:
@@ -767,14 +802,18 @@ class FakeServer:
         created: int,
     ) -> dict[str, Any]:
         token_ids = [e.chosen.token_id for e in events]
+        text = self._text(token_ids)
+        logprobs = None
+        if params.logprobs is not None:
+            logprobs = self._logprobs_block(events, params.logprobs, 0)
+        if params.echo:
+            text = self.model.decode(gen.prompt_ids) + text
+            if logprobs is not None:
+                logprobs = self._echo_logprobs(gen.prompt_ids, logprobs)
         choice: dict[str, Any] = {
             "index": 0,
-            "text": self.model.decode(token_ids),
-            "logprobs": (
-                self._logprobs_block(events, params.logprobs, 0)
-                if params.logprobs is not None
-                else None
-            ),
+            "text": text,
+            "logprobs": logprobs,
             "finish_reason": events[-1].finish_reason,
             "stop_reason": None,
             "token_ids": token_ids if params.return_token_ids else None,
@@ -807,7 +846,7 @@ class FakeServer:
                 token = event.chosen.token_id
                 choice: dict[str, Any] = {
                     "index": 0,
-                    "text": self.model.decode([token]),
+                    "text": self._text([token]),
                     "logprobs": None,
                     "finish_reason": event.finish_reason,
                     "stop_reason": None,
@@ -829,6 +868,33 @@ class FakeServer:
         finally:
             if not gen.events.empty() or len(gen.generated) < gen.max_tokens:
                 gen.cancelled = True  # client went away: free the slot
+
+    def _text(self, token_ids: list[int]) -> str:
+        return "" if self.opts.fault == "no_text" else self.model.decode(token_ids)
+
+    def _echo_logprobs(self, prompt_ids: list[int], generated: dict[str, Any]) -> dict[str, Any]:
+        """The OpenAI ``echo`` shape: the prompt's tokens (the first unscored) before the
+        generated ones, offsets counted from the start of the prompt's text."""
+        tokens, values, tops, offsets = [], [], [], []
+        offset = 0
+        for i, token_id in enumerate(prompt_ids):
+            token = self.model.token_str(token_id)
+            tokens.append(token)
+            offsets.append(offset)
+            offset += len(token)
+            if i == 0:
+                values.append(None)
+                tops.append(None)
+                continue
+            scored = self.model.score(prompt_ids[:i], token_id, drift=self.engine.drift)
+            values.append(scored.logprob)
+            tops.append({token: scored.logprob})
+        return {
+            "text_offset": offsets + [offset + o for o in generated["text_offset"]],
+            "token_logprobs": values + generated["token_logprobs"],
+            "tokens": tokens + generated["tokens"],
+            "top_logprobs": tops + generated["top_logprobs"],
+        }
 
 
 def _optional_count(body: dict[str, Any], key: str) -> int | None:
@@ -944,6 +1010,7 @@ def build_engine(opts: ServerOptions, env: dict[str, str]) -> tuple[Engine, dict
         wrong_from=wrong_from,
         drift=opts.kv_cache_dtype.startswith("fp8"),
         crash_after=crash_after,
+        corrupt_every=7 if fault == "corrupt_words" else None,
     )
     return engine, sim
 

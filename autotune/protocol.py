@@ -1,0 +1,87 @@
+"""Reading an OpenAI-compatible server's streamed answers under a deadline measured per token.
+
+Both the gate (``check.py``) and the benchmark client (``bench.py``) stream their requests, so
+one rule bounds every request autotune sends: a request is hung when **no token** (no
+server-sent event) arrived for ``request_timeout_s``. A slow server that keeps producing tokens is
+never called hung, however long its answer; a server that accepted the request and went silent
+is found after exactly one deadline, whatever transport carries the bytes (the rule is enforced
+with ``asyncio.timeout``, not by the HTTP library's read timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+
+class NoTokenWithin(Exception):
+    """A request got no token for ``deadline_s``: names the phase, the request and the deadline."""
+
+    def __init__(self, phase: str, request: str, deadline_s: float) -> None:
+        self.phase = phase
+        self.request = request
+        self.deadline_s = deadline_s
+        super().__init__(
+            f"{phase}: {request} got no token within {deadline_s:g} s (workload.request_timeout_s)"
+        )
+
+
+async def sse_payloads(
+    response: httpx.Response, start: float, *, token_deadline_s: float | None = None
+) -> AsyncIterator[tuple[bytes, float]]:
+    """Yield (data payload, arrival time since ``start``) of each server-sent event.
+
+    Raw bytes split by hand: ``aiter_lines`` decodes and re-splits text per chunk, and on a
+    machine where the server and the client share two cores that client CPU time was taken from
+    the server being measured. With ``token_deadline_s``, raises ``TimeoutError`` when no bytes
+    arrive for that long (the caller turns it into :class:`NoTokenWithin` with its own names).
+    """
+    buffer = b""
+    chunks = response.aiter_bytes()
+    while True:
+        try:
+            # One deadline per chunk, never spanning a ``yield``: a timeout that fired while the
+            # consumer held the event would cancel the consumer instead of raising here.
+            async with asyncio.timeout(token_deadline_s):
+                data = await anext(chunks)
+        except StopAsyncIteration:
+            break
+        now = time.perf_counter() - start
+        buffer += data
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.startswith(b"data:"):
+                yield line[5:].strip(), now
+    if buffer.startswith(b"data:"):
+        yield buffer[5:].strip(), time.perf_counter() - start
+
+
+#: connect/write bounds of a streamed request; reading is bounded per token by the caller
+_STREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=10.0, pool=None)
+
+
+@contextlib.asynccontextmanager
+async def open_stream(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], *, deadline_s: float | None
+) -> AsyncIterator[httpx.Response]:
+    """POST ``body`` and hand back the streaming response once its headers arrived.
+
+    The wait for the headers counts as waiting for the first token (a server that accepted the
+    request and never answers sends none): it raises ``TimeoutError`` after ``deadline_s``.
+    """
+    request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
+    async with asyncio.timeout(deadline_s):
+        response = await client.send(request, stream=True)
+    try:
+        yield response
+    finally:
+        await response.aclose()
+
+
+class StreamError(Exception):
+    """A streamed answer that broke the protocol (an error event, a chunk that is not JSON)."""
