@@ -780,3 +780,33 @@ def _max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
         abs(x - y) for x, y in zip(a, b, strict=False) if x != float("-inf") and y != float("-inf")
     ]
     return max(diffs, default=0.0)
+
+
+def describe_checks(check: dict[str, Any] | None) -> str:
+    """One line naming the checks a trial's output actually passed (from its stored ``check``).
+
+    Shown by ``show`` and written in the export header, so a reader knows what "verified" meant
+    on this server: a check that did not run is not named.
+    """
+    if not check or not check.get("passed"):
+        return "not verified"
+    ran = check.get("checks") or {}
+    by = {
+        COMPARE_TOKEN_IDS: "token ids",
+        COMPARE_TOKEN_STRINGS: "per-token strings",
+        COMPARE_TEXT: "text",
+    }
+    parts = [
+        f"{by.get(ran.get('compared_by'), 'token ids')} ({check.get('prompts_checked')} prompts)"
+    ]
+    if ran.get("teacher_forced"):
+        parts.append(f"teacher-forced logprobs ({ran['teacher_forced']})")
+    if ran.get("sanity", True):
+        parts.append("sanity")
+    if ran.get("known_answers"):
+        parts.append(f"{ran['known_answers']} known answers")
+    compared = check.get("under_load_compared_by") or {}
+    if compared:
+        how = ", ".join(f"{n} by {by.get(m, m)}" for m, n in sorted(compared.items()))
+        parts.append(f"under load ({how})")
+    return "; ".join(parts)

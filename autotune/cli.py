@@ -286,6 +286,12 @@ class _LiveView:
         self.phase = "done"
         self.refresh()
         console.print(f"trial {outcome.number} \\[{outcome.role}]: {outcome.verdict} {values}")
+        if outcome.role == "baseline" and outcome.verdict == "correct":
+            from autotune import storage as keys
+
+            reference = study.user_attrs.get(keys.REFERENCE) or {}
+            for notice in _gate_notices(reference.get("capabilities")):
+                console.print(f"[yellow]gate:[/] {notice}")
 
 
 def _short(value: object) -> str:
@@ -296,7 +302,14 @@ def _short(value: object) -> str:
     return str(value)
 
 
+def _gate_notices(capabilities: dict | None) -> list[str]:
+    from autotune.check import Capabilities
+
+    return Capabilities.from_dict(capabilities).notices() if capabilities else []
+
+
 def _print_report(storage_url: str, study_name: str, *, limit: int | None = None) -> None:
+    from autotune.check import describe_checks
     from autotune.report import load_report
 
     report = load_report(storage_url, study_name)
@@ -339,6 +352,8 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
             f"{report.reference['tolerance']:.4f} (baseline drift "
             f"{report.reference['drift_observed']:.4f})"
         )
+        for notice in _gate_notices(report.reference.get("capabilities")):
+            console.print(f"[yellow]gate:[/] {notice}")
     roofline = report.attrs.get("roofline")
     if roofline and report.best:
         best_row = next(r for r in report.rows if r.number == report.best[0])
@@ -355,6 +370,9 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
         _print_ablation(report.attrs["ablation"])
     if report.best:
         console.print(f"best (verified correct): trial {', '.join(map(str, report.best))}")
+        for number in report.best:
+            checks = next(r.checks for r in report.rows if r.number == number)
+            console.print(f"  trial {number} passed: {describe_checks(checks)}")
     else:
         console.print("no verified correct trial yet")
 

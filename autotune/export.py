@@ -18,6 +18,7 @@ import optuna
 import yaml
 
 from autotune import storage as keys
+from autotune.check import describe_checks
 from autotune.engines import build_engine
 from autotune.errors import SpecError
 from autotune.report import best_trials
@@ -46,6 +47,7 @@ def export_trial(spec: StudySpec, trial: optuna.trial.FrozenTrial, out: Path) ->
         number=trial.number,
         metrics=metrics,
         title=f"trial {trial.number} (verified correct against the baseline's reference)",
+        verified=describe_checks(trial.user_attrs.get(keys.CHECK)),
     )
 
 
@@ -57,6 +59,7 @@ def export_values(
     title: str,
     number: int = -1,
     metrics: dict[str, float] | None = None,
+    verified: str | None = None,
 ) -> ExportResult:
     """Write parameter ``values`` as the engine's config file, with env and launch command."""
     engine = build_engine(spec)
@@ -68,6 +71,8 @@ def export_values(
     command = engine.launch_command(settings, str(out))
     metrics = metrics or {}
     header = [f"# autotune export: study {spec.name}, {title}"]
+    if verified:
+        header.append(f"# Checks passed: {verified}")
     for name in spec.objective.metrics:
         if name in metrics:
             header.append(f"#   {name}: {metrics[name]}")

@@ -30,6 +30,8 @@ class TrialRow:
     startup_s: float | None
     feasible: bool
     is_best: bool = False
+    #: the stored gate record (``check`` attribute): which checks ran and passed
+    checks: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ def row_of(trial: FrozenTrial, best: set[int]) -> TrialRow:
         startup_s=server.get("startup_s"),
         feasible=is_verified_feasible(trial),
         is_best=trial.number in best,
+        checks=dict(trial.user_attrs.get(keys.CHECK) or {}),
     )
 
 
@@ -153,6 +156,7 @@ def report_of(study: optuna.Study) -> StudyReport:
             "tolerance": reference["tolerance"],
             "drift_observed": reference["drift_observed"],
             "prompts": len(reference["entries"]),
+            "capabilities": reference.get("capabilities"),
         }
         if reference
         else None,

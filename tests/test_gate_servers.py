@@ -1,0 +1,185 @@
+"""The gate verifies or refuses, whatever the server returns (fake server dialects).
+
+A server that returns text but no token ids (llama.cpp, TGI, SGLang, most proxies) used to be
+"verified" by comparing two empty id lists. Each dialect of the test double is run through the
+real study loop: a config that corrupts every 7th word is ``incorrect_output``, never measured,
+never best; a harmless change passes with the checks the server allows, and the stored record
+says which ran. A server that returns no text stops the study at its baseline.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from autotune import storage as keys
+from autotune.errors import PreflightError
+from autotune.report import best_trials, is_verified_feasible
+from autotune.spec import load_spec
+from autotune.study import RunOptions, open_study, run_study
+from tests.conftest import autotune_cmd, write_fake_spec
+
+SPACE = """
+parameters:
+  fault:
+    type: categorical
+    choices: [null, corrupt_words]
+    baseline: null
+    target: {flag: --fault}
+  max_num_seqs:
+    type: categorical
+    choices: [4, 16]
+    baseline: 16
+    target: {flag: --max-num-seqs}
+"""
+
+#: dialect -> (how outputs are compared, teacher-forced scoring mode)
+DIALECTS = {
+    "vllm": ("token_ids", "prompt_logprobs"),
+    "openai": ("token_strings", "echo"),
+    "text": ("text", None),
+}
+
+
+def _run(tmp: Path, dialect: str) -> tuple[optuna.Study, Path, str]:
+    path = write_fake_spec(
+        tmp, SPACE, name=f"gate-{dialect}", args=("--dialect", dialect, "--decode-ms", "1")
+    )
+    spec = load_spec(path)
+    url = f"sqlite:///{tmp / 'gate.db'}"
+    study, created = open_study(spec, url)
+    assert created
+    study.enqueue_trial({"fault": "corrupt_words", "max_num_seqs": 16})
+    study.enqueue_trial({"fault": None, "max_num_seqs": 4})
+    summary = run_study(spec, RunOptions(trials=3, storage_url=url, seed=0))
+    assert summary.stopped_because is None
+    return optuna.load_study(study_name=spec.name, storage=url), path, url
+
+
+@pytest.fixture(scope="module", params=sorted(DIALECTS))
+def dialect_run(request, tmp_path_factory) -> tuple[str, optuna.Study, Path, str]:
+    return request.param, *_run(tmp_path_factory.mktemp(request.param), request.param)
+
+
+@pytest.fixture
+def dialect_study(dialect_run) -> tuple[str, optuna.Study]:
+    return dialect_run[0], dialect_run[1]
+
+
+def test_reference_records_what_the_server_allows(dialect_study) -> None:
+    dialect, study = dialect_study
+    compared_by, teacher = DIALECTS[dialect]
+    capabilities = study.user_attrs[keys.REFERENCE]["capabilities"]
+    assert capabilities["token_ids"] is (dialect == "vllm")
+    assert capabilities["token_strings"] is (dialect != "text")
+    assert capabilities["teacher_forced"] == teacher
+    baseline = study.trials[0]
+    assert baseline.state == TrialState.COMPLETE
+    assert baseline.user_attrs[keys.CHECK]["checks"]["compared_by"] == compared_by
+
+
+def test_fluent_but_wrong_config_is_rejected_and_never_measured(dialect_study) -> None:
+    dialect, study = dialect_study
+    corrupt = next(t for t in study.trials if t.params.get("fault") == "corrupt_words")
+    attrs = corrupt.user_attrs
+    assert corrupt.state == TrialState.PRUNED
+    assert attrs[keys.FAIL_REASON] == "incorrect_output"
+    assert attrs[keys.CORRECT] is False
+    assert keys.METRICS not in attrs and keys.BENCH not in attrs
+    divergence = attrs[keys.EVIDENCE]["first_divergence"]
+    assert divergence["expected_text"] != divergence["got_text"]
+    expected_kind = "text" if dialect == "text" else "token"
+    assert divergence["kind"] == expected_kind
+    if dialect != "text":
+        assert divergence["position"] == 6  # the 7th generated token
+    assert not is_verified_feasible(corrupt)
+    assert corrupt.number not in {t.number for t in best_trials(study)}
+
+
+def test_harmless_change_passes_with_the_checks_that_ran(dialect_study) -> None:
+    dialect, study = dialect_study
+    compared_by, teacher = DIALECTS[dialect]
+    good = next(
+        t for t in study.trials if t.params.get("max_num_seqs") == 4 and not t.params.get("fault")
+    )
+    assert good.state == TrialState.COMPLETE, good.user_attrs.get(keys.FAIL_DETAIL)
+    check = good.user_attrs[keys.CHECK]
+    assert check["checks"]["compared_by"] == compared_by
+    assert check["checks"]["teacher_forced"] == teacher
+    # Under load, every response is compared by ids where the stream carries them, else text.
+    load_method = "token_ids" if dialect == "vllm" else "text"
+    assert check["under_load_compared_by"] == {load_method: check["under_load_checked"]}
+    assert check["under_load_checked"] > 0 and check["under_load_divergent"] == 0
+    assert is_verified_feasible(good)
+
+
+def test_server_without_text_stops_the_study_at_its_baseline(tmp_path: Path) -> None:
+    path = write_fake_spec(tmp_path, SPACE, name="notext", args=("--fault", "no_text"))
+    spec = load_spec(path)
+    url = f"sqlite:///{tmp_path / 'notext.db'}"
+    with pytest.raises(PreflightError, match="returns no text"):
+        run_study(spec, RunOptions(trials=3, storage_url=url))
+    study = optuna.load_study(study_name=spec.name, storage=url)
+    assert len(study.trials) == 1  # nothing launched after the baseline
+    assert study.trials[0].user_attrs[keys.FAIL_REASON] == "unverifiable"
+    assert study.user_attrs.get(keys.REFERENCE) is None
+
+
+def test_cli_refuses_a_server_without_text_with_exit_3(tmp_path: Path) -> None:
+    raw = yaml.safe_load(
+        write_fake_spec(tmp_path, SPACE, name="notextcli", args=("--fault", "no_text")).read_text()
+    )
+    raw["storage"] = f"sqlite:///{tmp_path / 'cli.db'}"
+    spec_path = tmp_path / "cli.yaml"
+    spec_path.write_text(yaml.safe_dump(raw))
+    done = subprocess.run(
+        autotune_cmd("run", "--trials", "2", "--spec", str(spec_path), "--confirm-top", "0"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 3, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "returns no text" in lines[0], done.stderr
+
+
+def test_show_and_export_name_the_checks_that_ran(dialect_run) -> None:
+    dialect, _study, spec_path, url = dialect_run
+    compared_by = {"vllm": "token ids", "openai": "per-token strings", "text": "text"}[dialect]
+    shown = subprocess.run(
+        autotune_cmd("show", "--spec", str(spec_path), "--storage", url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"passed: {compared_by} (" in shown.stdout
+    has_notice = "server returns no token ids" in shown.stdout
+    assert has_notice is (dialect != "vllm")
+    assert ("teacher-forced logprob check is skipped" in shown.stdout) is (dialect == "text")
+    out = spec_path.parent / "best.yaml"
+    exported = subprocess.run(
+        autotune_cmd(
+            "export",
+            "--spec",
+            str(spec_path),
+            "--storage",
+            url,
+            "-o",
+            str(out),
+            "--allow-unconfirmed",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert exported.returncode == 0, exported.stderr
+    header = [line for line in out.read_text().splitlines() if line.startswith("# Checks passed:")]
+    assert len(header) == 1 and f"{compared_by} (" in header[0]
+    assert "corrupt_words" not in out.read_text()
