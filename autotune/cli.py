@@ -250,8 +250,9 @@ def _print_confirmation(data: dict) -> None:
         console.print("[red]no candidate passed every confirmation round[/]")
     elif data["gain"] is not None:
         low, high = data["gain_ci"]
+        label = "winner" if data["gain"] > 0 else "no real gain; best candidate"
         console.print(
-            f"winner: trial {data['winner']}, {data['gain']:+.1%} over the baseline "
+            f"{label}: trial {data['winner']}, {data['gain']:+.1%} over the baseline "
             f"(95% CI {low:+.1%} .. {high:+.1%})"
         )
 
