@@ -2,7 +2,9 @@
 
 "Best" here is autotune's own rule, never a bare ``study.best_trial``: a COMPLETE trial whose
 output was verified correct and whose constraints (correctness, SLOs) all hold. When the
-confirmation phase has re-measured the top candidates, its winner is the best.
+confirmation phase has re-measured the top candidates, its winner is the best. When nothing beat
+the baseline (no correct search trial measured better, or the confirmation found no real gain),
+the baseline is the best: it is the verified reference, and `export` writes it saying so.
 """
 
 from __future__ import annotations
