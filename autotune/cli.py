@@ -138,6 +138,8 @@ def run(
                     study_spec, *_study_target(spec, study, storage), confirm_top, confirm_repeats
                 )
             _print_report(*_study_target(spec, study, storage))
+            if code == 0:
+                _say_if_baseline_is_best(*_study_target(spec, study, storage))
             raise typer.Exit(code=code)
         extra_env = json.loads(worker_env) if worker_env else None
         view = _LiveView(trials)
@@ -149,10 +151,16 @@ def run(
                 on_phase=view.on_phase,
                 on_trial=view.on_trial,
                 extra_env=extra_env,
+                on_notice=lambda line: console.print(f"[yellow]machine:[/] {escape(line)}"),
             )
         if confirm_top and not worker_env and not summary.stopped_because:
             _confirm(
-                study_spec, summary.storage_url, summary.study_name, confirm_top, confirm_repeats
+                study_spec,
+                summary.storage_url,
+                summary.study_name,
+                confirm_top,
+                confirm_repeats,
+                quiet=True,
             )
     except AutotuneError as exc:
         raise _fail(exc) from None
@@ -170,9 +178,28 @@ def run(
     _print_report(summary.storage_url, summary.study_name)
     if summary.stopped_because:
         raise typer.Exit(code=1)
+    _say_if_baseline_is_best(summary.storage_url, summary.study_name)
 
 
-def _confirm(study_spec, url: str, name: str, top: int, repeats: int) -> None:
+def _say_if_baseline_is_best(url: str, name: str) -> None:
+    """One line when no configuration beat the baseline (what `export` will then write)."""
+    import optuna
+
+    from autotune import storage as keys
+    from autotune.report import baseline_reason
+
+    loaded = optuna.load_study(storage=keys.open_storage(url, heartbeat=False), study_name=name)
+    reason = baseline_reason(loaded)
+    if reason is not None:
+        console.print(
+            f"[yellow]no configuration beat the baseline[/] ({escape(reason)}); "
+            "`autotune export` writes the baseline's config"
+        )
+
+
+def _confirm(
+    study_spec, url: str, name: str, top: int, repeats: int, *, quiet: bool = False
+) -> None:
     """The confirmation phase (see confirm.py); skipped for multi-objective studies."""
     import optuna
 
@@ -183,7 +210,8 @@ def _confirm(study_spec, url: str, name: str, top: int, repeats: int) -> None:
         return
     loaded = optuna.load_study(storage=keys.open_storage(url), study_name=name)
     if not top_candidates(study_spec, loaded, top):
-        console.print("[yellow]no verified correct config beyond the baseline to confirm[/]")
+        if not quiet:  # `run` says it once, at its end, with what export then writes
+            console.print("[yellow]no verified correct config beyond the baseline to confirm[/]")
         return
     console.print(
         f"confirming the top {top} configs against the baseline ({repeats} interleaved rounds)..."
@@ -222,8 +250,9 @@ def _print_confirmation(data: dict) -> None:
         console.print("[red]no candidate passed every confirmation round[/]")
     elif data["gain"] is not None:
         low, high = data["gain_ci"]
+        label = "winner" if data["gain"] > 0 else "no real gain; best candidate"
         console.print(
-            f"winner: trial {data['winner']}, {data['gain']:+.1%} over the baseline "
+            f"{label}: trial {data['winner']}, {data['gain']:+.1%} over the baseline "
             f"(95% CI {low:+.1%} .. {high:+.1%})"
         )
 
@@ -427,9 +456,14 @@ def export(
     except AutotuneError as exc:
         raise _fail(exc) from None
     for result in results:
+        what = f"trial {result.trial_number}"
+        if result.baseline_reason is not None:
+            what = (
+                f"the baseline (trial {result.trial_number}; no configuration beat it: "
+                f"{escape(result.baseline_reason)})"
+            )
         console.print(
-            f"trial {result.trial_number} -> {result.path}"
-            + (f" (+ {result.env_path})" if result.env_path else "")
+            f"{what} -> {result.path}" + (f" (+ {result.env_path})" if result.env_path else "")
         )
         console.print("  launch: " + " ".join(result.command))
 

@@ -8,6 +8,7 @@ Only verified, feasible trials are ever exported (``report.best_trials``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from autotune import storage as keys
 from autotune.check import describe_checks
 from autotune.engines import build_engine
 from autotune.errors import SpecError
-from autotune.report import best_trials
+from autotune.report import baseline_reason, best_trials, verified_baseline
 from autotune.spec import StudySpec
 
 
@@ -33,22 +34,42 @@ class ExportResult:
     env: dict[str, str]
     command: list[str]
     env_path: Path | None
+    #: why the baseline was exported (no configuration beat it), None for a winner
+    baseline_reason: str | None = None
 
 
-def export_trial(spec: StudySpec, trial: optuna.trial.FrozenTrial, out: Path) -> ExportResult:
+def export_trial(
+    spec: StudySpec,
+    trial: optuna.trial.FrozenTrial,
+    out: Path,
+    *,
+    baseline_reason: str | None = None,
+) -> ExportResult:
     values = {}
     for name, value in (trial.user_attrs.get(keys.PARAMS_RESOLVED) or trial.params).items():
         values[name] = spec.space.parameter(name).from_optuna(value)
     metrics = trial.user_attrs.get(keys.METRICS) or {}
-    return export_values(
+    if baseline_reason is not None:
+        title = f"the BASELINE (trial {trial.number}): no configuration beat it"
+        notes = (
+            f"# Why the baseline: {baseline_reason}.",
+            "# It is the reference every trial was verified against (engine defaults plus the",
+            "# space's baseline values); the tuner found no correct config that is faster.",
+        )
+    else:
+        title = f"trial {trial.number} (verified correct against the baseline's reference)"
+        notes = ()
+    result = export_values(
         spec,
         values,
         out,
         number=trial.number,
         metrics=metrics,
-        title=f"trial {trial.number} (verified correct against the baseline's reference)",
+        title=title,
+        notes=notes,
         verified=describe_checks(trial.user_attrs.get(keys.CHECK)),
     )
+    return dataclasses.replace(result, baseline_reason=baseline_reason)
 
 
 def export_values(
@@ -59,6 +80,7 @@ def export_values(
     title: str,
     number: int = -1,
     metrics: dict[str, float] | None = None,
+    notes: tuple[str, ...] = (),
     verified: str | None = None,
 ) -> ExportResult:
     """Write parameter ``values`` as the engine's config file, with env and launch command."""
@@ -70,7 +92,7 @@ def export_values(
     env.update(engine.patch_env(settings))
     command = engine.launch_command(settings, str(out))
     metrics = metrics or {}
-    header = [f"# autotune export: study {spec.name}, {title}"]
+    header = [f"# autotune export: study {spec.name}, {title}", *notes]
     if verified:
         header.append(f"# Checks passed: {verified}")
     for name in spec.objective.metrics:
@@ -107,8 +129,20 @@ def export_best(
     pareto: bool = False,
     require_confirmed: bool = True,
 ) -> list[ExportResult]:
-    """Export the confirmed winner (single objective) or the Pareto front (``pareto``)."""
+    """Export the confirmed winner (single objective) or the Pareto front (``pareto``).
+
+    When no configuration beat the baseline (``report.baseline_reason``), the baseline's own
+    config is exported with a header saying so: it is verified by definition, and a study whose
+    search found nothing better ran correctly. A study whose baseline failed exports nothing.
+    """
+    reason = baseline_reason(study)
+    if reason is not None and not pareto:
+        return [export_trial(spec, verified_baseline(study), out, baseline_reason=reason)]
     best = best_trials(study)
+    if not best:
+        raise SpecError(
+            f"study {study.study_name!r} has no verified correct trial to export", key="--study"
+        )
     confirmation = study.user_attrs.get(keys.CONFIRMATION)
     if len(study.directions) == 1 and require_confirmed:
         if confirmation is None:
@@ -123,10 +157,6 @@ def export_best(
                 "exported (see `autotune show`)",
                 key="--study",
             )
-    if not best:
-        raise SpecError(
-            f"study {study.study_name!r} has no verified correct trial to export", key="--study"
-        )
     if len(best) > 1 and not pareto:
         raise SpecError(
             "this study has several objectives: its best is a Pareto front; "

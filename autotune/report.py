@@ -2,7 +2,9 @@
 
 "Best" here is autotune's own rule, never a bare ``study.best_trial``: a COMPLETE trial whose
 output was verified correct and whose constraints (correctness, SLOs) all hold. When the
-confirmation phase has re-measured the top candidates, its winner is the best.
+confirmation phase has re-measured the top candidates, its winner is the best. When nothing beat
+the baseline (no correct search trial measured better, or the confirmation found no real gain),
+the baseline is the best: it is the verified reference, and `export` writes it saying so.
 """
 
 from __future__ import annotations
@@ -54,11 +56,53 @@ def is_verified_feasible(trial: FrozenTrial) -> bool:
     return all(v <= 0.0 for v in trial.constraints.values())
 
 
+def verified_baseline(study: optuna.Study) -> FrozenTrial | None:
+    """The baseline trial that recorded the reference (verified by definition), if it ran."""
+    for trial in study.get_trials(deepcopy=False):
+        if trial.user_attrs.get(keys.ROLE) == "baseline" and is_verified_feasible(trial):
+            return trial
+    return None
+
+
+def baseline_reason(study: optuna.Study) -> str | None:
+    """Why the baseline is the best config of a single-objective study, or None when a search
+    trial beat it: no correct trial measured better, or the confirmation found no real gain."""
+    if len(study.directions) != 1:
+        return None
+    baseline = verified_baseline(study)
+    if baseline is None:
+        return None
+    confirmation = study.user_attrs.get(keys.CONFIRMATION)
+    if confirmation is not None:
+        if confirmation.get("winner") is None:
+            return "no candidate passed every confirmation round"
+        gain = confirmation.get("gain")
+        if gain is not None and gain <= 0:
+            return (
+                f"the confirmation found no real gain (trial {confirmation['winner']} "
+                f"measured {gain:+.1%} against the baseline)"
+            )
+        return None
+    trials = study.get_trials(deepcopy=False)
+    searched = [
+        t for t in trials if is_verified_feasible(t) and t.user_attrs.get(keys.ROLE) != "baseline"
+    ]
+    if not searched:
+        return "no search trial was verified correct"
+    sign = 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
+    if all(sign * t.values[0] <= sign * baseline.values[0] for t in searched):
+        return f"none of the {len(searched)} correct search trials measured better"
+    return None
+
+
 def best_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """Single objective: the best verified trial (or the confirmed winner); multi: the front."""
+    """Single objective: the best verified trial (or the confirmed winner, or the baseline when
+    nothing beat it, see ``baseline_reason``); multi: the front."""
     candidates = [t for t in study.get_trials(deepcopy=False) if is_verified_feasible(t)]
     if not candidates:
         return []
+    if baseline_reason(study) is not None:
+        return [verified_baseline(study)]
     confirmed = (study.user_attrs.get(keys.CONFIRMATION) or {}).get("winner")
     if confirmed is not None:
         by_number = {t.number: t for t in candidates}

@@ -13,7 +13,7 @@ import contextlib
 import socket
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,9 @@ from optuna.trial import TrialState
 from autotune import _proc
 from autotune import storage as keys
 from autotune.engines import build_engine
-from autotune.engines.base import Engine
+from autotune.engines.base import DroppedChoice, Engine
 from autotune.errors import AutotuneError, InfrastructureError, PreflightError, SpecError
+from autotune.guide import GuidedSampler, Neighbour, early_neighbours, record_plan
 from autotune.objective import TrialContext, TrialOutcome, TrialRunner
 from autotune.spec import StudySpec, spec_error_for_missing_model
 
@@ -61,8 +62,9 @@ def storage_url_for(spec: StudySpec, override: str | None) -> str:
     return override or spec.storage or spec.default_storage()
 
 
-def preflight(spec: StudySpec, engine: Engine, *, validate: bool = True) -> None:
-    """Everything that can be known wrong before a trial is spent."""
+def preflight(spec: StudySpec, engine: Engine, *, validate: bool = True) -> list[DroppedChoice]:
+    """Everything that can be known wrong before a trial is spent. Returns the choices this
+    machine cannot run (``Engine.machine_limits``), which the sampler then never proposes."""
     missing = spec_error_for_missing_model(spec)
     if missing is not None:
         raise missing
@@ -82,16 +84,30 @@ def preflight(spec: StudySpec, engine: Engine, *, validate: bool = True) -> None
                 file=str(spec.space.path),
                 key=f"parameters.{first.parameter}",
             )
+    return engine.machine_limits(spec.space)
 
 
 def open_study(
-    spec: StudySpec, url: str, *, study_name: str | None = None, seed: int | None = None
+    spec: StudySpec,
+    url: str,
+    *,
+    study_name: str | None = None,
+    seed: int | None = None,
+    dropped: Sequence[DroppedChoice] = (),
+    neighbours: Sequence[Neighbour] = (),
 ) -> tuple[optuna.Study, bool]:
     """Load the study or create it. Exactly one worker creates it, even when several start
-    together: creation is an INSERT guarded by the database's unique study name."""
+    together: creation is an INSERT guarded by the database's unique study name.
+
+    ``dropped`` choices are never proposed and ``neighbours`` are the first sampled trials
+    (``autotune/guide.py``)."""
     storage = _open_storage(url)
     name = study_name or spec.name
     sampler = build_sampler(spec, seed)
+    if dropped or neighbours:
+        sampler = GuidedSampler(
+            sampler, spec.space, dropped=dropped, neighbours=neighbours, seed=seed
+        )
     try:
         study = optuna.create_study(
             storage=storage,
@@ -233,10 +249,14 @@ def run_study(
     log_dir: Path | None = None,
     extra_env: dict[str, str] | None = None,
     extra_flags: dict[str, Any] | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> RunSummary:
     """Run ``options.trials`` launched trials (resuming the study if it exists)."""
     engine = build_engine(spec)
-    preflight(spec, engine, validate=options.validate)
+    dropped = preflight(spec, engine, validate=options.validate)
+    for choice in dropped:
+        (on_notice or (lambda _line: None))(choice.notice())
+    neighbours = early_neighbours(spec.space, engine, dropped)
     url = storage_url_for(spec, options.storage_url)
     # A bad storage URL or an unwritable artifact directory is bad input: found before the
     # storage is touched.
@@ -244,7 +264,15 @@ def run_study(
     artifacts = keys.artifact_store(
         keys.artifact_dir(url, options.study_name or spec.name, options.artifact_dir)
     )
-    study, _created = open_study(spec, url, study_name=options.study_name, seed=options.seed)
+    study, _created = open_study(
+        spec,
+        url,
+        study_name=options.study_name,
+        seed=options.seed,
+        dropped=dropped,
+        neighbours=neighbours,
+    )
+    record_plan(study, dropped, neighbours)
     summary = RunSummary(study_name=study.study_name, storage_url=url)
     summary.cleaned = cleanup_stale(study)
     if not _created:

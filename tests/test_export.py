@@ -41,3 +41,88 @@ def test_exported_yaml_round_trips_through_vllms_config_loader(tmp_path):
         "--config",
         str(out),
     ]
+
+
+BASELINE_WINS_SPACE = """
+parameters:
+  decode_ms:
+    type: categorical
+    choices: [2, 40]
+    baseline: 2
+    target: {flag: --decode-ms}
+  fault:
+    type: categorical
+    choices: [null, wrong_text]
+    baseline: null
+    target: {flag: --fault}
+"""
+
+
+def test_export_writes_the_baseline_when_no_config_beats_it(tmp_path):
+    """Every search trial is slower (20x the step time) or wrong: `run` says so in one line,
+    `export` exits 0 and writes the baseline with a header saying why; after a confirmation
+    that finds no real gain, too."""
+    import optuna
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+    from autotune.study import open_study
+    from tests.conftest import write_fake_spec
+
+    spec_path = write_fake_spec(tmp_path, BASELINE_WINS_SPACE, name="basewins")
+    spec = load_spec(spec_path)
+    study, _ = open_study(spec, spec.default_storage())
+    study.enqueue_trial({"decode_ms": 40, "fault": None})
+    study.enqueue_trial({"decode_ms": 2, "fault": "wrong_text"})
+    runner = CliRunner()
+    ran = runner.invoke(
+        app, ["run", "--spec", str(spec_path), "--trials", "3", "--confirm-top", "0"]
+    )
+    assert ran.exit_code == 0, ran.output
+    said = [ln for ln in ran.output.splitlines() if "no configuration beat the baseline" in ln]
+    assert len(said) == 1, ran.output
+    study = optuna.load_study(study_name="basewins", storage=spec.default_storage())
+    assert [t.user_attrs.get("fail_reason") for t in study.trials[:3]] == [
+        None,
+        None,
+        "incorrect_output",
+    ]
+
+    out = tmp_path / "best.yaml"
+    exported = runner.invoke(app, ["export", "--spec", str(spec_path), "-o", str(out)])
+    assert exported.exit_code == 0, exported.output
+    assert "the baseline (trial 0" in exported.output
+    text = out.read_text()
+    header = text.splitlines()[:3]
+    assert "the BASELINE (trial 0): no configuration beat it" in header[0]
+    assert "none of the 1 correct search trials measured better" in header[1]
+    config = yaml.safe_load(text)
+    assert config["decode-ms"] == 2 and "fault" not in config
+
+    confirmed = runner.invoke(
+        app, ["confirm", "--spec", str(spec_path), "--top", "2", "--repeats", "2"]
+    )
+    assert confirmed.exit_code == 0, confirmed.output
+    exported = runner.invoke(app, ["export", "--spec", str(spec_path), "-o", str(out)])
+    assert exported.exit_code == 0, exported.output
+    assert "the confirmation found no real gain (trial 1 measured" in out.read_text()
+    assert yaml.safe_load(out.read_text())["decode-ms"] == 2
+
+
+def test_export_fails_when_the_baseline_failed(tmp_path):
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+    from tests.conftest import write_fake_spec
+
+    space = BASELINE_WINS_SPACE.replace("baseline: null", "baseline: exit_at_start").replace(
+        "[null, wrong_text]", "[exit_at_start, null]"
+    )
+    spec_path = write_fake_spec(tmp_path, space, name="basefails")
+    runner = CliRunner()
+    ran = runner.invoke(app, ["run", "--spec", str(spec_path), "--trials", "2"])
+    assert ran.exit_code == 3, ran.output
+    out = tmp_path / "best.yaml"
+    exported = runner.invoke(app, ["export", "--spec", str(spec_path), "-o", str(out)])
+    assert exported.exit_code == 2 and not out.exists()
+    assert "no verified correct trial" in exported.output

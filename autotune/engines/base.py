@@ -91,6 +91,20 @@ class ValidationIssue:
         return self.error is None
 
 
+@dataclass(frozen=True)
+class DroppedChoice:
+    """A parameter value this machine cannot run (e.g. an fp8 KV cache on a CPU without
+    AVX-512): dropped before any trial, so no launch is spent on it. ``value`` is the
+    parameter's own value; ``reason`` names the root cause and the fact that was probed."""
+
+    parameter: str
+    value: Any
+    reason: str
+
+    def notice(self) -> str:
+        return f"dropped {self.parameter}={self.value!r}: {self.reason}"
+
+
 class Engine(abc.ABC):
     """An inference engine autotune can start, classify and export for."""
 
@@ -158,6 +172,16 @@ class Engine(abc.ABC):
     def validate_space(self, space: SearchSpace) -> list[ValidationIssue]:
         """Check each parameter against the installed engine. Default: nothing to check."""
         return [ValidationIssue(p.name, p.target.describe(), None) for p in space.parameters]
+
+    def machine_limits(self, space: SearchSpace) -> list[DroppedChoice]:
+        """Choices of ``space`` this machine cannot run, learned from the machine where the
+        engine exposes it. Default: none known."""
+        return []
+
+    def lossy_choice(self, target_name: str, value: Any) -> str | None:
+        """Why setting ``target_name`` (a flag or env var) to ``value`` changes the model's
+        numerics (so it is a poor first proposal: the gate may reject it), or None."""
+        return None
 
     @abc.abstractmethod
     def export_config(self, settings: ServerSettings) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from autotune.engines.base import (
+    DroppedChoice,
     Engine,
     LaunchConfig,
     ServerSettings,
@@ -102,6 +103,18 @@ class VllmEngine(Engine):
         from autotune.engines.vllm_validate import validate_space
 
         return validate_space(space, self.spec.engine.patch_dirs)
+
+    def machine_limits(self, space) -> list[DroppedChoice]:
+        """fp8 KV cache vs CPU flags, thread binding vs usable cores, attention backends and
+        quantization vs compute capability (see ``vllm_machine.py``)."""
+        from autotune.engines.vllm_machine import machine_limits, probe_machine
+
+        return machine_limits(space, probe_machine())
+
+    def lossy_choice(self, target_name: str, value: Any) -> str | None:
+        from autotune.engines.vllm_machine import lossy_reason
+
+        return lossy_reason(target_name, value)
 
     def export_config(self, settings: ServerSettings) -> dict[str, Any]:
         """A dict for ``vllm serve --config FILE``: keys are flag names without dashes.
