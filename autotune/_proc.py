@@ -39,6 +39,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def machine_id() -> str:
+    """Which process table a recorded pid belongs to: the hostname, the boot and the pid
+    namespace (two containers on one host with host networking share a hostname, not pids)."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            boot = handle.read().strip()[:8]
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}/{namespace}"
+
+
+def on_this_machine(record: Mapping[str, object]) -> bool:
+    """Whether a recorded process (a worker, a server) lives in this machine's process table:
+    by ``machine`` where recorded, else (older records) by ``hostname``."""
+    if record.get("machine"):
+        return record.get("machine") == machine_id()
+    return record.get("hostname") in (None, socket.gethostname())
+
+
 def create_time(pid: int) -> float | None:
     try:
         return psutil.Process(pid).create_time()
