@@ -314,9 +314,22 @@ def _on_optuna_stale(
     messages: list[str],
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """Optuna fails a stale trial itself at the start of ``optimize``; should that beat
-    :func:`cleanup_stale` to it, still stop its leftover server and queue it again."""
+    :func:`cleanup_stale` to it, still stop its leftover server and queue it again, unless its
+    worker is alive on this machine (only its heartbeat was late): its server is left alone."""
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        worker = _worker_of(trial)
+        if (
+            worker is not None
+            and worker.get("pid")
+            and _proc.on_this_machine(worker)
+            and _proc.same_process(int(worker["pid"]), worker.get("create_time"))
+        ):
+            messages.append(
+                f"trial {trial.number}: failed by Optuna for a late heartbeat; its worker "
+                f"(pid {worker['pid']}) lives, so its server was left to it"
+            )
+            return
         messages.extend(stop_recorded_server(trial))
         enqueue_retry(study, trial)
         messages.append(f"trial {trial.number}: heartbeat stopped: failed by Optuna, re-enqueued")
