@@ -31,7 +31,7 @@ import psutil
 from optuna.artifacts import upload_artifact
 
 from autotune import storage as keys
-from autotune._proc import free_port
+from autotune._proc import free_port, machine_id
 from autotune.bench import BenchResult, bench_summary, run_benchmark
 from autotune.check import (
     CheckResult,
@@ -53,6 +53,8 @@ HOST = "127.0.0.1"
 #: a benchmark with more failed requests than this fraction fails the trial
 MAX_FAILED_FRACTION = 0.02
 _LOG_TAIL_CHARS = 6000
+#: seconds between two looks at a trial this worker waits for (the baseline, a duplicate)
+HOLDER_POLL_S = 1.0
 
 
 @dataclass
@@ -97,6 +99,8 @@ class TrialRunner:
     def __init__(self, ctx: TrialContext) -> None:
         self.ctx = ctx
         self.last: TrialOutcome | None = None
+        #: one line per dead trial reclaimed while a trial waited (printed by the caller)
+        self.notes: list[str] = []
 
     def __call__(self, trial: optuna.Trial) -> float | list[float]:
         role = trial.user_attrs.get(keys.ROLE, "search")
@@ -115,6 +119,9 @@ class TrialRunner:
 
     def _run(self, trial: optuna.Trial, role: str) -> float | list[float]:
         spec = self.ctx.spec
+        # Before anything else: who runs this trial, so that its death is known at once on
+        # this machine (study.dead_reason), not only when its heartbeat goes stale.
+        trial.set_user_attr(keys.WORKER, worker_record())
         pinned = trial.user_attrs.get(keys.PINNED)
         if pinned is not None:
             # ablation and confirmation variants: exactly these values, the rest left out
@@ -125,16 +132,9 @@ class TrialRunner:
             values = spec.space.suggest(trial)
         trial.set_user_attr(keys.PARAMS_RESOLVED, values)
         trial.set_user_attr(keys.ROLE, role)
-        duplicate = _running_duplicate(trial, values)
-        if duplicate is not None:
-            # Parallel workers must not spend two servers on one config at the same time.
-            self._record_failure(
-                trial,
-                role,
-                CandidateError("duplicate", f"same parameters as running trial {duplicate}"),
-                launched=False,
-            )
-            raise optuna.TrialPruned("duplicate")
+        holder = _running_duplicate(trial, values)
+        if holder is not None:
+            role = self._settle_duplicate(trial, role, holder)
         violated = spec.space.violated(values)
         if violated:
             self._record_failure(
@@ -165,24 +165,126 @@ class TrialRunner:
             raise
         return self._score(trial, role, metrics)
 
-    def _await_reference(self, trial: optuna.Trial, timeout_s: float = 3600.0) -> None:
+    def _await_reference(self, trial: optuna.Trial) -> None:
         """Another worker is running the baseline: wait for its reference before a server is
-        spent (a worker that sampled a trial while another took the queued baseline)."""
+        spent (a worker that sampled a trial while another took the queued baseline).
+
+        Every poll checks that the baseline's worker lives. When it is dead the baseline is
+        reclaimed (leftover server stopped, queued again as the baseline, so it runs next) and
+        this trial ends ``interrupted`` (FAIL, its parameters queued again by the loop): its
+        parameters are not the baseline's, and no reference will come from the dead worker.
+        """
+        from autotune.study import reclaim, trial_dead_reason  # study imports this module
+
         study = self.ctx.study
-        deadline = time.monotonic() + timeout_s
-        while (
-            study is not None
-            and study.user_attrs.get(keys.REFERENCE) is None
-            and any(
-                t.state == optuna.trial.TrialState.RUNNING
-                and t.number != trial.number
-                and t.user_attrs.get(keys.ROLE) == "baseline"
-                for t in study.get_trials(deepcopy=False)
-            )
-            and time.monotonic() < deadline
-        ):
+        if study is None:
+            return
+        while study.user_attrs.get(keys.REFERENCE) is None:
+            holders = [
+                t
+                for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+                if t.number != trial.number and t.user_attrs.get(keys.ROLE) == "baseline"
+            ]
+            if not holders:
+                return
+            for holder in holders:
+                why = trial_dead_reason(study, holder)
+                if why is not None:
+                    self.notes += reclaim(study, holder, why)[1]
+                    raise InfrastructureError(
+                        "interrupted",
+                        f"the baseline (trial {holder.number}) this trial waited for was left "
+                        f"by a dead run ({why}); it is queued again and runs first",
+                    )
             self._phase(trial, "waiting for the baseline")
-            time.sleep(1.0)
+            time.sleep(HOLDER_POLL_S)
+
+    def _settle_duplicate(
+        self, trial: optuna.Trial, role: str, holder: optuna.trial.FrozenTrial
+    ) -> str:
+        """The sampler proposed exactly the parameters of ``holder``, a RUNNING trial. Two
+        servers must not be spent on one config, and a proposal must not leave a junk record
+        per ask (a small space would write dozens in seconds). So:
+
+        * holder dead (its worker gone on this machine, or its heartbeat stale elsewhere):
+          reclaim it (leftover server and recorded descendants stopped, marked
+          ``interrupted``) and take it over: this trial runs the parameters, ``retry_of`` the
+          holder (as the baseline if the holder was). Nothing is queued, so they run once.
+        * holder alive: wait, re-checking its liveness every poll, and when it ends take its
+          outcome: this trial is PRUNED ``duplicate`` with ``duplicate_of``, the holder's verdict
+          and correctness constraint (never a made-up penalty). That is one record per holder
+          written after it finished, not one per proposal; the loop does not count it and asks
+          again, with the holder's result now in the sampler's view.
+
+        A baseline, ablation or confirmation trial (enqueued, it must measure for itself) only
+        waits: it runs once the holder is over (a dead holder is reclaimed and queued again).
+
+        Returns the role this trial runs under (takeover); raises ``TrialPruned`` otherwise.
+        """
+        from autotune.study import reclaim, trial_dead_reason  # study imports this module
+
+        study = trial.study
+        storage = study._storage  # noqa: SLF001
+        takes_over = role in ("search", "retry")
+        trial.set_user_attr(keys.DUPLICATE_OF, holder.number)  # a waiter, never a holder
+        while True:
+            current = storage.get_trial(holder._trial_id)  # noqa: SLF001
+            if current.state != optuna.trial.TrialState.RUNNING:
+                if takes_over:
+                    self._take_outcome(trial, role, current)  # raises TrialPruned
+                trial.set_user_attr(keys.DUPLICATE_OF, None)
+                return role  # a baseline/ablation/confirmation trial measures for itself
+            why = trial_dead_reason(study, current)
+            if why is None:
+                self._phase(trial, f"waiting for trial {current.number} (same parameters)")
+                time.sleep(HOLDER_POLL_S)
+                continue
+            marked, lines = reclaim(
+                study, current, why, taken_over_by=trial.number if takes_over else None
+            )
+            self.notes += lines
+            if not marked:
+                continue  # another worker reclaimed it first: its state is final now
+            trial.set_user_attr(keys.DUPLICATE_OF, None)
+            if not takes_over:
+                return role
+            role = "baseline" if current.user_attrs.get(keys.ROLE) == "baseline" else "retry"
+            trial.set_user_attr(keys.ROLE, role)
+            trial.set_user_attr(keys.RETRY_OF, current.number)
+            return role
+
+    def _take_outcome(
+        self, trial: optuna.Trial, role: str, holder: optuna.trial.FrozenTrial
+    ) -> None:
+        """Record ``holder``'s outcome as this duplicate's and end it (PRUNED, not counted)."""
+        study = trial.study
+        storage = study._storage  # noqa: SLF001
+        source = holder
+        for _ in range(16):  # a holder that itself took an outcome points further
+            further = source.user_attrs.get(keys.DUPLICATE_OF)
+            if source.user_attrs.get(keys.FAIL_REASON) != "duplicate" or further is None:
+                break
+            source = storage.get_trial(
+                storage.get_trial_id_from_study_id_trial_number(study._study_id, further)  # noqa: SLF001
+            )
+        verdict = source.user_attrs.get(keys.FAIL_REASON) or (
+            "correct" if source.state == optuna.trial.TrialState.COMPLETE else source.state.name
+        )
+        trial.set_user_attr(keys.FAIL_REASON, "duplicate")
+        trial.set_user_attr(
+            keys.FAIL_DETAIL,
+            f"the sampler proposed the parameters of trial {holder.number} while it ran; "
+            f"waited for it instead of launching a second server; its outcome: {verdict}",
+        )
+        trial.set_user_attr(
+            keys.EVIDENCE,
+            {"duplicate_of": source.number, "outcome": verdict, "values": source.values},
+        )
+        constraint = source.system_attrs.get(f"constraints:{keys.CORRECTNESS_CONSTRAINT}")
+        if constraint is not None:
+            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, float(constraint))
+        self.last = TrialOutcome(trial.number, role, "duplicate")
+        raise optuna.TrialPruned(f"duplicate of trial {holder.number}: {verdict}")
 
     # --- the server part of a trial ---------------------------------------------------------
 
@@ -209,8 +311,17 @@ class TrialRunner:
 
         def on_spawn(pid: int, pgid: int) -> None:
             # Recorded at once: if autotune itself is killed, the next run finds this server.
-            server_attrs.update(pid=pid, pgid=pgid, create_time=_create_time(pid))
+            server_attrs.update(
+                pid=pid, pgid=pgid, create_time=_create_time(pid), machine=machine_id()
+            )
+            server_attrs["descendants"] = []  # the key exists before the tracking thread runs
             trial.set_user_attr(keys.SERVER, server_attrs)
+
+        def on_record(record: dict[str, Any]) -> None:
+            # Descendants as they appear (tracking thread), then the teardown record: a later
+            # run stops them too if autotune is killed (study._stop_leftovers).
+            server_attrs.update(record)
+            trial.set_user_attr(keys.SERVER, dict(server_attrs))
 
         server = ServerProcess(
             launch,
@@ -218,6 +329,7 @@ class TrialRunner:
             startup_timeout_s=spec.startup_timeout_s,
             classify=ctx.engine.classify_failure,
             on_spawn=on_spawn,
+            on_record=on_record,
         )
         try:
             self._phase(trial, "launching")
@@ -499,13 +611,32 @@ class TrialRunner:
         )
 
 
-def _running_duplicate(trial: optuna.Trial, values: dict[str, Any]) -> int | None:
-    """The number of another RUNNING trial with exactly these parameters, if any."""
+def _running_duplicate(
+    trial: optuna.Trial, values: dict[str, Any]
+) -> optuna.trial.FrozenTrial | None:
+    """Another RUNNING trial with exactly these parameters (not one that itself waits as a
+    duplicate), if any."""
     study = trial.study
     for other in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if other.number != trial.number and other.user_attrs.get(keys.PARAMS_RESOLVED) == values:
-            return other.number
+        if (
+            other.number != trial.number
+            and other.user_attrs.get(keys.PARAMS_RESOLVED) == values
+            and other.user_attrs.get(keys.DUPLICATE_OF) is None
+        ):
+            return other
     return None
+
+
+def worker_record() -> dict[str, Any]:
+    """This autotune process, as a trial records its worker: a later run on this machine knows
+    it dead the moment the pid is gone or belongs to a process started at another time."""
+    pid = os.getpid()
+    return {
+        "machine": machine_id(),
+        "hostname": socket.gethostname(),
+        "pid": pid,
+        "create_time": _create_time(pid),
+    }
 
 
 def _api_key() -> str:

@@ -6,6 +6,15 @@ shares one process group, bound to 127.0.0.1, its output captured to a per-trial
 exit it sends SIGTERM to the group, SIGKILL after a grace period, and confirms that no process
 of the group, nor any descendant seen while it ran, survives.
 
+"Seen while it ran" is literal: a background thread samples the server's descendants every
+``_proc.TRACK_INTERVAL_S`` (and again at readiness and at stop), and autotune is the child
+subreaper of what it starts, so a helper that calls ``setsid`` and double-forks (leaving the
+process group and, re-parented, the server's tree) is still remembered as ``pid -> create
+time`` and killed at stop. ``on_record`` hands each new sighting to the caller, so the trial
+stores them at once and a later run can stop them after a ``kill -9`` of autotune itself.
+cgroups are not used: they are not writable in most containers this runs in, and the record
+says which method stopped the server (``kill_method``).
+
 Ready means more than ``/health``: a server can report healthy and fail its first request (vLLM's
 CPU attention rejects some head sizes only then), so readiness also requires a one-token
 completion to succeed.
@@ -14,12 +23,14 @@ completion to succeed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -55,6 +66,9 @@ class ServerProcess:
         classify: maps a log tail to a failure reason (the engine's knowledge).
         on_spawn: called with (pid, pgid) right after the process starts, so a crash of
             autotune itself can later find and stop this server (see study.cleanup).
+        on_record: called with ``{"descendants": [[pid, create_time], ...]}`` whenever a new
+            descendant is seen (from the tracking thread), and at stop with the teardown record
+            (``descendants``, ``survivors``, ``kill_method``, ``stopped_cleanly``).
     """
 
     def __init__(
@@ -66,6 +80,7 @@ class ServerProcess:
         classify: Callable[[str], str | None] | None = None,
         on_spawn: Callable[[int, int], None] | None = None,
         stop_grace_s: float | None = None,
+        on_record: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.launch = launch
         self.log_path = Path(log_path)
@@ -74,9 +89,12 @@ class ServerProcess:
         self.on_spawn = on_spawn
         self.stop_grace_s = stop_grace_s if stop_grace_s is not None else _stop_grace_s()
         self._popen: subprocess.Popen[bytes] | None = None
-        self._seen_pids: set[int] = set()
+        self.on_record = on_record
+        self._tracker: _proc.DescendantTracker | None = None
         self._started_at = 0.0
         self.stopped_cleanly: bool | None = None
+        #: what teardown found: descendants seen, survivors, how they were stopped
+        self.stop_record: dict[str, Any] = {}
 
     # --- context manager -------------------------------------------------------------------
 
@@ -101,6 +119,7 @@ class ServerProcess:
                 "disk_full" if exc.errno == 28 else "storage_unreachable",
                 f"cannot write server log {self.log_path}: {exc}",
             ) from exc
+        _proc.become_subreaper()
         try:
             self._popen = subprocess.Popen(
                 list(self.launch.argv),
@@ -120,6 +139,8 @@ class ServerProcess:
         self._started_at = time.monotonic()
         if self.on_spawn is not None:
             self.on_spawn(self._popen.pid, self.pgid)
+        self._tracker = _proc.DescendantTracker(self._popen.pid, on_new=self._record_descendants)
+        self._tracker.start()
 
     @property
     def pid(self) -> int:
@@ -158,8 +179,16 @@ class ServerProcess:
         return "\n".join(text.splitlines()[-lines:])
 
     def _remember_children(self) -> None:
-        if self._popen is not None:
-            self._seen_pids |= _proc.descendants(self._popen.pid)
+        if self._tracker is not None:
+            self._tracker.sample()
+
+    def descendants_seen(self) -> dict[int, float | None]:
+        """Every process seen below the server so far, ``pid -> create_time``."""
+        return self._tracker.snapshot() if self._tracker is not None else {}
+
+    def _record_descendants(self, seen: dict[int, float | None]) -> None:
+        if self.on_record is not None:
+            self.on_record({"descendants": _pairs(seen)})
 
     def failure(self, default_reason: str, detail: str) -> CandidateError | InfrastructureError:
         """Turn 'the server is gone or broken' into the most specific recorded reason."""
@@ -247,21 +276,35 @@ class ServerProcess:
         """Stop the whole group and prove it gone; a survivor is an infrastructure fault."""
         if self._popen is None:
             return
-        self._remember_children()
-        survivors = _proc.stop_group(
-            self.pgid, extra_pids=self._seen_pids, grace_s=self.stop_grace_s
-        )
+        tracked: dict[int, float | None] = {}
+        if self._tracker is not None:
+            self._tracker.stop()  # one last sample, then no more sightings
+            tracked = self._tracker.snapshot()
+        survivors = _proc.stop_group(self.pgid, tracked=tracked, grace_s=self.stop_grace_s)
         try:
             self._popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             survivors.append(self._popen.pid)
         self.stopped_cleanly = not survivors
+        self.stop_record = {
+            "descendants": _pairs(tracked),
+            "survivors": sorted(set(survivors)),
+            "kill_method": "process_group+tracked_pids",
+            "stopped_cleanly": self.stopped_cleanly,
+        }
+        if self.on_record is not None:
+            with contextlib.suppress(Exception):  # the record must not hide a survivor
+                self.on_record(dict(self.stop_record))
         if survivors:
             raise InfrastructureError(
                 "orphan_process",
                 f"processes {survivors} survived SIGKILL",
                 evidence={"pids": survivors},
             )
+
+
+def _pairs(seen: dict[int, float | None]) -> list[list[float | int | None]]:
+    return [[pid, started] for pid, started in sorted(seen.items())]
 
 
 def _stop_grace_s() -> float:

@@ -33,6 +33,8 @@ PINNED = "pinned_params"  # exact values of an ablation/confirmation variant
 VARIANT = "variant"  # label of an ablation/confirmation variant
 ROLE = "role"  # "baseline" | "search" | "retry" | "ablation" | "confirm"
 RETRY_OF = "retry_of"
+WORKER = "worker"  # the autotune process running the trial: machine, hostname, pid, create_time
+DUPLICATE_OF = "duplicate_of"  # set while a trial waits for a running trial with its parameters
 PHASE = "phase"
 # --- study attribute keys ----------------------------------------------------------------------
 REFERENCE = "reference"

@@ -5,21 +5,28 @@ heartbeats run while a server is up, and so autotune can decide after each trial
 never launched (its parameters broke a constraint) does not count towards ``--trials``, an
 infrastructure fault is re-enqueued once, and too many infrastructure faults in a row stop the
 run rather than burning the night.
+
+A trial left RUNNING by a dead run is reclaimed as soon as its death is known, not only once
+Optuna's heartbeat grace has passed: each trial records its worker (machine, pid, process create
+time) before anything is launched, so on the same machine a gone worker is certain at once; on
+another machine the heartbeat decides. Reclaiming stops the recorded server group and every
+descendant recorded while it ran, marks the trial ``interrupted`` (FAIL), queues its parameters
+again (a baseline stays the baseline) and says so in one line. It happens before the first trial,
+before every later one, and in every wait on a trial another worker holds (the baseline, a
+duplicate), so no wait trusts a holder that is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
-import psutil
 from optuna.trial import TrialState
 
 from autotune import _proc
@@ -174,59 +181,176 @@ def build_sampler(spec: StudySpec, seed: int | None) -> optuna.samplers.BaseSamp
 
 
 def cleanup_stale(study: optuna.Study, *, this_host_only: bool = True) -> list[str]:
-    """Stop servers left by dead runs and fail their trials as ``interrupted`` (retried).
+    """Reclaim every RUNNING trial whose worker is dead; one line per trial reclaimed.
 
-    A RUNNING trial whose heartbeat stopped belongs to a run that was killed (kill -9, power
-    loss). Its server may still hold memory: find it by the pid, process group and start time
-    recorded at spawn (pids are reused, so the start time must match), stop the group, then
-    mark the trial failed and enqueue its parameters again.
+    Dead means: the worker recorded on this machine is gone (no such pid, or the pid now
+    belongs to a process started at another time), or, for a worker elsewhere (or one that had
+    not recorded itself yet), Optuna's heartbeat is older than the grace. A trial whose worker
+    lives is never touched, however long it runs.
     """
-    storage = study._storage
+    stale = _stale_ids(study)
     messages: list[str] = []
-    try:
-        stale_ids = storage._get_stale_trial_ids(study._study_id)  # noqa: SLF001
-    except (AttributeError, NotImplementedError):
-        stale_ids = []
-    for trial_id in stale_ids:
-        trial = storage.get_trial(trial_id)
-        messages += stop_recorded_server(trial, this_host_only=this_host_only)
-        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-            storage.set_trial_user_attr(trial_id, keys.FAIL_REASON, "interrupted")
-            storage.set_trial_user_attr(
-                trial_id,
-                keys.FAIL_DETAIL,
-                "the run was killed while this trial ran (heartbeat stopped)",
-            )
-            if storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
-                enqueue_retry(study, trial)
-                messages.append(f"trial {trial.number}: marked interrupted, re-enqueued")
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        why = dead_reason(trial, stale)
+        if why is not None:
+            messages += reclaim_trial(study, trial, why, this_host_only=this_host_only)
     return messages
+
+
+def dead_reason(trial: optuna.trial.FrozenTrial, stale_ids: Collection[int]) -> str | None:
+    """Why a RUNNING trial's worker is known dead, or None while it may be alive."""
+    if trial.state != TrialState.RUNNING:
+        return None
+    worker = _worker_of(trial)
+    if worker is not None and worker.get("pid") and _proc.on_this_machine(worker):
+        if _proc.same_process(int(worker["pid"]), worker.get("create_time")):
+            return None
+        return f"its worker (pid {worker['pid']} on this machine) is gone"
+    if trial._trial_id in stale_ids:  # noqa: SLF001
+        return "its worker's heartbeat stopped"
+    return None
+
+
+def trial_dead_reason(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> str | None:
+    """:func:`dead_reason` for one trial, reading the heartbeats only when they decide."""
+    worker = _worker_of(trial)
+    if worker is not None and worker.get("pid") and _proc.on_this_machine(worker):
+        return dead_reason(trial, ())
+    return dead_reason(trial, _stale_ids(study))
+
+
+def _worker_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
+    worker = trial.user_attrs.get(keys.WORKER)
+    if isinstance(worker, dict):
+        return worker
+    # older records: only the server's "hostname:pid" worker string
+    server = trial.user_attrs.get(keys.SERVER) or {}
+    host, _, pid = str(server.get("worker") or "").rpartition(":")
+    if host and pid.isdigit():
+        return {"hostname": host, "pid": int(pid)}
+    return None
+
+
+def _stale_ids(study: optuna.Study) -> set[int]:
+    try:
+        return set(study._storage._get_stale_trial_ids(study._study_id))  # noqa: SLF001
+    except (AttributeError, NotImplementedError, AssertionError):
+        return set()
+
+
+def reclaim_trial(
+    study: optuna.Study,
+    trial: optuna.trial.FrozenTrial,
+    why: str,
+    *,
+    this_host_only: bool = True,
+) -> list[str]:
+    """Stop a dead trial's leftover processes, mark it ``interrupted`` (FAIL), queue its
+    parameters again; one line (none if another worker did it first, nothing left to stop)."""
+    return reclaim(study, trial, why, this_host_only=this_host_only)[1]
+
+
+def reclaim(
+    study: optuna.Study,
+    trial: optuna.trial.FrozenTrial,
+    why: str,
+    *,
+    taken_over_by: int | None = None,
+    this_host_only: bool = True,
+) -> tuple[bool, list[str]]:
+    """:func:`reclaim_trial`, also saying whether this call marked the trial (False: another
+    worker was first). With ``taken_over_by`` nothing is queued: that trial runs the
+    parameters instead (see ``TrialRunner._settle_duplicate``)."""
+    storage = study._storage  # noqa: SLF001
+    stopped = _stop_leftovers(trial, this_host_only=this_host_only)
+    marked = False
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+        storage.set_trial_user_attr(trial._trial_id, keys.FAIL_REASON, "interrupted")  # noqa: SLF001
+        storage.set_trial_user_attr(
+            trial._trial_id,  # noqa: SLF001
+            keys.FAIL_DETAIL,
+            f"the run was killed while this trial ran ({why})",
+        )
+        marked = bool(storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL))  # noqa: SLF001
+    parts = [stopped] if stopped else []
+    if marked:
+        parts.append("marked interrupted")
+        if taken_over_by is None:
+            enqueue_retry(study, trial)
+            parts.append("re-enqueued")
+        else:
+            parts.append(f"taken over by trial {taken_over_by}")
+    if not parts:
+        return marked, []
+    return marked, [f"trial {trial.number}: {why}: " + ", ".join(parts)]
 
 
 def stop_recorded_server(
     trial: optuna.trial.FrozenTrial, *, this_host_only: bool = True
 ) -> list[str]:
+    """Stop what a trial recorded (its server group and tracked descendants), if still there."""
+    stopped = _stop_leftovers(trial, this_host_only=this_host_only)
+    return [f"trial {trial.number}: {stopped}"] if stopped else []
+
+
+def _stop_leftovers(trial: optuna.trial.FrozenTrial, *, this_host_only: bool = True) -> str | None:
+    """Stop the server group and every descendant recorded for ``trial``.
+
+    Pids are reused, so each is signalled only while its create time matches the record. The
+    group is signalled unless its leader's pid now belongs to another process (then the group
+    id cannot be the server's any more: Linux never reuses a pid that is still a group id).
+    """
     server = trial.user_attrs.get(keys.SERVER) or {}
     pid, pgid = server.get("pid"), server.get("pgid")
-    if not pid or not pgid:
-        return []
-    if this_host_only and server.get("hostname") not in (None, socket.gethostname()):
-        return []
-    try:
-        proc = psutil.Process(pid)
-        same = (
-            server.get("create_time") is None
-            or abs(proc.create_time() - float(server["create_time"])) < 1.0
-        )
-    except psutil.Error:
-        same = False
-    members = _proc.group_members(pgid)
-    if not same and not members:
-        return []
-    survivors = _proc.stop_group(pgid, extra_pids={pid} if same else set(), grace_s=5.0)
+    tracked: dict[int, float | None] = {}
+    for entry in server.get("descendants") or []:
+        with contextlib.suppress(TypeError, ValueError, IndexError):
+            tracked[int(entry[0])] = None if entry[1] is None else float(entry[1])
+    if not pid and not tracked:
+        return None
+    if this_host_only and not _proc.on_this_machine(server):
+        return "its server is on another machine (run `autotune cleanup` there)"
+    group = pgid
+    if pid:
+        if _proc.same_process(int(pid), server.get("create_time")):
+            tracked[int(pid)] = server.get("create_time")
+        elif _proc.create_time(int(pid)) is not None:
+            group = None  # the pid was reused: not our group
+    if not _proc.group_members(group, tracked=tracked):
+        return None
+    survivors = _proc.stop_group(group, tracked=tracked, grace_s=5.0)
     if survivors:
-        return [f"trial {trial.number}: could not stop pids {survivors}"]
-    return [f"trial {trial.number}: stopped its leftover server (pgid {pgid})"]
+        return f"could not stop pids {survivors}"
+    escaped = len(set(tracked) - {pid})
+    extra = f" and {escaped} tracked descendant(s)" if escaped else ""
+    return f"stopped its leftover server (pgid {pgid}){extra}"
+
+
+def _on_optuna_stale(
+    messages: list[str],
+) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+    """Optuna fails a stale trial itself at the start of ``optimize``; should that beat
+    :func:`cleanup_stale` to it, still stop its leftover server and queue it again, unless its
+    worker is alive on this machine (only its heartbeat was late): its server is left alone."""
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        worker = _worker_of(trial)
+        if (
+            worker is not None
+            and worker.get("pid")
+            and _proc.on_this_machine(worker)
+            and _proc.same_process(int(worker["pid"]), worker.get("create_time"))
+        ):
+            messages.append(
+                f"trial {trial.number}: failed by Optuna for a late heartbeat; its worker "
+                f"(pid {worker['pid']}) lives, so its server was left to it"
+            )
+            return
+        messages.extend(stop_recorded_server(trial))
+        enqueue_retry(study, trial)
+        messages.append(f"trial {trial.number}: heartbeat stopped: failed by Optuna, re-enqueued")
+
+    return callback
 
 
 def enqueue_retry(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -275,6 +399,9 @@ def run_study(
     record_plan(study, dropped, neighbours)
     summary = RunSummary(study_name=study.study_name, storage_url=url)
     summary.cleaned = cleanup_stale(study)
+    backend = getattr(study._storage, "_backend", study._storage)  # noqa: SLF001
+    if hasattr(backend, "heartbeat_stale_trial_callback"):
+        backend.heartbeat_stale_trial_callback = _on_optuna_stale(summary.cleaned)
     if not _created:
         _wait_for_creator(study)
     if study.user_attrs.get(keys.REFERENCE) is None and not _baseline_pending(study):
@@ -298,7 +425,8 @@ def run_study(
     unlaunched = 0
     infra_in_a_row = 0
     while launched < options.trials:
-        _wait_for_reference(study)
+        summary.cleaned += cleanup_stale(study)
+        _wait_for_reference(study, summary.cleaned)
         runner.last = None
         try:
             study.optimize(runner, n_trials=1, catch=(InfrastructureError,), gc_after_trial=False)
@@ -309,13 +437,20 @@ def run_study(
             if last is not None and last.verdict == "interrupted":
                 enqueue_retry(study, study.trials[last.number])
             raise
+        finally:
+            summary.cleaned += runner.notes
+            runner.notes.clear()
         outcome = runner.last
         if outcome is None:
             raise PreflightError("a trial ended without an outcome (see the study's last trial)")
         summary.outcomes.append(outcome)
         if on_trial is not None:
             on_trial(outcome, study)
-        if outcome.verdict in ("constraint_violated", "duplicate"):
+        if outcome.verdict == "duplicate":
+            # not launched: this worker waited for the running trial with these parameters
+            # and took its outcome (see TrialRunner._settle_duplicate); ask again
+            continue
+        if outcome.verdict == "constraint_violated":
             unlaunched += 1
             if unlaunched > MAX_UNLAUNCHED_PER_TRIAL * max(1, options.trials):
                 summary.stopped_because = (
@@ -376,9 +511,14 @@ def _wait_for_creator(study: optuna.Study, timeout_s: float = 10.0) -> None:
         time.sleep(0.2)
 
 
-def _wait_for_reference(study: optuna.Study, timeout_s: float = 3600.0) -> None:
-    """A worker that joined a study whose baseline runs elsewhere waits for its reference."""
-    deadline = time.monotonic() + timeout_s
+def _wait_for_reference(study: optuna.Study, notes: list[str], poll_s: float = 1.0) -> None:
+    """A worker that joined a study whose baseline runs elsewhere waits for its reference.
+
+    Every poll checks that the baseline's worker is alive; a dead one's baseline is reclaimed
+    (leftover server stopped, re-enqueued as the baseline) and this worker takes it next. There
+    is no blind deadline: the wait ends when the reference is stored, the baseline is queued or
+    gone, or its holder is found dead.
+    """
     while True:
         if study.user_attrs.get(keys.REFERENCE) is not None:
             return
@@ -389,12 +529,15 @@ def _wait_for_reference(study: optuna.Study, timeout_s: float = 3600.0) -> None:
         )
         if waiting:
             return  # this worker will take the baseline itself
-        running = any(
-            t.state == TrialState.RUNNING and t.user_attrs.get(keys.ROLE) == "baseline"
+        running = [
+            t
             for t in trials
-        )
+            if t.state == TrialState.RUNNING and t.user_attrs.get(keys.ROLE) == "baseline"
+        ]
         if not running:
             return  # the caller's trial will fail visibly with "no reference"
-        if time.monotonic() > deadline:
-            raise InfrastructureError("interrupted", "timed out waiting for the baseline")
-        time.sleep(2.0)
+        for holder in running:
+            why = trial_dead_reason(study, holder)
+            if why is not None:
+                notes += reclaim_trial(study, holder, why)
+        time.sleep(poll_s)

@@ -1,15 +1,19 @@
 """Killed and interrupted runs: nothing leaks, nothing completed is lost, the study resumes.
 
 * ``kill -9`` of ``autotune run`` while a trial's server is up leaves that server running (it is
-  in its own session). The next ``autotune run`` finds it through the pid, process group and
-  start time recorded at spawn, stops it before any new trial starts, marks the trial
-  ``interrupted`` (FAIL, not held against the config) and re-enqueues its parameters. Shown on
-  the real vLLM CPU server (``e2e``) and, fast, on the fake server (a test double).
+  in its own session). The next ``autotune run``, started at once, knows the trial's worker
+  (recorded pid and start time on this machine) is gone, so it does not wait for the heartbeat
+  grace: it stops the server (group and every descendant recorded while it ran, a detached
+  ``setsid`` helper included) before any new trial starts, marks the trial ``interrupted`` (FAIL,
+  not held against the config) and re-enqueues its parameters, and writes no ``duplicate`` junk.
+  Shown on the real vLLM CPU server (``e2e``) and, fast, on the fake server (a test double).
+* ``kill -9`` while the baseline's server is still starting, then the same command at once: the
+  baseline is reclaimed and retried, nothing hangs.
 * Ctrl-C (SIGINT) of ``autotune run`` exits 130, stops the server, records the current trial
   ``interrupted`` and re-enqueues it; the study stays intact.
 
-The heartbeat is shortened with ``AUTOTUNE_HEARTBEAT_INTERVAL_S`` / ``AUTOTUNE_HEARTBEAT_GRACE_S``
-so a dead run's trial is recognised as stale after seconds, not 30 s.
+The reruns set ``AUTOTUNE_HEARTBEAT_GRACE_S`` to ten minutes (``NO_GRACE_ENV``): a test that
+passes cannot have waited for the heartbeat.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from autotune import _proc
 from autotune import storage as keys
 from autotune.errors import CANDIDATE_REASONS
 from tests.conftest import FAKE_SERVER_COMMAND
@@ -41,6 +46,9 @@ HEARTBEAT_ENV = {
     "AUTOTUNE_STOP_GRACE_S": "5",
     "PYTHONUNBUFFERED": "1",
 }
+#: the heartbeat grace far beyond the test's bounds: only the recorded worker can tell it dead
+NO_GRACE_ENV = {**HEARTBEAT_ENV, "AUTOTUNE_HEARTBEAT_GRACE_S": "600"}
+NOT_LAUNCHED = ("duplicate", "constraint_violated")
 
 
 def vllm_spec(tmp: Path, tag: str) -> Path:
@@ -74,9 +82,9 @@ def vllm_spec(tmp: Path, tag: str) -> Path:
     return path
 
 
-def fake_spec(tmp: Path, tag: str, *, decode_ms: float = 2.0) -> Path:
+def fake_spec(tmp: Path, tag: str, *, decode_ms: float = 2.0, extra: tuple[str, ...] = ()) -> Path:
     """The fake server (a test double) through the command engine; ``--spawn-child`` so the
-    leftover server has a child to be found too."""
+    leftover server has a child to be found too; ``extra`` more fake server arguments."""
     (tmp / "model").mkdir(exist_ok=True)
     space = {
         "parameters": {
@@ -99,6 +107,7 @@ def fake_spec(tmp: Path, tag: str, *, decode_ms: float = 2.0) -> Path:
                 f"FAKE::EngineCore-{tag}",
                 "--decode-ms",
                 str(decode_ms),
+                *extra,
             ],
         },
         "model": {"path": "model", "served_name": tag},
@@ -156,8 +165,10 @@ def kill_tagged(tag: str) -> None:
             os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
 
 
-def start_run(spec: Path, trials: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, **HEARTBEAT_ENV}
+def start_run(
+    spec: Path, trials: int, log: Path, env_extra: dict[str, str] = HEARTBEAT_ENV
+) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **env_extra}
     with open(log, "wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "autotune", "run", "--trials", str(trials), "--spec", str(spec)],
@@ -202,8 +213,21 @@ def running_with_server(spec: Path, min_number: int) -> optuna.trial.FrozenTrial
     return None
 
 
+def with_descendants(spec: Path, number: int, count: int) -> optuna.trial.FrozenTrial | None:
+    """Trial ``number`` once at least ``count`` descendants of its server are recorded."""
+    trial = load(spec).trials[number]
+    server = trial.user_attrs.get(keys.SERVER) or {}
+    return trial if len(server.get("descendants") or []) >= count else None
+
+
 def kill9_then_resume(
-    tmp: Path, spec: Path, tag: str, *, startup_wait: float, run_timeout: float
+    tmp: Path,
+    spec: Path,
+    tag: str,
+    *,
+    startup_wait: float,
+    run_timeout: float,
+    descendants: int = 0,
 ) -> None:
     log = tmp / "run1.log"
     first = start_run(spec, 3, log)
@@ -216,24 +240,41 @@ def kill9_then_resume(
             log,
             "trial 1 to be RUNNING with its server spawned",
         )
+        if descendants:
+            trial = wait_for(
+                lambda: with_descendants(spec, trial.number, descendants),
+                startup_wait,
+                first,
+                log,
+                f"{descendants} descendants of trial {trial.number}'s server to be recorded",
+            )
         completed_before = [t.number for t in load(spec).trials if t.state == TrialState.COMPLETE]
         assert 0 in completed_before
         server = trial.user_attrs[keys.SERVER]
+        assert trial.user_attrs[keys.WORKER]["pid"] == first.pid
         os.kill(first.pid, signal.SIGKILL)  # autotune only, not its server
         first.wait(timeout=10)
         assert psutil.pid_exists(server["pid"]), "the server must outlive a kill -9 of autotune"
         leftover = {p.pid for p in tagged(tag)}
         assert server["pid"] in leftover
-        time.sleep(4.5)  # heartbeat grace (3 s) + a margin: the trial is now stale
+        recorded = {pid for pid, _ in server.get("descendants") or []}
+        # the child in the group and the detached helper are alive, and recorded
+        assert len(recorded & leftover) >= descendants, (recorded, leftover)
 
+        # at once: the heartbeat grace is ten minutes, only the dead worker's pid can tell
         second_log = tmp / "run2.log"
-        second = start_run(spec, 1, second_log)
+        second = start_run(spec, 1, second_log, NO_GRACE_ENV)
         second.wait(timeout=run_timeout)
         output = second_log.read_text()
         assert second.returncode == 0, output[-3000:]
-        assert f"trial {trial.number}: stopped its leftover server" in output
-        assert f"trial {trial.number}: marked interrupted, re-enqueued" in output
+        line = next(
+            (x for x in output.splitlines() if f"trial {trial.number}: its worker" in x), ""
+        )
+        assert f"(pid {first.pid} on this machine) is gone" in line, output[-3000:]
+        assert "stopped its leftover server" in line and "marked interrupted, re-enqueued" in line
         assert not leftover & {p.pid for p in tagged(tag)}, "the leftover server survived"
+        for pid in recorded:  # a detached helper too: found only by having been seen
+            assert not _proc.same_process(pid, None), f"recorded descendant {pid} survived"
 
         study = load(spec)
         stale = study.trials[trial.number]
@@ -268,6 +309,13 @@ def kill9_then_resume(
         for number in completed_before:  # no completed trial lost
             assert study.trials[number].state == TrialState.COMPLETE
         assert study.user_attrs.get(keys.REFERENCE) is not None
+        # no junk: nothing proposed was left unlaunched, nothing left running or queued
+        assert [
+            (t.number, t.user_attrs.get(keys.FAIL_REASON))
+            for t in study.trials
+            if t.user_attrs.get(keys.FAIL_REASON) in NOT_LAUNCHED
+        ] == []
+        assert [t.number for t in study.trials if t.state == TrialState.RUNNING] == []
     finally:
         for proc in (first,):
             if proc.poll() is None:
@@ -278,8 +326,60 @@ def kill9_then_resume(
 
 def test_kill9_then_resume_fake_server(tmp_path: Path) -> None:
     tag = f"resume{uuid.uuid4().hex[:10]}"
-    spec = fake_spec(tmp_path, tag)
-    kill9_then_resume(tmp_path, spec, tag, startup_wait=60, run_timeout=120)
+    # the server has a child in its group and a detached (setsid, double-forked) helper
+    spec = fake_spec(tmp_path, tag, extra=("--spawn-detached",))
+    kill9_then_resume(tmp_path, spec, tag, startup_wait=60, run_timeout=120, descendants=2)
+
+
+def test_kill9_during_baseline_startup_then_rerun_at_once(tmp_path: Path) -> None:
+    tag = f"basekill{uuid.uuid4().hex[:10]}"
+    # /health answers 503 for a while: the baseline's server is up but not ready yet
+    spec = fake_spec(tmp_path, tag, extra=("--ready-delay-s", "4"))
+    log = tmp_path / "run1.log"
+    first = start_run(spec, 2, log)
+    second = None
+    try:
+        baseline = wait_for(
+            lambda: running_with_server(spec, 0),
+            60,
+            first,
+            log,
+            "the baseline to be RUNNING with its server spawned",
+        )
+        assert baseline.number == 0 and not baseline.user_attrs[keys.SERVER].get("startup_s")
+        server_pid = baseline.user_attrs[keys.SERVER]["pid"]
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=10)
+        leftover = {p.pid for p in tagged(tag)}
+        assert server_pid in leftover
+
+        second_log = tmp_path / "run2.log"
+        second = start_run(spec, 1, second_log, NO_GRACE_ENV)
+        try:
+            second.wait(timeout=240)  # generous: a hang is what this test is about
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the rerun hung:\n" + second_log.read_text()[-3000:]) from None
+        output = second_log.read_text()
+        assert second.returncode == 0, output[-3000:]
+        assert "trial 0: its worker" in output and "marked interrupted, re-enqueued" in output
+        assert not leftover & {p.pid for p in tagged(tag)}, "the leftover server survived"
+
+        study = load(spec)
+        killed = study.trials[0]
+        assert killed.state == TrialState.FAIL
+        assert killed.user_attrs[keys.FAIL_REASON] == "interrupted"
+        retries = [t for t in study.trials if t.user_attrs.get(keys.RETRY_OF) == 0]
+        assert len(retries) == 1, [(t.number, t.user_attrs) for t in study.trials]
+        assert retries[0].user_attrs[keys.ROLE] == "baseline"
+        assert retries[0].state == TrialState.COMPLETE
+        assert study.user_attrs.get(keys.REFERENCE) is not None
+        assert [t.number for t in study.trials if t.state == TrialState.RUNNING] == []
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        kill_tagged(tag)
+    assert tagged(tag) == []
 
 
 @pytest.mark.e2e

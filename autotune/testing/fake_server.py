@@ -69,7 +69,9 @@ TGI or a proxy would), ``text`` (text only: no logprobs, no ids, no echo).
 Unknown command-line arguments are rejected (exit 2), as vLLM's parser does. ``--spawn-child``
 starts a child process in the server's process group, named like vLLM's ``EngineCore`` (via
 setproctitle when available), so teardown tests have a child to kill; a clean SIGTERM stops it,
-a SIGKILL of the server alone orphans it.
+a SIGKILL of the server alone orphans it. ``--spawn-detached`` starts a helper that calls
+``setsid`` and double-forks (its own session and group, re-parented away from the server, named
+``<child-title>-detached``) and sleeps: only a tracker that saw it can stop it.
 """
 
 from __future__ import annotations
@@ -131,6 +133,18 @@ while True:
     time.sleep(3600)
 """
 
+_DETACHED_CODE = r"""
+import os, sys, time
+os.setsid()
+pid = os.fork()
+if pid:
+    print(pid, flush=True)
+    os._exit(0)
+os.closerange(0, 3)
+while True:
+    time.sleep(3600)
+"""
+
 
 def _log(message: str) -> None:
     """Print one log line to stderr (where real engines log, and where autotune reads tails)."""
@@ -173,6 +187,7 @@ class ServerOptions:
     ready_delay_s: float
     spawn_child: bool
     child_title: str
+    spawn_detached: bool
     simulate: str | None
     time_scale: float
     sim_noise: float
@@ -217,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ready-delay-s", type=float, default=0.0, help="/health 503 for this long")
     p.add_argument("--spawn-child", action="store_true", help="start an EngineCore-like child")
     p.add_argument("--child-title", default="FAKE::EngineCore")
+    p.add_argument("--spawn-detached", action="store_true", help="setsid + double-fork helper")
     # Simulation.
     p.add_argument("--simulate", choices=SIMULATIONS, default=None)
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply every sleep by this")
@@ -262,6 +278,7 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         ready_delay_s=ns.ready_delay_s,
         spawn_child=ns.spawn_child,
         child_title=ns.child_title,
+        spawn_detached=ns.spawn_detached,
         simulate=ns.simulate,
         time_scale=ns.time_scale,
         sim_noise=ns.sim_noise,
@@ -934,6 +951,18 @@ def _spawn_child(opts: ServerOptions) -> subprocess.Popen[bytes]:
     return child
 
 
+def _spawn_detached(opts: ServerOptions) -> None:
+    """A helper that leaves the server's session and tree (setsid, fork, parent exits)."""
+    middle = subprocess.Popen(
+        [sys.executable, "-c", _DETACHED_CODE, f"{opts.child_title}-detached"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    out, _ = middle.communicate(timeout=30)
+    _log(f"spawned detached helper pid={out.decode().strip()} (setsid, double fork)")
+
+
 def _stop_child(child: subprocess.Popen[bytes] | None) -> None:
     if child is None or child.poll() is not None:
         return
@@ -1064,6 +1093,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_term)
     if opts.spawn_child:
         child = _spawn_child(opts)
+    if opts.spawn_detached:
+        _spawn_detached(opts)
     if opts.fault == "exit_at_start":
         return _die(
             "RuntimeError: Engine core initialization failed. See root cause above. "
