@@ -100,7 +100,7 @@ def _target(spec, study: str | None, storage: str | None, *, existing: bool) -> 
                 **where,
             )
     else:
-        keys.check_reachable(url, key=where["key"])
+        keys.check_reachable(url, **where)
     return url, name
 
 

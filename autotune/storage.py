@@ -123,7 +123,7 @@ def resolve_url(url: str, *, key: str = "--storage", file: str | None = None) ->
     return url
 
 
-def check_reachable(url: str, *, key: str = "--storage") -> None:
+def check_reachable(url: str, *, key: str = "--storage", file: str | None = None) -> None:
     """Connect once to a database server, writing nothing (no tables are created), so a bad
     server URL is refused before any directory is made. SQLite is only checked by
     :func:`resolve_url`: connecting would create the file."""
@@ -138,7 +138,7 @@ def check_reachable(url: str, *, key: str = "--storage") -> None:
             engine.dispose()
     except Exception as exc:  # driver and connection errors share no base class
         message = f"storage unreachable: {type(exc).__name__}: {exc}".splitlines()[0]
-        raise SpecError(message, key=key) from None
+        raise SpecError(message, key=key, file=file) from None
 
 
 def sqlite_file(url: str) -> Path | None:
