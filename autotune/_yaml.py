@@ -2,6 +2,11 @@
 
 Error messages must name the file, the key and the line, so the loader keeps the line of every
 mapping key (as a dotted path such as ``parameters.max_num_seqs.low``) beside the data.
+
+It also keeps the words that YAML 1.1 turns into booleans (``on``, ``off``, ``yes``, ``no``,
+unquoted): ``choices: [auto, off]`` reads as ``["auto", False]``, and a ``False`` flag value is
+dropped from the command line without a word. Callers where a string was meant ask
+:meth:`YamlDoc.refuse_yaml11_bool`, which names the key and says how to quote it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ class YamlDoc:
     path: Path
     data: Any
     lines: dict[str, int] = field(default_factory=dict)
+    #: key path -> the plain word (``off``, ``Yes``...) that YAML 1.1 read as a boolean
+    bool_words: dict[str, str] = field(default_factory=dict)
 
     def line(self, key: str) -> int | None:
         """The line of ``key``, or of its closest written parent."""
@@ -34,18 +41,50 @@ class YamlDoc:
     def error(self, key: str, message: str) -> SpecError:
         return SpecError(message, file=str(self.path), key=key or None, line=self.line(key))
 
+    def refuse_yaml11_bool(self, key: str, value: Any) -> None:
+        """Refuse ``value`` at ``key`` if it is a boolean that was written as on/off/yes/no."""
+        word = self.bool_words.get(key)
+        if word is None or not isinstance(value, bool):
+            return
+        read = "true" if value else "false"
+        raise self.error(
+            key,
+            f"the YAML value {word} was read as {read}; quote it as '{word}' "
+            f"(or write {read} for a boolean)",
+        )
 
-def _collect_lines(node: yaml.Node, prefix: str, lines: dict[str, int]) -> None:
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+#: more key paths than this means aliases expand into a bomb (``&a [*b, *b, ...]``)
+MAX_NODES = 100_000
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _collect_lines(
+    node: yaml.Node, prefix: str, lines: dict[str, int], bool_words: dict[str, str]
+) -> None:
+    if len(lines) > MAX_NODES:
+        raise _TooLarge
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             key = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
             lines[key] = key_node.start_mark.line + 1
-            _collect_lines(value_node, key, lines)
+            _collect_lines(value_node, key, lines, bool_words)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             key = f"{prefix}[{index}]"
             lines[key] = item.start_mark.line + 1
-            _collect_lines(item, key, lines)
+            _collect_lines(item, key, lines, bool_words)
+    elif (
+        isinstance(node, yaml.ScalarNode)
+        and node.tag == _BOOL_TAG
+        and node.style is None
+        and node.value.lower() not in ("true", "false")
+    ):
+        bool_words[prefix] = node.value
 
 
 def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
@@ -66,11 +105,18 @@ def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(f"malformed YAML: {problem}", file=str(path), line=line) from None
     lines: dict[str, int] = {}
+    bool_words: dict[str, str] = {}
     if node is not None:
-        _collect_lines(node, "", lines)
+        try:
+            _collect_lines(node, "", lines, bool_words)
+        except (_TooLarge, RecursionError):
+            raise SpecError(
+                f"the YAML expands to more than {MAX_NODES} keys and items (aliases?)",
+                file=str(path),
+            ) from None
     if not isinstance(data, dict):
         raise SpecError(f"{what} must be a YAML mapping", file=str(path), line=1)
-    return YamlDoc(path=path, data=data, lines=lines)
+    return YamlDoc(path=path, data=data, lines=lines, bool_words=bool_words)
 
 
 def check_keys(

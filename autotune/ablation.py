@@ -103,6 +103,7 @@ def run_ablation(
     trial_number: int | None = None,
     min_effect: float = 0.05,
     on_phase: Callable[[int, str], None] | None = None,
+    artifact_dir: str | None = None,
 ) -> AblationReport:
     if repeats < 2:
         raise SpecError("ablation needs at least 2 repeats to know its noise band", key="--repeats")
@@ -117,7 +118,14 @@ def run_ablation(
     variants = [Variant("best", best_values)]
     variants += [Variant(f"revert:{name}", revert(spec, best_values, name)) for name in changes]
     measured = measure_variants(
-        spec, study, storage_url, variants, repeats=repeats, role="ablation", on_phase=on_phase
+        spec,
+        study,
+        storage_url,
+        variants,
+        repeats=repeats,
+        role="ablation",
+        on_phase=on_phase,
+        artifact_dir=artifact_dir,
     )
     best = measured["best"]
     if not best.samples:

@@ -40,6 +40,14 @@ StorageOpt = Annotated[
         "--storage", help="SQLAlchemy URL (default: SQLite studies/<study>.db beside the spec)."
     ),
 ]
+ArtifactDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--artifact-dir",
+        help="Where server logs and outputs are stored (default: <study>-artifacts beside the "
+        "SQLite file).",
+    ),
+]
 
 
 def _fail(exc: AutotuneError) -> typer.Exit:
@@ -62,12 +70,49 @@ def _load_spec(path: Path):
     return load_spec(path)
 
 
-def _study_target(spec_path: Path, study: str | None, storage: str | None) -> tuple[str, str]:
+def _study_target(
+    spec_path: Path, study: str | None, storage: str | None, *, existing: bool = True
+) -> tuple[str, str]:
     """(storage URL, study name) from the options, falling back to the spec's defaults."""
+    return _target(_load_spec(spec_path), study, storage, existing=existing)
+
+
+def _target(spec, study: str | None, storage: str | None, *, existing: bool) -> tuple[str, str]:
+    """(storage URL, study name), both checked before anything is written: the name (one
+    rule for ``--study`` and the spec's ``study:``), the URL (in-memory SQLite refused, the
+    directory there), and either that the SQLite file exists (``existing``: commands that read
+    a study never create an empty database) or that a database server answers (``run``: a bad
+    URL is refused before the artifact directory is made)."""
+    from autotune import storage as keys
     from autotune.study import storage_url_for
 
-    spec = _load_spec(spec_path)
-    return storage_url_for(spec, storage), study or spec.name
+    name = keys.check_study_name(study) if study is not None else spec.name
+    url = storage_url_for(spec, storage)
+    where = {"key": "--storage"}
+    if storage is None and spec.storage is not None:
+        where = {"key": "storage", "file": str(spec.path)}
+    keys.resolve_url(url, **where)
+    database = keys.sqlite_file(url)
+    if existing:
+        if database is not None and not database.is_file():
+            raise SpecError(
+                f"no study storage at {database} (run `autotune run` first, or give --storage)",
+                **where,
+            )
+    else:
+        keys.check_reachable(url, **where)
+    return url, name
+
+
+def _require_study(url: str, name: str) -> None:
+    """A command that works on an existing study must not create one under a mistyped name."""
+    import optuna
+
+    from autotune import storage as keys
+
+    storage = keys.open_storage(url, heartbeat=False)
+    if name not in optuna.study.get_all_study_names(storage=storage):
+        raise SpecError(f"no study named {name!r} in {url}", key="--study")
 
 
 @app.command()
@@ -77,9 +122,7 @@ def run(
     study: StudyOpt = None,
     storage: StorageOpt = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Sampler seed.")] = None,
-    artifact_dir: Annotated[
-        str | None, typer.Option("--artifact-dir", help="Where server logs and outputs are stored.")
-    ] = None,
+    artifact_dir: ArtifactDirOpt = None,
     parallel: Annotated[
         int,
         typer.Option(
@@ -119,6 +162,15 @@ def run(
 
     try:
         study_spec = _load_spec(spec)
+        # Every name, URL and path is checked before anything is created.
+        url, name = _target(study_spec, study, storage, existing=False)
+        from autotune import storage as keys
+
+        keys.artifact_dir(url, name, artifact_dir)
+        try:
+            extra_env = json.loads(worker_env) if worker_env else None
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"not JSON: {exc}", key="--worker-env") from None
         options = RunOptions(
             trials=trials,
             storage_url=storage,
@@ -135,13 +187,18 @@ def run(
             code = run_parallel(spec, options, workers=parallel, plan=plan, console=console)
             if code == 0 and confirm_top:
                 _confirm(
-                    study_spec, *_study_target(spec, study, storage), confirm_top, confirm_repeats
+                    study_spec,
+                    url,
+                    name,
+                    confirm_top,
+                    confirm_repeats,
+                    artifact_dir=artifact_dir,
+                    quiet=True,
                 )
-            _print_report(*_study_target(spec, study, storage))
+            _print_report(url, name)
             if code == 0:
-                _say_if_baseline_is_best(*_study_target(spec, study, storage))
+                _say_if_baseline_is_best(url, name)
             raise typer.Exit(code=code)
-        extra_env = json.loads(worker_env) if worker_env else None
         view = _LiveView(trials)
         with Live(view.render(), console=console, refresh_per_second=4, transient=False) as live:
             view.live = live
@@ -160,6 +217,7 @@ def run(
                 summary.study_name,
                 confirm_top,
                 confirm_repeats,
+                artifact_dir=artifact_dir,
                 quiet=True,
             )
     except AutotuneError as exc:
@@ -198,7 +256,14 @@ def _say_if_baseline_is_best(url: str, name: str) -> None:
 
 
 def _confirm(
-    study_spec, url: str, name: str, top: int, repeats: int, *, quiet: bool = False
+    study_spec,
+    url: str,
+    name: str,
+    top: int,
+    repeats: int,
+    *,
+    artifact_dir: str | None = None,
+    quiet: bool = False,
 ) -> None:
     """The confirmation phase (see confirm.py); skipped for multi-objective studies."""
     import optuna
@@ -208,7 +273,10 @@ def _confirm(
 
     if len(study_spec.objective.metrics) != 1:
         return
-    loaded = optuna.load_study(storage=keys.open_storage(url), study_name=name)
+    try:
+        loaded = optuna.load_study(storage=keys.open_storage(url), study_name=name)
+    except KeyError:
+        raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
     if not top_candidates(study_spec, loaded, top):
         if not quiet:  # `run` says it once, at its end, with what export then writes
             console.print("[yellow]no verified correct config beyond the baseline to confirm[/]")
@@ -222,6 +290,7 @@ def _confirm(
         url,
         top_k=top,
         repeats=repeats,
+        artifact_dir=artifact_dir,
         on_phase=lambda n, p: (
             console.print(f"[dim]trial {n}: {p}[/]") if p == "launching" else None
         ),
@@ -474,12 +543,14 @@ def dashboard(
     study: StudyOpt = None,
     storage: StorageOpt = None,
     port: Annotated[int, typer.Option("--port")] = 8080,
+    artifact_dir: ArtifactDirOpt = None,
 ) -> None:
     """Open optuna-dashboard on the study's storage (with its artifacts)."""
     from autotune import storage as keys
 
     try:
         url, name = _study_target(spec, study, storage)
+        artifacts = keys.artifact_dir(url, name, artifact_dir)
     except AutotuneError as exc:
         raise _fail(exc) from None
     exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
@@ -491,7 +562,7 @@ def dashboard(
         "--port",
         str(port),
         "--artifact-dir",
-        str(keys.artifact_dir(url, name)),
+        str(artifacts),
     ]
     console.print(f"optuna-dashboard on http://127.0.0.1:{port} (study {name})")
     raise typer.Exit(code=subprocess.call(argv))
@@ -530,13 +601,18 @@ def confirm(
     storage: StorageOpt = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Candidates to re-measure.")] = 2,
     repeats: Annotated[int, typer.Option("--repeats", min=2)] = 3,
+    artifact_dir: ArtifactDirOpt = None,
 ) -> None:
     """Re-measure the top configs interleaved with the baseline; declare the winner with its
     gain and a 95% confidence interval."""
     try:
         study_spec = _load_spec(spec)
         url, name = _study_target(spec, study, storage)
-        _confirm(study_spec, url, name, top, repeats)
+        from autotune import storage as keys
+
+        keys.artifact_dir(url, name, artifact_dir)
+        _require_study(url, name)
+        _confirm(study_spec, url, name, top, repeats, artifact_dir=artifact_dir)
         from autotune.report import load_report
 
         data = load_report(url, name).attrs.get("confirmation")
@@ -568,6 +644,7 @@ def ablate(
             help="Smallest relative change counted as an effect (default 5%).",
         ),
     ] = 0.05,
+    artifact_dir: ArtifactDirOpt = None,
 ) -> None:
     """Revert each change of the best config one at a time: what really helped?"""
     import optuna
@@ -578,6 +655,7 @@ def ablate(
     try:
         study_spec = _load_spec(spec)
         url, name = _study_target(spec, study, storage)
+        keys.artifact_dir(url, name, artifact_dir)
         try:
             loaded = optuna.load_study(storage=keys.open_storage(url), study_name=name)
         except KeyError:
@@ -589,6 +667,7 @@ def ablate(
             repeats=repeats,
             trial_number=trial,
             min_effect=min_effect,
+            artifact_dir=artifact_dir,
             on_phase=lambda n, p: console.print(f"[dim]trial {n}: {p}[/]"),
         )
         _print_ablation(report.to_dict())
@@ -703,6 +782,7 @@ def cleanup(
     try:
         study_spec = _load_spec(spec)
         url, name = _study_target(spec, study, storage)
+        _require_study(url, name)
         loaded, _ = open_study(study_spec, url, study_name=name)
         messages = cleanup_stale(loaded)
     except AutotuneError as exc:

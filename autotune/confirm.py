@@ -81,6 +81,7 @@ def run_confirmation(
     top_k: int = 2,
     repeats: int = 2,
     on_phase: Callable[[int, str], None] | None = None,
+    artifact_dir: str | None = None,
 ) -> Confirmation:
     if len(spec.objective.metrics) != 1:
         raise SpecError(
@@ -101,7 +102,14 @@ def run_confirmation(
         }
         variants.append(Variant(f"trial {trial.number}", values))
     measured = measure_variants(
-        spec, study, storage_url, variants, repeats=repeats, role="confirm", on_phase=on_phase
+        spec,
+        study,
+        storage_url,
+        variants,
+        repeats=repeats,
+        role="confirm",
+        on_phase=on_phase,
+        artifact_dir=artifact_dir,
     )
     results = []
     for variant, trial in zip(variants, [None, *candidates], strict=True):

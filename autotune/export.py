@@ -25,6 +25,17 @@ from autotune.errors import SpecError
 from autotune.report import baseline_reason, best_trials, verified_baseline
 from autotune.spec import StudySpec
 
+#: where the API key goes in an exported launch: the user's shell expands it
+API_KEY = "$API_KEY"
+
+
+def _shell_word(text: str) -> str:
+    """``text`` quoted for a POSIX shell, except ``$API_KEY``, left to expand (in double
+    quotes): ``Bearer $API_KEY`` -> ``'Bearer '"$API_KEY"``, one word once expanded."""
+    if API_KEY not in text:
+        return shlex.quote(text)
+    return f'"{API_KEY}"'.join(shlex.quote(part) if part else "" for part in text.split(API_KEY))
+
 
 @dataclass(frozen=True)
 class ExportResult:
@@ -87,7 +98,8 @@ def export_values(
     engine = build_engine(spec)
     settings = spec.space.resolve(values)
     config = engine.export_config(settings)
-    env = dict(spec.engine.env)
+    # A spec's ``{api_key}`` (command engine env) is the user's own key at launch time.
+    env = {k: v.replace("{api_key}", API_KEY) for k, v in spec.engine.env.items()}
     env.update(settings.env)
     env.update(engine.patch_env(settings))
     command = engine.launch_command(settings, str(out))
@@ -104,8 +116,8 @@ def export_values(
     if settings.patches:
         header.append(f"# Patches (applied by autotune's vLLM plugin): {dict(settings.patches)}")
     header.append("# Launch:")
-    env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    header.append(f"#   {env_prefix + ' ' if env_prefix else ''}{shlex.join(command)}")
+    words = [f"{k}={_shell_word(v)}" for k, v in env.items()] + [_shell_word(c) for c in command]
+    header.append("#   " + " ".join(words))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(
@@ -115,7 +127,10 @@ def export_values(
     env_path = None
     if env:
         env_path = out.with_suffix(".env")
-        env_path.write_text("".join(f"{k}={v}\n" for k, v in env.items()), encoding="utf-8")
+        env_path.write_text(
+            "".join(f"{k}={v.replace(API_KEY, '${API_KEY}')}\n" for k, v in env.items()),
+            encoding="utf-8",
+        )
     return ExportResult(
         path=out, trial_number=number, config=config, env=env, command=command, env_path=env_path
     )

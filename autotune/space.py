@@ -9,6 +9,7 @@ in the README and in ``docs/ARCHITECTURE.md``.
 from __future__ import annotations
 
 import ast
+import itertools
 import math
 import random
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ import optuna
 
 from autotune._yaml import YamlDoc, check_keys, load_yaml
 from autotune.engines.base import ServerSettings, merge_json_key
+from autotune.errors import SpecError
 
 TYPES = ("int", "float", "categorical", "bool", "int_list")
 _PARAM_KEYS = {
@@ -37,6 +39,10 @@ _PARAM_KEYS = {
 _MISSING = object()
 #: how many random configurations are drawn to prove the constraints can be satisfied
 _FEASIBILITY_DRAWS = 5000
+#: at most this many value combinations are tried per constraint to find a type error at load
+_TYPE_CHECK_COMBINATIONS = 20_000
+#: longest constraint expression accepted (bounds parsing, recursion and every value it builds)
+MAX_CONSTRAINT_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -129,16 +135,37 @@ class Constraint:
 
     Evaluated by a small AST interpreter (comparisons, arithmetic, and/or/not), never ``eval``.
     A constraint that names an inactive parameter holds: it says nothing about that config.
+    Evaluation never raises a raw Python error: a type error (``mode > 3`` on strings) is a
+    :class:`SpecError` naming the constraint; :func:`load_space` tries the values of every
+    parameter a constraint names, so that happens when the space is loaded, not mid-study.
     """
 
     expr: str
     names: frozenset[str]
     tree: ast.Expression = field(compare=False, repr=False)
+    key: str = field(default="constraints", compare=False)
+    file: str | None = field(default=None, compare=False)
 
     def holds(self, values: Mapping[str, Any]) -> bool:
         if not self.names <= set(values):
             return True
-        return bool(_evaluate(self.tree.body, values))
+        try:
+            return bool(_evaluate(self.tree.body, values))
+        except _EVAL_ERRORS as exc:
+            raise SpecError(self._why(values, exc), file=self.file, key=self.key) from None
+
+    def problem(self, values: Mapping[str, Any]) -> str | None:
+        """Why the expression cannot be evaluated for ``values``, or None if it can."""
+        try:
+            bool(_evaluate(self.tree.body, values))
+        except _EVAL_ERRORS as exc:
+            return self._why(values, exc)
+        return None
+
+    def _why(self, values: Mapping[str, Any], exc: BaseException) -> str:
+        shown = ", ".join(f"{n}={values[n]!r}" for n in sorted(self.names))
+        reason = str(exc) or type(exc).__name__
+        return f"{self.expr!r} cannot be evaluated for {shown}: {reason}"
 
 
 @dataclass(frozen=True)
@@ -297,6 +324,7 @@ def load_space(path: str | Path) -> SearchSpace:
         constraints.append(_parse_constraint(doc, f"constraints[{index}]", expr, names))
     space = SearchSpace(path=Path(path), parameters=tuple(params), constraints=tuple(constraints))
     _check_targets_unique(doc, space)
+    _check_constraints_evaluate(doc, space)
     broken = space.violated(space.baseline_values())
     if broken:
         raise doc.error("constraints", f"the baseline values violate {broken[0]!r}")
@@ -366,6 +394,8 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
                 raise doc.error(
                     f"{key}.choices[{index}]", "choices must be strings, numbers, booleans or null"
                 )
+            else:
+                doc.refuse_yaml11_bool(f"{key}.choices[{index}]", choice)
         labels = [repr(c) for c in choices]
         if len(set(labels)) != len(labels):
             raise doc.error(f"{key}.choices", "choices must be distinct")
@@ -384,13 +414,22 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
         values = expected["in"] if isinstance(expected, dict) and "in" in expected else [expected]
         if isinstance(expected, dict) and set(expected) != {"in"}:
             raise doc.error(f"{key}.when.{other}", "use a value or {in: [values]}")
-        for v in values:
+        if not isinstance(values, list):
+            raise doc.error(f"{key}.when.{other}.in", "must be a list of values")
+        for index, v in enumerate(values):
+            if earlier_names[other].type == "categorical":
+                in_list = isinstance(expected, dict)
+                doc.refuse_yaml11_bool(
+                    f"{key}.when.{other}" + (f".in[{index}]" if in_list else ""), v
+                )
             if not earlier_names[other].contains(v):
                 raise doc.error(f"{key}.when.{other}", f"{v!r} is not in the domain of {other}")
     fields["when"] = dict(when)
     param = Parameter(**fields)
     if "baseline" in raw:
         base = raw["baseline"]
+        if ptype == "categorical":
+            doc.refuse_yaml11_bool(f"{key}.baseline", base)
         if not param.contains(base):
             raise doc.error(f"{key}.baseline", f"{base!r} is outside the parameter's domain")
         param = Parameter(**fields, baseline=list(base) if ptype == "int_list" else base)
@@ -432,6 +471,60 @@ def _check_targets_unique(doc: YamlDoc, space: SearchSpace) -> None:
                 f"parameters.{param.name}.target", f"same target as parameter {seen[ident]!r}"
             )
         seen[ident] = param.name
+
+
+def _probe_values(param: Parameter) -> list[Any]:
+    """Values that stand for the parameter's whole domain: every choice, or the ends and the
+    middle of a numeric range (numbers share one type, so their errors do not hide between)."""
+    if param.type == "categorical":
+        return list(param.choices)
+    if param.type == "int_list":
+        return [list(c) for c in param.choices]
+    if param.type == "bool":
+        return [False, True]
+    if param.type == "int":
+        low, step = int(param.low), int(param.step or 1)
+        count = (int(param.high) - low) // step
+        return sorted({low, low + step * (count // 2), low + step * count})
+    low, high = float(param.low), float(param.high)
+    return sorted({low, (low + high) / 2, high})
+
+
+def _check_constraints_evaluate(doc: YamlDoc, space: SearchSpace) -> None:
+    """Evaluate each constraint on the values of the parameters it names (all combinations, or
+    a fixed random sample of them when there are too many): a type error such as ``mode > 3``
+    on string choices or ``len(n)`` on an int is refused now, naming the constraint."""
+    rng = random.Random(0)
+    for constraint in space.constraints:
+        params = [space.parameter(n) for n in sorted(constraint.names)]
+        domains = [_probe_values(p) for p in params]
+        total = math.prod(len(d) for d in domains)
+        if total <= _TYPE_CHECK_COMBINATIONS:
+            combos: Any = itertools.product(*domains)
+        else:
+            combos = (
+                tuple(rng.choice(d) for d in domains) for _ in range(_TYPE_CHECK_COMBINATIONS)
+            )
+        for combo in combos:
+            values = {p.name: v for p, v in zip(params, combo, strict=True)}
+            if not _consistent(params, values):
+                continue
+            problem = constraint.problem(values)
+            if problem is not None:
+                raise doc.error(constraint.key, problem)
+
+
+def _consistent(params: list[Parameter], values: Mapping[str, Any]) -> bool:
+    """False when the combination cannot occur: a parameter is active only under another
+    value of a parameter in the same combination (``when``)."""
+    for param in params:
+        for other, expected in param.when.items():
+            if other not in values:
+                continue
+            allowed = expected["in"] if isinstance(expected, dict) else [expected]
+            if values[other] not in allowed:
+                return False
+    return True
 
 
 def _check_satisfiable(doc: YamlDoc, space: SearchSpace) -> None:
@@ -491,13 +584,44 @@ _ORDER = {
 }
 
 
+#: constants a constraint may contain (no bytes, complex numbers or ``...``)
+_CONSTANT_TYPES = (bool, int, float, str, type(None))
+_NUMBER_ONLY = {
+    ast.Sub: "-",
+    ast.Mult: "*",
+    ast.Div: "/",
+    ast.FloorDiv: "//",
+    ast.Mod: "%",
+}
+
+
+class _EvalError(Exception):
+    """An operation the interpreter refuses (it would build a huge object, or means nothing)."""
+
+
+_EVAL_ERRORS = (
+    _EvalError,
+    TypeError,
+    ValueError,
+    ArithmeticError,
+    RecursionError,
+    MemoryError,
+)
+
+
 def _parse_constraint(doc: YamlDoc, key: str, expr: Any, names: set[str]) -> Constraint:
     if not isinstance(expr, str) or not expr.strip():
         raise doc.error(key, "must be an expression string")
+    if len(expr) > MAX_CONSTRAINT_CHARS:
+        raise doc.error(
+            key, f"expression too long ({len(expr)} characters, at most {MAX_CONSTRAINT_CHARS})"
+        )
     try:
         tree = ast.parse(expr, mode="eval")
     except SyntaxError as exc:
         raise doc.error(key, f"invalid expression {expr!r}: {exc.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as exc:
+        raise doc.error(key, f"invalid expression {expr!r}: {exc or type(exc).__name__}") from None
     used: set[str] = set()
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED):
@@ -506,15 +630,35 @@ def _parse_constraint(doc: YamlDoc, key: str, expr: Any, names: set[str]) -> Con
             isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords
         ):
             raise doc.error(key, f"only {', '.join(_FUNCS)} may be called in {expr!r}")
+        if isinstance(node, ast.Constant) and not isinstance(node.value, _CONSTANT_TYPES):
+            raise doc.error(key, f"constant {node.value!r} is not allowed in {expr!r}")
+        if isinstance(node, ast.BinOp) and type(node.op) in _NUMBER_ONLY:
+            for side in (node.left, node.right):
+                if isinstance(side, ast.List | ast.Tuple) or (
+                    isinstance(side, ast.Constant) and isinstance(side.value, str)
+                ):
+                    raise doc.error(
+                        key,
+                        f"{_NUMBER_ONLY[type(node.op)]} applies to numbers only in {expr!r}"
+                        " (repeating or formatting a string or list is not allowed)",
+                    )
         if isinstance(node, ast.Name) and node.id not in _FUNCS:
             used.add(node.id)
     unknown = used - names
     if unknown:
         raise doc.error(key, f"unknown parameter {sorted(unknown)[0]!r} in {expr!r}")
-    return Constraint(expr=expr, names=frozenset(used), tree=tree)
+    return Constraint(expr=expr, names=frozenset(used), tree=tree, key=key, file=str(doc.path))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float)  # bool is an int: True + 1 == 2, as in Python
 
 
 def _evaluate(node: ast.AST, values: Mapping[str, Any]) -> Any:
+    """Interpret an expression checked by :func:`_parse_constraint`. ``*``, ``-``, ``/``,
+    ``//`` and ``%`` take numbers only, so no operand can make it build a huge string or list
+    (``'a' * n``) or format one (``'%999999999d' % n``); anything else that Python refuses
+    raises one of ``_EVAL_ERRORS``, turned into a SpecError by :meth:`Constraint.problem`."""
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):
@@ -528,11 +672,16 @@ def _evaluate(node: ast.AST, values: Mapping[str, Any]) -> Any:
         operand = _evaluate(node.operand, values)
         if isinstance(node.op, ast.Not):
             return not operand
+        if not _is_number(operand):
+            raise _EvalError(f"unary minus or plus needs a number, got {operand!r}")
         return -operand if isinstance(node.op, ast.USub) else +operand
     if isinstance(node, ast.Call):
         return _FUNCS[node.func.id](*[_evaluate(a, values) for a in node.args])
     if isinstance(node, ast.BinOp):
         left, right = _evaluate(node.left, values), _evaluate(node.right, values)
+        symbol = _NUMBER_ONLY.get(type(node.op))
+        if symbol is not None and not (_is_number(left) and _is_number(right)):
+            raise _EvalError(f"{symbol} applies to numbers only, got {left!r} {symbol} {right!r}")
         ops = {
             ast.Add: lambda a, b: a + b,
             ast.Sub: lambda a, b: a - b,
@@ -546,16 +695,17 @@ def _evaluate(node: ast.AST, values: Mapping[str, Any]) -> Any:
         left = _evaluate(node.left, values)
         for op, comparator in zip(node.ops, node.comparators, strict=True):
             right = _evaluate(comparator, values)
+            if isinstance(op, ast.In | ast.NotIn) and not isinstance(right, list):
+                raise _EvalError(f"'in' needs a list on its right, got {right!r}")
             ok = {
-                ast.Eq: left == right,
-                ast.NotEq: left != right,
-                ast.In: left in right if isinstance(right, list) else False,
-                ast.NotIn: left not in right if isinstance(right, list) else True,
-            }.get(type(op))
-            if ok is None:
-                ok = _ORDER[type(op)](left, right)
+                ast.Eq: lambda a, b: a == b,
+                ast.NotEq: lambda a, b: a != b,
+                ast.In: lambda a, b: a in b,
+                ast.NotIn: lambda a, b: a not in b,
+                **_ORDER,
+            }[type(op)](left, right)
             if not ok:
                 return False
             left = right
         return True
-    raise ValueError(f"unsupported expression node {type(node).__name__}")
+    raise _EvalError(f"unsupported expression node {type(node).__name__}")

@@ -16,6 +16,7 @@ from typing import Any
 from autotune._yaml import YamlDoc, check_keys, load_yaml
 from autotune.errors import SpecError
 from autotune.space import SearchSpace, load_space
+from autotune.storage import check_url, study_name_problem
 
 ENGINE_KINDS = ("vllm", "command")
 #: metrics a study can optimise, with the direction that is better
@@ -43,6 +44,8 @@ class EngineSpec:
     env: dict[str, str] = field(default_factory=dict)
     patch_dirs: tuple[Path, ...] = ()
     health_path: str = "/health"
+    #: command engine: a command whose first output line is the engine's version
+    version_command: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,8 +164,9 @@ def load_spec(path: str | Path) -> StudySpec:
         {"study", "engine", "model", "search_space", "check", "workload"},
     )
     name = data["study"]
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise doc.error("study", "must be a name of letters, digits, '.', '_' or '-'")
+    problem = study_name_problem(name)
+    if problem is not None:
+        raise doc.error("study", problem)
     base = doc.path.parent
     space_rel = data["search_space"]
     if not isinstance(space_rel, str):
@@ -177,6 +181,11 @@ def load_spec(path: str | Path) -> StudySpec:
     storage = data.get("storage")
     if storage is not None and not isinstance(storage, str):
         raise doc.error("storage", "must be an SQLAlchemy URL string")
+    if storage is not None:
+        try:
+            check_url(storage)
+        except SpecError as exc:
+            raise doc.error("storage", exc.message) from None
     return StudySpec(
         path=doc.path,
         name=name,
@@ -208,7 +217,7 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
         doc,
         raw,
         "engine",
-        {"kind", "command", "args", "env", "patch_dirs", "health_path"},
+        {"kind", "command", "args", "env", "patch_dirs", "health_path", "version_command"},
         {"kind"},
     )
     kind = raw["kind"]
@@ -229,11 +238,34 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
             if placeholder not in text:
                 raise doc.error("engine.command", f"the template must contain {placeholder}")
     args = raw.get("args") or []
-    if not (isinstance(args, list) and all(isinstance(a, str | int | float) for a in args)):
+    if not isinstance(args, list):
         raise doc.error("engine.args", "must be a list of strings")
+    for index, arg in enumerate(args):
+        doc.refuse_yaml11_bool(f"engine.args[{index}]", arg)
+        if isinstance(arg, bool) or not isinstance(arg, str | int | float):
+            raise doc.error(f"engine.args[{index}]", f"must be a string, got {arg!r}")
+    for what, parts in (("command", command), ("args", args)):
+        for index, part in enumerate(parts):
+            if "{api_key}" in str(part):
+                raise doc.error(
+                    f"engine.{what}[{index}]",
+                    "{api_key} on the command line would show the key in `ps`; the server "
+                    "gets it in the AUTOTUNE_API_KEY environment variable (vLLM: "
+                    "VLLM_API_KEY), or name your own with engine.env: "
+                    '{MY_SERVER_API_KEY: "{api_key}"}',
+                )
     env = raw.get("env") or {}
     if not isinstance(env, dict):
         raise doc.error("engine.env", "must be a mapping of variable -> value")
+    for var, value in env.items():
+        doc.refuse_yaml11_bool(f"engine.env.{var}", value)
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise doc.error(f"engine.env.{var}", f"must be a string, got {value!r}")
+    version_command = raw.get("version_command") or []
+    if not (isinstance(version_command, list) and all(isinstance(c, str) for c in version_command)):
+        raise doc.error("engine.version_command", "must be a list of strings (no shell)")
+    if version_command and kind != "command":
+        raise doc.error("engine.version_command", "only the command engine takes it")
     dirs = raw.get("patch_dirs") or ["../patches"]
     if not isinstance(dirs, list):
         raise doc.error("engine.patch_dirs", "must be a list of directories")
@@ -246,6 +278,7 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
         env={str(k): str(v) for k, v in env.items()},
         patch_dirs=patch_dirs,
         health_path=str(health),
+        version_command=tuple(version_command),
     )
 
 

@@ -8,12 +8,14 @@ everything autotune writes. This is the only module that knows the key names.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
+from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -59,25 +61,94 @@ def _env_seconds(name: str, default: int) -> int:
         return default
 
 
-def resolve_url(url: str) -> str:
-    """Validate an SQLAlchemy URL; for SQLite make sure the directory exists and is writable."""
+#: a study name becomes a file name (``<name>.db``, ``<name>-artifacts``): no separators, no
+#: leading dot, so nothing derived from it can leave the storage directory
+STUDY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def study_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a study, or None. The one rule for the spec's ``study:`` key
+    and every ``--study`` option."""
+    if isinstance(name, str) and STUDY_NAME_RE.fullmatch(name):
+        return None
+    return (
+        "must be a name of letters, digits, '.', '_' or '-' (starting with a letter or "
+        f"digit, at most 128 characters), got {name!r}"
+    )
+
+
+def check_study_name(name: str, *, key: str = "--study") -> str:
+    problem = study_name_problem(name)
+    if problem is not None:
+        raise SpecError(problem, key=key)
+    return name
+
+
+def check_url(url: str, *, key: str = "--storage", file: str | None = None) -> str:
+    """Parse the URL and refuse what cannot keep a study: an in-memory SQLite database runs
+    real trials and loses every one of them when the process exits. Touches nothing."""
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise SpecError(f"not a valid SQLAlchemy storage URL: {url!r}", key="--storage") from None
+        raise SpecError(
+            f"not a valid SQLAlchemy storage URL: {url!r}", key=key, file=file
+        ) from None
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database or ""
-        if database and database != ":memory:":
-            directory = Path(database).resolve().parent
-            if not directory.is_dir():
-                raise SpecError(
-                    f"directory for the SQLite study does not exist: {directory}", key="--storage"
-                )
-            if not _writable(directory):
-                raise SpecError(
-                    f"directory for the SQLite study is not writable: {directory}", key="--storage"
-                )
+        if (
+            database in ("", ":memory:")
+            or database.startswith("file::memory:")
+            or parsed.query.get("mode") == "memory"
+        ):
+            raise SpecError(
+                f"{url!r} is an in-memory SQLite database: every trial would be lost when "
+                "autotune exits; give a file, e.g. sqlite:///studies/NAME.db",
+                key=key,
+                file=file,
+            )
     return url
+
+
+def resolve_url(url: str, *, key: str = "--storage", file: str | None = None) -> str:
+    """Validate an SQLAlchemy URL; for SQLite make sure the directory exists and is writable."""
+    parsed = make_url(check_url(url, key=key, file=file))
+    if parsed.get_backend_name() == "sqlite":
+        directory = Path(parsed.database).resolve().parent
+        if not directory.is_dir():
+            raise SpecError(
+                f"directory for the SQLite study does not exist: {directory}", key=key, file=file
+            )
+        if not _writable(directory):
+            raise SpecError(
+                f"directory for the SQLite study is not writable: {directory}", key=key, file=file
+            )
+    return url
+
+
+def check_reachable(url: str, *, key: str = "--storage", file: str | None = None) -> None:
+    """Connect once to a database server, writing nothing (no tables are created), so a bad
+    server URL is refused before any directory is made. SQLite is only checked by
+    :func:`resolve_url`: connecting would create the file."""
+    if make_url(url).get_backend_name() == "sqlite":
+        return
+    try:
+        engine = create_engine(url, pool_pre_ping=True)
+        try:
+            with engine.connect():
+                pass
+        finally:
+            engine.dispose()
+    except Exception as exc:  # driver and connection errors share no base class
+        message = f"storage unreachable: {type(exc).__name__}: {exc}".splitlines()[0]
+        raise SpecError(message, key=key, file=file) from None
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of an SQLite URL (None for other databases)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    return Path(parsed.database)
 
 
 def open_storage(url: str, *, heartbeat: bool = True) -> optuna.storages.RDBStorage:
@@ -111,13 +182,22 @@ def open_storage(url: str, *, heartbeat: bool = True) -> optuna.storages.RDBStor
 
 
 def artifact_dir(url: str, study_name: str, override: str | None = None) -> Path:
-    """Server logs and verified outputs live beside an SQLite file, or where the user says."""
+    """Server logs and verified outputs live beside an SQLite file, or where the user says.
+
+    The name is checked first: ``--study ../../x`` must not put artifacts outside the storage
+    directory."""
+    check_study_name(study_name)
     if override:
         return Path(override)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        return Path(parsed.database).resolve().parent / f"{study_name}-artifacts"
-    return Path("studies") / f"{study_name}-artifacts"
+        parent = Path(parsed.database).resolve().parent
+    else:
+        parent = Path("studies")
+    path = parent / f"{study_name}-artifacts"
+    if Path(os.path.normpath(path)).parent != parent:  # cannot happen with a checked name
+        raise SpecError(f"artifacts would leave {parent}: {path}", key="--study")
+    return path
 
 
 def artifact_store(directory: Path) -> FileSystemArtifactStore:

@@ -64,7 +64,8 @@ def autotune_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "autotune", *args]
 
 
-#: the command-engine template that starts the fault-injecting test double
+#: the command-engine template that starts the fault-injecting test double (it reads the API
+#: key from AUTOTUNE_API_KEY: never on argv, where ``ps`` would show it)
 FAKE_SERVER_COMMAND = (
     sys.executable,
     "-m",
@@ -73,8 +74,6 @@ FAKE_SERVER_COMMAND = (
     "{host}",
     "--port",
     "{port}",
-    "--api-key",
-    "{api_key}",
     "--model",
     "{served_name}",
 )

@@ -89,8 +89,17 @@ def assert_bad_input(result, tmp: Path, *needles: str) -> str:
 
 
 def assert_untouched(tmp: Path) -> None:
-    left = sorted(p.name for p in tmp.iterdir())
+    """No database, no artifact directory, in ``tmp`` (also the working directory, where a
+    server URL's artifacts would go: ``studies/<name>-artifacts``) or anywhere below it."""
+    left = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))
     assert not [n for n in left if n.endswith(".db") or n.endswith("-artifacts")], left
+    assert not (tmp / "studies").exists(), left
+
+
+@pytest.fixture(autouse=True)
+def _work_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Relative paths the tool derives (``studies/...``) land in the test's own folder."""
+    monkeypatch.chdir(tmp_path)
 
 
 # --- malformed and invalid YAML -----------------------------------------------------------------
@@ -328,3 +337,361 @@ def test_bad_input_adds_no_trial_to_an_existing_study(tmp_path: Path) -> None:
     assert (tmp_path / "keep" / "studies.db").read_bytes() == before
     summaries = optuna.get_all_study_summaries(storage=url)
     assert [(s.study_name, s.n_trials) for s in summaries] == [("bad", 0)]
+
+
+# --- constraints: type errors and memory bombs are refused when the space is loaded -------------
+
+SPACE_STR = {
+    "parameters": {
+        "n": {"type": "int", "low": 1, "high": 8, "target": {"flag": "--max-num-seqs"}},
+        "mode": {"type": "categorical", "choices": ["a", "b"], "target": {"flag": "--mode"}},
+        "sizes": {"type": "int_list", "choices": [[1, 2], [4]], "target": {"flag": "--sizes"}},
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("expr", "words"),
+    [
+        ("mode > 3", "'>' not supported between instances of 'str' and 'int'"),
+        ("len(n) > 2", "object of type 'int' has no len()"),
+        ("max(n) > 1", "not iterable"),
+        ("-mode < 0", "needs a number"),
+        ("n in 'abc'", "'in' needs a list"),
+        ("sizes + n > 1", "can only concatenate list"),
+        # would build a 20 GB string, or format a 1 GB one: refused, never evaluated
+        ("len('a' * 20000000000) > n", "applies to numbers only"),
+        ("len([0] * 20000000000) > n", "applies to numbers only"),
+        ("len('%0999999999d' % n) > 1", "applies to numbers only"),
+        ("len(mode * 20000000000) > n", "applies to numbers only"),
+        ("len(sizes * n) > 1", "applies to numbers only"),
+        ("len(b'x') > 0", "not allowed"),
+        ("n ** 99999999 > 1", "Pow is not allowed"),
+        ("n > 1 and " * 200 + "n > 0", "too long"),
+    ],
+)
+def test_constraint_type_errors_and_bombs(tmp_path: Path, expr: str, words: str) -> None:
+    path = write(tmp_path, space={**SPACE_STR, "constraints": ["n >= 1", expr]})
+    line = assert_bad_input(
+        invoke("run", "--spec", str(path), "--trials", "1"),
+        tmp_path,
+        f"{tmp_path / 'space.yaml'}:",
+        "constraints[1]",
+        words,
+    )
+    assert "Traceback" not in line
+
+
+def test_constraint_guarded_by_and_is_accepted(tmp_path: Path) -> None:
+    """Short-circuiting is the interpreter's own: ``fault`` is compared with a number only
+    where it is not None... and None never reaches ``>``; both choices are tried at load."""
+    space = {
+        "parameters": {
+            "n": {"type": "int", "low": 1, "high": 8, "target": {"flag": "--max-num-seqs"}},
+            "level": {"type": "categorical", "choices": [None, 2, 4], "target": {"flag": "--l"}},
+        },
+        "constraints": ["level == None or level <= n"],
+    }
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    loaded = load_space(tmp_path / "space.yaml")
+    assert loaded.violated({"n": 1, "level": 4}) == ["level == None or level <= n"]
+    assert loaded.violated({"n": 1, "level": None}) == []
+    # unguarded, the None choice breaks it: found at load, not in a trial
+    space["constraints"] = ["level <= n"]
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    with pytest.raises(SpecError) as caught:
+        load_space(tmp_path / "space.yaml")
+    assert caught.value.key == "constraints[0]" and "level=None" in str(caught.value)
+
+
+def test_constraint_evaluation_never_raises_a_python_error(tmp_path: Path) -> None:
+    """Values the load check never saw (a caller's own) still give a SpecError naming the
+    constraint, never a TypeError."""
+    space = {**SPACE_STR, "constraints": ["n >= 1"]}
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    loaded = load_space(tmp_path / "space.yaml")
+    with pytest.raises(SpecError) as caught:
+        loaded.violated({"n": "eight", "mode": "a", "sizes": [4]})
+    assert caught.value.key == "constraints[0]"
+    assert caught.value.file == str(tmp_path / "space.yaml")
+
+
+def test_yaml_alias_bomb(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    rows = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for prev, name in zip("abcdef", "bcdefg", strict=True):
+        rows.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 10) + "]")
+    (tmp_path / "space.yaml").write_text("\n".join(rows) + "\nparameters: {}\n")
+    assert_bad_input(invoke("run", "--spec", str(path)), tmp_path, "space.yaml", "aliases")
+
+
+# --- YAML 1.1 booleans where a string was meant ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "word"),
+    [
+        (
+            "parameters:\n  mode:\n    type: categorical\n    choices: [auto, off]\n"
+            "    target: {flag: --mode}\n",
+            "parameters.mode.choices[1]",
+            "off",
+        ),
+        (
+            "parameters:\n  mode:\n    type: categorical\n    choices: [auto, 'on']\n"
+            "    baseline: On\n    target: {env: MODE}\n",
+            "parameters.mode.baseline",
+            "On",
+        ),
+        (
+            "parameters:\n  mode:\n    type: categorical\n    choices: [auto, 'off']\n"
+            "    target: {json: --compilation-config, key: mode}\n"
+            "  n:\n    type: int\n    low: 1\n    high: 4\n    target: {flag: --n}\n"
+            "    when: {mode: {in: [auto, off]}}\n",
+            "parameters.n.when.mode.in[1]",
+            "off",
+        ),
+    ],
+)
+def test_yaml11_boolean_in_choices(tmp_path: Path, text: str, key: str, word: str) -> None:
+    path = write(tmp_path)
+    (tmp_path / "space.yaml").write_text(text)
+    line = assert_bad_input(
+        invoke("run", "--spec", str(path)), tmp_path, "space.yaml:", key, f"quote it as '{word}'"
+    )
+    assert f"the YAML value {word} was read as" in line
+
+
+def test_quoted_off_and_real_booleans_are_accepted(tmp_path: Path) -> None:
+    (tmp_path / "space.yaml").write_text(
+        "parameters:\n"
+        "  mode: {type: categorical, choices: [auto, 'off', \"on\"], target: {flag: --mode}}\n"
+        "  flag: {type: categorical, choices: [true, false], target: {flag: --x}}\n"
+        "  eager: {type: bool, baseline: no, target: {flag: --enforce-eager}}\n"
+    )
+    space = load_space(tmp_path / "space.yaml")
+    assert space.parameter("mode").choices == ("auto", "off", "on")
+    assert space.parameter("flag").choices == (True, False)
+    assert space.parameter("eager").baseline is False  # a bool parameter: no is false
+
+
+def test_yaml11_boolean_in_engine_args(tmp_path: Path) -> None:
+    path = write(tmp_path, with_(SPEC, "engine.args", ["--x", "X"]))
+    path.write_text(path.read_text().replace("- X", "- off"))
+    assert_bad_input(
+        invoke("run", "--spec", str(path)), tmp_path, str(path), "engine.args[1]", "quote it"
+    )
+
+
+# --- storage URLs and study names --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:"])
+def test_in_memory_sqlite_is_refused(tmp_path: Path, url: str) -> None:
+    path = write(tmp_path)
+    result = invoke("run", "--spec", str(path), "--trials", "1", "--storage", url)
+    assert_bad_input(result, tmp_path, "--storage", "in-memory SQLite")
+
+
+def test_in_memory_sqlite_in_the_spec(tmp_path: Path) -> None:
+    path = write(tmp_path, with_(SPEC, "storage", "sqlite:///:memory:"))
+    assert_bad_input(
+        invoke("run", "--spec", str(path)), tmp_path, f"{path}:", "storage:", "in-memory"
+    )
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", ".hidden", "..", "x y", "/etc/x"])
+@pytest.mark.parametrize(
+    "command", ["run", "show", "export", "confirm", "ablate", "cleanup", "dashboard"]
+)
+def test_study_option_is_a_checked_name(tmp_path: Path, command: str, name: str) -> None:
+    """``--study ../../x`` would put artifacts outside the storage directory: refused by
+    every command, before the storage is opened."""
+    path = write(tmp_path)
+    assert_bad_input(
+        invoke(command, "--spec", str(path), "--study", name), tmp_path, "--study", "must be a name"
+    )
+    assert not (tmp_path.parent / "x-artifacts").exists()
+
+
+@pytest.mark.parametrize("name", ["../x", ".x", "a/b"])
+def test_study_key_is_a_checked_name(tmp_path: Path, name: str) -> None:
+    path = write(tmp_path, with_(SPEC, "study", name))
+    assert_bad_input(invoke("run", "--spec", str(path)), tmp_path, f"{path}:", "study:", "name")
+
+
+def test_artifact_dir_stays_under_the_storage_directory(tmp_path: Path) -> None:
+    from autotune import storage as keys
+
+    url = f"sqlite:///{tmp_path / 'db' / 's.db'}"
+    assert keys.artifact_dir(url, "my.study-1") == tmp_path / "db" / "my.study-1-artifacts"
+    for name in ("../x", "..", "a/../../b"):
+        with pytest.raises(SpecError):
+            keys.artifact_dir(url, name)
+
+
+@pytest.mark.parametrize("command", ["show", "export", "confirm", "ablate", "cleanup"])
+def test_reading_commands_never_create_a_database(tmp_path: Path, command: str) -> None:
+    path = write(tmp_path)
+    assert_bad_input(
+        invoke(command, "--spec", str(path)), tmp_path, "--storage", "no study storage"
+    )
+
+
+def test_cleanup_of_an_unknown_study_creates_none(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    url = f"sqlite:///{tmp_path / 'keep' / 'studies.db'}"
+    (tmp_path / "keep").mkdir()
+    optuna.create_study(storage=url, study_name="bad", direction="maximize")
+    for command in ("cleanup", "confirm"):
+        result = invoke(command, "--spec", str(path), "--storage", url, "--study", "typo")
+        assert result.exit_code == 2, result.output
+        assert "no study named 'typo'" in result.stderr
+    assert optuna.study.get_all_study_names(storage=url) == ["bad"]
+
+
+# --- the command engine's API key and version --------------------------------------------------
+
+
+def test_api_key_on_the_command_line_is_refused(tmp_path: Path) -> None:
+    command = [*SPEC["engine"]["command"], "--api-key", "{api_key}"]
+    path = write(tmp_path, with_(SPEC, "engine.command", command))
+    line = assert_bad_input(
+        invoke("run", "--spec", str(path)), tmp_path, f"{path}:", "engine.command[8]", "`ps`"
+    )
+    assert "engine.env" in line  # says how to pass it instead
+    path = write(tmp_path, with_(SPEC, "engine.args", ["--token={api_key}"]))
+    assert_bad_input(invoke("run", "--spec", str(path)), tmp_path, "engine.args[0]", "`ps`")
+
+
+def test_command_engine_key_travels_by_env_only(tmp_path: Path) -> None:
+    """The fake server started from the shared test template: its argv (what ``ps`` shows)
+    has no key, yet it requires the key it got in AUTOTUNE_API_KEY, and a spec's own env
+    variable gets the key through ``{api_key}`` (redacted in the stored record)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import httpx
+    import psutil
+
+    from autotune._proc import free_port
+    from autotune.engines import build_engine
+    from tests.conftest import write_fake_spec
+
+    spec_path = write_fake_spec(tmp_path, "parameters:\n  x: {type: bool, target: {flag: --y}}\n")
+    raw = yaml.safe_load(spec_path.read_text())
+    raw["engine"]["env"] = {"MY_SERVER_API_KEY": "{api_key}"}
+    spec_path.write_text(yaml.safe_dump(raw))
+    spec = load_spec(spec_path)
+    key = "k" * 48
+    launch = build_engine(spec).build_launch(
+        spec.space.resolve({}), host="127.0.0.1", port=free_port(), api_key=key
+    )
+    assert not [a for a in launch.argv if key in a], launch.argv
+    assert launch.env["AUTOTUNE_API_KEY"] == key and launch.env["MY_SERVER_API_KEY"] == key
+    assert launch.redacted_env()["MY_SERVER_API_KEY"] == "***"
+    proc = subprocess.Popen(
+        list(launch.argv),
+        env={**os.environ, **launch.env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        base = launch.base_url
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/health", trust_env=False).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        cmdline = psutil.Process(proc.pid).cmdline()
+        assert cmdline and not [a for a in cmdline if key in a], cmdline
+        assert httpx.get(f"{base}/v1/models", trust_env=False).status_code == 401
+        authorized = {"Authorization": f"Bearer {key}"}
+        assert httpx.get(f"{base}/v1/models", headers=authorized, trust_env=False).is_success
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+
+
+def test_command_engine_version_is_not_a_placeholder(tmp_path: Path) -> None:
+    from autotune.engines import build_engine
+
+    command = ["{python}", "-m", "autotune.testing.fake_server", "--port", "{port}"]
+    path = write(tmp_path, with_(SPEC, "engine.command", command))
+    version = build_engine(load_spec(path)).version()
+    assert "{" not in version and sys.executable in version, version
+    assert "autotune.testing.fake_server" in version
+    spec = with_(SPEC, "engine.command", command)
+    spec["engine"]["version_command"] = ["{python}", "-c", "print('fake-engine 1.2.3')"]
+    version = build_engine(load_spec(write(tmp_path, spec))).version()
+    assert version.startswith("fake-engine 1.2.3 [") and sys.executable in version, version
+
+
+def test_export_header_launch_expands_the_key(tmp_path: Path) -> None:
+    """The header's launch line, pasted into a shell with API_KEY set, starts the server with
+    the key where the spec's env wants it (``'$API_KEY'`` in single quotes never expands)."""
+    import os
+    import subprocess
+
+    from autotune.export import export_values
+
+    show = "import os, sys; print(os.environ['MY_SERVER_API_KEY']); print(sys.argv[1:])"
+    spec = with_(SPEC, "engine.command", [sys.executable, "-c", show, "--port", "{port}"])
+    spec["engine"]["env"] = {"MY_SERVER_API_KEY": "Bearer {api_key}", "PLAIN": "a b"}
+    spec_path = write(tmp_path, spec)
+    out = tmp_path / "out" / "best.yaml"
+    export_values(load_spec(spec_path), {"max_num_seqs": 4}, out, title="test")
+    lines = out.read_text().splitlines()
+    launch = lines[lines.index("# Launch:") + 1].removeprefix("#   ")
+    assert "'$API_KEY'" not in launch and "{api_key}" not in out.read_text()
+    done = subprocess.run(
+        ["bash", "-c", launch],
+        env={**os.environ, "API_KEY": "s3cret"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    printed = done.stdout.splitlines()
+    assert printed[0] == "Bearer s3cret", done
+    assert printed[1] == str(["--port", "8000", "--max-num-seqs", "4"]), done
+    assert "MY_SERVER_API_KEY=Bearer ${API_KEY}" in (tmp_path / "out" / "best.env").read_text()
+
+
+# --- --artifact-dir is honoured by every command that starts servers ---------------------------
+
+
+def test_confirm_and_run_honour_artifact_dir(tmp_path: Path) -> None:
+    """Confirmation (inside ``run`` and as ``autotune confirm``) writes its server logs under
+    ``--artifact-dir``, never into the default ``<study>-artifacts`` beside the database."""
+    from tests.conftest import write_fake_spec
+
+    param = "{type: int, low: 2, high: 16, target: {flag: --max-num-seqs}}"
+    spec_path = write_fake_spec(tmp_path, f"parameters:\n  max_num_seqs: {param}\n", name="artdir")
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ("--spec", str(spec_path), "--seed", "1")
+    result = invoke(
+        "run", *common, "--trials", "2", "--confirm-top", "1", "--artifact-dir", str(first)
+    )
+    assert result.exit_code == 0, (result.output, result.exception)
+    result = invoke(
+        "confirm", "--spec", str(spec_path), "--top", "1", "--repeats", "2",
+        "--artifact-dir", str(second),
+    )  # fmt: skip
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert not (tmp_path / "artdir-artifacts").exists()
+    study = optuna.load_study(storage=load_spec(spec_path).default_storage(), study_name="artdir")
+    confirm_trials = [t.number for t in study.trials if t.user_attrs.get("role") == "confirm"]
+    assert len(confirm_trials) == 8, confirm_trials  # 2 confirmations x 2 rounds x 2 variants
+    logs = {p.name for d in (first, second) for p in (d / "logs").glob("trial-*.log")}
+    for number in confirm_trials:
+        assert f"trial-{number:05d}.log" in logs, (number, sorted(logs))
+    # the standalone confirmation's logs are all in --artifact-dir of that command
+    assert {p.name for p in (second / "logs").glob("*.log")} == {
+        f"trial-{n:05d}.log" for n in confirm_trials[4:]
+    }

@@ -186,7 +186,7 @@ def write_spec(
         "engine:\n"
         "  kind: command\n"
         f"  command: [{sys.executable}, -m, autotune.testing.fake_server, --host, '{{host}}',"
-        " --port, '{port}', --api-key, '{api_key}', --model, '{served_name}']\n"
+        " --port, '{port}', --model, '{served_name}']\n"
         f"  args: {args!r}\n"
         "model:\n"
         f"  path: {token}\n"

@@ -1,32 +1,94 @@
 """Any OpenAI-compatible server, started from a command template.
 
 ``engine.command`` is a list such as ``["llama-server", "-m", "{model}", "--port", "{port}"]``;
-placeholders ``{port}``, ``{host}``, ``{model}``, ``{served_name}``, ``{api_key}`` and
-``{python}`` (the interpreter running autotune) are filled per trial, each inside its own argv
-element (no shell, so a value can never become a command).
+placeholders ``{port}``, ``{host}``, ``{model}``, ``{served_name}`` and ``{python}`` (the
+interpreter running autotune) are filled per trial, each inside its own argv element (no shell,
+so a value can never become a command).
+The per-trial API key never goes on the command line, where ``ps`` shows it: the server gets it
+in ``AUTOTUNE_API_KEY``, and ``{api_key}`` is filled in ``engine.env`` values only (e.g.
+``env: {MY_SERVER_API_KEY: "{api_key}"}``); the spec loader refuses it in ``command``/``args``.
 Parameters map to flags and env vars exactly as for vLLM. This lets SGLang, llama.cpp's server
 or TGI be tuned, and lets the tests drive the whole loop with a fault-injecting test server.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import importlib.metadata
 import os
+import platform
 import shutil
+import subprocess
 import sys
 from typing import Any
 
 from autotune.engines.base import Engine, LaunchConfig, ServerSettings, ValidationIssue
 
 _PLACEHOLDERS = ("port", "host", "model", "served_name", "api_key", "python")
+KEY_ENV = "AUTOTUNE_API_KEY"
+#: what an exported launch command puts where the key goes (expanded by the user's shell)
+EXPORT_KEY = "$API_KEY"
+_VERSION_TIMEOUT_S = 20
 
 
 class CommandEngine(Engine):
     name = "command"
 
+    def __init__(self, spec) -> None:
+        super().__init__(spec)
+        self._version: str | None = None
+
     def version(self) -> str:
-        program = self.spec.engine.command[0]
-        found = shutil.which(program) or program
-        return f"command:{os.path.basename(found)}"
+        """What really runs: the program's resolved path (for ``{python} -m module``, the
+        module's distribution and Python's version) and, when the spec gives
+        ``engine.version_command``, the first line that command prints. Computed once."""
+        if self._version is None:
+            self._version = self._program_version()
+            answer = self._version_command_answer()
+            if answer:
+                self._version = f"{answer} [{self._version}]"
+        return self._version
+
+    def _program_version(self) -> str:
+        command = self.spec.engine.command
+        program = command[0].replace("{python}", sys.executable)
+        found = shutil.which(program)
+        if found is None:
+            return f"{program} (not found)"
+        found = os.path.abspath(found)
+        if found != os.path.abspath(sys.executable):
+            return f"{os.path.basename(found)} ({found})"
+        text = f"python {platform.python_version()} ({found})"
+        if len(command) > 2 and command[1] == "-m":
+            module = command[2]
+            dists = importlib.metadata.packages_distributions().get(module.split(".")[0], [])
+            owner = ""
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError, IndexError):
+                owner = f" ({dists[0]} {importlib.metadata.version(dists[0])})"
+            text = f"python -m {module}{owner} on {text}"
+        return text
+
+    def _version_command_answer(self) -> str:
+        argv = [p.replace("{python}", sys.executable) for p in self.spec.engine.version_command]
+        if not argv:
+            return ""
+        try:
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=_VERSION_TIMEOUT_S,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"version_command failed: {type(exc).__name__}"
+        lines = [line.strip() for line in (done.stdout + done.stderr).splitlines()]
+        first = next((line for line in lines if line), "")
+        if done.returncode != 0:
+            return f"version_command exited {done.returncode}: {first[:200]}"
+        return first[:200]
 
     def _fill(self, part: str, values: dict[str, str]) -> str:
         for name in _PLACEHOLDERS:
@@ -44,13 +106,20 @@ class CommandEngine(Engine):
             "api_key": api_key,
             "python": sys.executable,
         }
-        argv = [self._fill(part, values) for part in self.spec.engine.command]
-        argv += [self._fill(a, values) for a in self.spec.engine.args]
+        # The key is filled into env values only; argv gets an empty string should a spec
+        # built without the loader still name it there.
+        argv_values = {**values, "api_key": ""}
+        argv = [self._fill(part, argv_values) for part in self.spec.engine.command]
+        argv += [self._fill(a, argv_values) for a in self.spec.engine.args]
         argv += settings.flag_argv()
         env = {k: self._fill(v, values) for k, v in self.spec.engine.env.items()}
-        return self._launch(
-            argv, env, settings, host=host, port=port, api_key=api_key, key_env="AUTOTUNE_API_KEY"
+        launch = self._launch(
+            argv, env, settings, host=host, port=port, api_key=api_key, key_env=KEY_ENV
         )
+        secret = tuple(k for k, v in self.spec.engine.env.items() if "{api_key}" in v)
+        if secret:
+            launch = dataclasses.replace(launch, secret_env=(*launch.secret_env, *secret))
+        return launch
 
     def validate_space(self, space) -> list[ValidationIssue]:
         issues = []
@@ -77,7 +146,7 @@ class CommandEngine(Engine):
             "host": "127.0.0.1",
             "model": self.spec.model.path,
             "served_name": self.spec.model.served_name,
-            "api_key": "$API_KEY",
+            "api_key": EXPORT_KEY,
             "python": sys.executable,
         }
         argv = [self._fill(p, values) for p in self.spec.engine.command]

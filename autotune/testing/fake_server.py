@@ -3,7 +3,9 @@
 Never used by ``autotune run`` by default; it exists so the server lifecycle, correctness gate,
 benchmark client and study loop can be tested without an inference engine. Run it as::
 
-    python -m autotune.testing.fake_server --host 127.0.0.1 --port 8000 --api-key K --model toy
+    AUTOTUNE_API_KEY=K python -m autotune.testing.fake_server --port 8000 --model toy
+
+(the key from ``--api-key`` or, as autotune's command engine passes it, ``AUTOTUNE_API_KEY``).
 
 It speaks the subset of vLLM's API autotune uses: ``GET /health``, ``GET /v1/models``,
 ``GET /version`` and ``POST /v1/completions`` (``prompt`` as text or token ids, ``max_tokens``,
@@ -203,7 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("AUTOTUNE_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1 (default: $AUTOTUNE_API_KEY)",
+    )
     p.add_argument("--model", default="toy", help="model name (also the served name)")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--max-model-len", type=int, default=4096)
