@@ -385,6 +385,7 @@ def run_study(
     # A bad storage URL or an unwritable artifact directory is bad input: found before the
     # storage is touched.
     keys.resolve_url(url)
+    keys.check_reachable(url)
     artifacts = keys.artifact_store(
         keys.artifact_dir(url, options.study_name or spec.name, options.artifact_dir)
     )
