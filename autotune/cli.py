@@ -444,6 +444,7 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
             "failures by reason: "
             + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
         )
+        _print_failure_details(rows)
     if report.reference:
         console.print(
             f"reference: {report.reference['prompts']} prompts, logprob tolerance "
@@ -473,6 +474,22 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
             console.print(f"  trial {number} passed: {describe_checks(checks)}")
     else:
         console.print("no verified correct trial yet")
+
+
+def _print_failure_details(rows) -> None:
+    """Each failed trial's whole detail, root cause included (the table cuts it at 80)."""
+    failed = [r for r in rows if r.detail and r.verdict not in ("correct", "running", "waiting")]
+    if not failed:
+        return
+    console.print("failure details:")
+    for row in failed:
+        detail = row.detail if len(row.detail) <= 600 else row.detail[:597] + "..."
+        console.print(
+            f"  trial {row.number} {row.verdict}: {detail}",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
 
 
 @app.command()

@@ -328,6 +328,7 @@ class TrialRunner:
             log_path,
             startup_timeout_s=spec.startup_timeout_s,
             classify=ctx.engine.classify_failure,
+            root_cause=ctx.engine.root_cause,
             on_spawn=on_spawn,
             on_record=on_record,
         )

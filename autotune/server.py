@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -34,8 +35,8 @@ from typing import Any
 
 import httpx
 
-from autotune import _proc
-from autotune.engines.base import LaunchConfig
+from autotune import _proc, oom
+from autotune.engines.base import LaunchConfig, find_root_cause
 from autotune.errors import CandidateError, InfrastructureError
 
 #: how often /health is polled while waiting; readiness is detected within this much time
@@ -44,6 +45,10 @@ HEALTH_POLL_S = 0.05
 STOP_GRACE_S = 10.0
 _PORT_TAKEN = ("address already in use", "errno 98")
 _DISK_FULL = ("no space left on device",)
+#: how much of the end of a server log is searched for the reason and the root cause: enough
+#: to reach past what a dying engine prints after its error (vLLM: three processes' tracebacks,
+#: then over a hundred lines of Triton's leak report at exit)
+FAILURE_LOG_BYTES = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,8 @@ class ServerProcess:
         log_path: where the server's stdout and stderr go.
         startup_timeout_s: deadline for readiness.
         classify: maps a log tail to a failure reason (the engine's knowledge).
+        root_cause: finds the engine's own error line in the log (``Engine.root_cause``);
+            by default the engine's whose ``classify_failure`` was given, else the generic one.
         on_spawn: called with (pid, pgid) right after the process starts, so a crash of
             autotune itself can later find and stop this server (see study.cleanup).
         on_record: called with ``{"descendants": [[pid, create_time], ...]}`` whenever a new
@@ -81,11 +88,15 @@ class ServerProcess:
         on_spawn: Callable[[int, int], None] | None = None,
         stop_grace_s: float | None = None,
         on_record: Callable[[dict[str, Any]], None] | None = None,
+        root_cause: Callable[[str], str | None] | None = None,
     ) -> None:
         self.launch = launch
         self.log_path = Path(log_path)
         self.startup_timeout_s = startup_timeout_s
         self.classify = classify or (lambda _tail: None)
+        self.root_cause = root_cause or _engine_root_cause(classify)
+        self._memory: oom.MemoryWatch | None = None
+        self._oom_start: oom.OomBaseline | None = None
         self.on_spawn = on_spawn
         self.stop_grace_s = stop_grace_s if stop_grace_s is not None else _stop_grace_s()
         self._popen: subprocess.Popen[bytes] | None = None
@@ -137,6 +148,8 @@ class ServerProcess:
         finally:
             log.close()
         self._started_at = time.monotonic()
+        self._oom_start = oom.baseline()  # the OOM rule's evidence needs a "before"
+        self._memory = oom.MemoryWatch(self._popen.pid).start()
         if self.on_spawn is not None:
             self.on_spawn(self._popen.pid, self.pgid)
         self._tracker = _proc.DescendantTracker(self._popen.pid, on_new=self._record_descendants)
@@ -178,6 +191,20 @@ class ServerProcess:
             text = text.replace(self.launch.api_key, "***")
         return "\n".join(text.splitlines()[-lines:])
 
+    def log_window(self, max_bytes: int = FAILURE_LOG_BYTES) -> str:
+        """The end of the log (whole lines, API key redacted): where a failure explains itself."""
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                handle.seek(max(0, size - max_bytes))
+                text = handle.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        if size > max_bytes:
+            text = text.partition("\n")[2]  # the first line is cut
+        return text.replace(self.launch.api_key, "***") if self.launch.api_key else text
+
     def _remember_children(self) -> None:
         if self._tracker is not None:
             self._tracker.sample()
@@ -191,21 +218,50 @@ class ServerProcess:
             self.on_record({"descendants": _pairs(seen)})
 
     def failure(self, default_reason: str, detail: str) -> CandidateError | InfrastructureError:
-        """Turn 'the server is gone or broken' into the most specific recorded reason."""
+        """Turn 'the server is gone or broken' into the most specific recorded reason.
+
+        The detail gets the engine's root-cause line from the log, and ``evidence.root_cause``
+        keeps it. ``oom`` is named only with positive evidence: an out-of-memory message in the
+        log, or (see :mod:`autotune.oom`) the kernel's OOM record, the memory cgroup's OOM-kill
+        count, or memory near the limit. A SIGKILL without any of them keeps
+        ``default_reason``, and the detail says so.
+        """
         tail = self.log_tail()
         lowered = tail.lower()
-        evidence = {"log_tail": tail, "exit_code": self.exit_code()}
+        window = self.log_window()
         code = self.exit_code()
+        evidence: dict = {"log_tail": tail, "exit_code": code}
         if code is not None and code < 0:
             evidence["signal"] = -code
+            evidence["signal_name"] = _signal_name(-code)
+        cause = _safely(self.root_cause, window)
+        if cause:
+            evidence["root_cause"] = cause
         if any(m in lowered for m in _PORT_TAKEN):
-            return InfrastructureError("port_taken", detail, evidence=evidence)
+            return InfrastructureError("port_taken", _join(detail, cause), evidence=evidence)
         if any(m in lowered for m in _DISK_FULL):
-            return InfrastructureError("disk_full", detail, evidence=evidence)
-        reason = self.classify(tail)
-        if code == -9 and reason is None and default_reason != "startup_timeout":
-            reason = "oom"  # SIGKILL nobody asked for: the kernel's OOM killer
-        return CandidateError(reason or default_reason, detail, evidence=evidence)
+            return InfrastructureError("disk_full", _join(detail, cause), evidence=evidence)
+        reason = self.classify(window)
+        notes: list[str] = []
+        if reason == "oom":
+            evidence["oom_evidence"] = {"log": cause or "an out-of-memory message in the log"}
+        elif reason is None and code is not None and default_reason != "startup_timeout":
+            if self._memory is not None:
+                self._remember_children()
+                pids = self._seen_pids | self._memory.pids | {self.pid}
+            else:
+                pids = set(self._seen_pids)
+            found = oom.gather(pids, self._oom_start, self._memory, sigkill=code == -9)
+            if found:
+                reason = "oom"
+                evidence["oom_evidence"] = found
+                killed = "killed by SIGKILL" if code == -9 else f"exited with code {code}"
+                notes.append(f"{killed}; out of memory: {oom.describe(found)}")
+            elif code == -9:
+                notes.append("killed by SIGKILL (no evidence of OOM)")
+        if cause:
+            notes.append(cause)
+        return CandidateError(reason or default_reason, _join(detail, *notes), evidence=evidence)
 
     async def wait_ready(self, client: httpx.AsyncClient) -> ServerStart:
         """Poll ``/health`` until 200, then require a one-token completion to succeed."""
@@ -305,6 +361,36 @@ class ServerProcess:
 
 def _pairs(seen: dict[int, float | None]) -> list[list[float | int | None]]:
     return [[pid, started] for pid, started in sorted(seen.items())]
+
+
+def _engine_root_cause(
+    classify: Callable[[str], str | None] | None,
+) -> Callable[[str], str | None]:
+    """The root-cause finder of the engine whose bound ``classify_failure`` was handed over
+    (the study loop passes only that), else the engine-neutral one."""
+    method = getattr(getattr(classify, "__self__", None), "root_cause", None)
+    return method if callable(method) else find_root_cause
+
+
+def _safely(find: Callable[[str], str | None], text: str) -> str | None:
+    """A root cause, never an exception: a failure must be recorded whatever the log holds."""
+    try:
+        return find(text)
+    except Exception:  # noqa: BLE001 - the failure being recorded matters more
+        return None
+
+
+def _join(detail: str, *notes: str | None) -> str:
+    """``detail: note; note``, skipping notes the detail already says."""
+    extra = [n for n in notes if n and n not in detail]
+    return f"{detail}: {'; '.join(extra)}" if extra else detail
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _stop_grace_s() -> float:

@@ -34,6 +34,7 @@ FAULTS = (
     "exit_at_start",
     "unknown_flag",
     "crash_mid_bench",
+    "self_sigkill",
     "hang",
     "slow_start",
     "oom",
@@ -49,6 +50,8 @@ EXPECTED = {
     "exit_at_start": "startup_failed",
     "unknown_flag": "invalid_config",
     "crash_mid_bench": "server_crashed",
+    # SIGKILL with no evidence of OOM (no message, no kernel record, memory far from the limit)
+    "self_sigkill": "server_crashed",
     "hang": "hang",
     "slow_start": "startup_timeout",
     "oom": "oom",
@@ -257,8 +260,28 @@ def test_fault_details(matrix) -> None:
     assert "unrecognized arguments" in attrs("unknown_flag")[keys.EVIDENCE]["log_tail"]
     assert attrs("oom")[keys.EVIDENCE]["exit_code"] == 1
     assert "CUDA out of memory" in attrs("oom")[keys.EVIDENCE]["log_tail"]
+    # the OOM verdict rests on the log's evidence, and the detail carries the engine's line
+    oom_cause = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    assert attrs("oom")[keys.EVIDENCE]["root_cause"].startswith(oom_cause)
+    assert attrs("oom")[keys.EVIDENCE]["oom_evidence"]["log"].startswith(oom_cause)
+    assert attrs("oom")[keys.FAIL_DETAIL].startswith(
+        f"server exited with code 1 before ready: {oom_cause}"
+    )
     crash = attrs("crash_mid_bench")
     assert crash[keys.EVIDENCE]["exit_code"] == 1
+    assert crash[keys.FAIL_DETAIL].endswith(
+        ": RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
+    killed = attrs("self_sigkill")
+    assert killed[keys.EVIDENCE]["exit_code"] == -9
+    assert killed[keys.EVIDENCE]["signal"] == 9
+    assert killed[keys.EVIDENCE]["signal_name"] == "SIGKILL"
+    assert "oom_evidence" not in killed[keys.EVIDENCE]
+    assert "killed by SIGKILL (no evidence of OOM)" in killed[keys.FAIL_DETAIL]
+    assert killed.get(keys.CHECK, {}).get("passed", True) is not False  # it died after the gate
+    assert attrs("unknown_flag")[keys.EVIDENCE]["root_cause"].endswith(
+        ": error: unrecognized arguments: --fake-unknown-engine-arg"
+    )
     assert crash.get(keys.CHECK, {}).get("passed", True) is not False
     assert (
         f"{REQUEST_TIMEOUT_S:g}" in attrs("hang")[keys.FAIL_DETAIL]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -165,6 +166,10 @@ class Engine(abc.ABC):
         """A failure reason recognised in the server log, or None. Shared markers first."""
         return classify_common(log_tail)
 
+    def root_cause(self, log_text: str) -> str | None:
+        """The engine's own error line that explains a failure (see :func:`find_root_cause`)."""
+        return find_root_cause(log_text)
+
     def verify_started(self, settings: ServerSettings, log_text: str) -> str | None:
         """After readiness: a reason the server is not running what was asked, or None."""
         return None
@@ -192,14 +197,14 @@ class Engine(abc.ABC):
         return [*self.spec.engine.command, "--config", config_file]
 
 
+#: text that is positive evidence of running out of memory, in any engine's log (engine
+#: modules add their own, e.g. vLLM's CPU memory checks, in their ``classify_failure``)
 _OOM_MARKERS = (
     "out of memory",
     "outofmemoryerror",
     "cuda error: out of memory",
     "cannot allocate memory",
     "memoryerror",
-    "less than desired",  # vLLM CPU: not enough free memory for the requested fraction
-    "no available memory for the cache blocks",
     "insufficient memory",
 )
 _INVALID_MARKERS = (
@@ -222,6 +227,100 @@ def classify_common(log_tail: str) -> str | None:
     if any(m in lowered for m in _INVALID_MARKERS):
         return "invalid_config"
     return None
+
+
+# --- the root cause: the engine's own error line ----------------------------------------------
+#
+# An exit code says *that* a server failed; the line that says *why* is usually deep in its log:
+# the exception that ended the last Python traceback, an argument parser's ``error:`` line, or
+# autotune's own patch marker. Engines whose processes wrap each other's errors (vLLM: worker ->
+# engine core -> API server, each adding "see root cause above") refine this in their module.
+
+ROOT_CAUSE_MAX_CHARS = 500
+TRACEBACK_HEADER = "Traceback (most recent call last):"
+#: ``SomeError: message`` / ``pkg.mod.SomeError: message`` / ``Exception: message``
+EXCEPTION_LINE = re.compile(
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Fault)"
+    r"|Exception))(?:: (?P<message>.*))?$"
+)
+#: argparse: ``prog: error: message`` (a prog may hold spaces: ``python -m pkg.mod``)
+PARSER_ERROR_LINE = re.compile(r"^[^:\s][^:]{0,120}: error: (?P<message>.+)$")
+PATCH_FAILED_LINE = re.compile(r"AUTOTUNE_PATCH_FAILED name=\S+ reason=.*")
+#: a message that only points elsewhere ("see root cause above"): never the root cause itself
+POINTER_MESSAGE = re.compile(
+    r"root cause above|stack trace above|see (?:the )?stack trace|see (?:the )?root cause",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class LogError:
+    """One error line found in a log: where, what kind, and the text to report."""
+
+    index: int
+    kind: str  # "exception" (ends a traceback), "parser", "patch", "bare" (no traceback)
+    text: str
+    type: str = ""
+    message: str = ""
+
+    @property
+    def is_pointer(self) -> bool:
+        return bool(POINTER_MESSAGE.search(self.message or self.text))
+
+
+def error_lines(lines: Sequence[str]) -> list[LogError]:
+    """Every error line of a log, in order. ``lines`` are already stripped of any per-line
+    prefix an engine's logger adds (timestamps, process names)."""
+    found: list[LogError] = []
+    in_traceback = False
+    for index, raw in enumerate(lines):
+        line = raw.rstrip()
+        if line.strip() == TRACEBACK_HEADER:
+            in_traceback = True
+            continue
+        if PATCH_FAILED_LINE.search(line):
+            found.append(LogError(index, "patch", PATCH_FAILED_LINE.search(line).group(0)))
+            continue
+        if not line or line[0].isspace():
+            continue  # a frame of a traceback, or a continuation line
+        match = EXCEPTION_LINE.match(line)
+        if match:
+            kind = "exception" if in_traceback else "bare"
+            found.append(
+                LogError(index, kind, line, match.group("type"), match.group("message") or "")
+            )
+        elif PARSER_ERROR_LINE.match(line):
+            found.append(LogError(index, "parser", line, "", line.split(": error: ", 1)[1]))
+        in_traceback = False
+    return found
+
+
+def find_root_cause(log_text: str) -> str | None:
+    """The line that explains a failure, engine-neutral.
+
+    In order: autotune's own ``AUTOTUNE_PATCH_FAILED`` marker; else the last exception that
+    ended a traceback or the argument parser's ``error:`` line, whichever came last, skipping
+    messages that only point elsewhere ("see root cause above"); else the last bare
+    ``SomeError: message`` line. None when the log names no error.
+    """
+    return pick_root_cause(error_lines(log_text.splitlines()))
+
+
+def pick_root_cause(errors: Sequence[LogError]) -> str | None:
+    """The generic choice among :func:`error_lines` (see :func:`find_root_cause`)."""
+    patches = [e for e in errors if e.kind == "patch"]
+    if patches:
+        return clip(patches[-1].text)
+    for kinds in (("exception", "parser"), ("bare",)):
+        candidates = [e for e in errors if e.kind in kinds and not e.is_pointer]
+        if candidates:
+            return clip(candidates[-1].text)
+    return None
+
+
+def clip(text: str, limit: int = ROOT_CAUSE_MAX_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def merge_json_key(target: dict[str, Any], dotted_key: str, value: Any) -> None:

@@ -13,13 +13,13 @@ import importlib.metadata
 import json
 from typing import Any
 
+from autotune.engines import vllm_logs
 from autotune.engines.base import (
     DroppedChoice,
     Engine,
     LaunchConfig,
     ServerSettings,
     ValidationIssue,
-    classify_common,
 )
 
 
@@ -69,7 +69,10 @@ class VllmEngine(Engine):
         )
 
     def classify_failure(self, log_tail: str) -> str | None:
-        return classify_common(log_tail)
+        return vllm_logs.classify(log_tail)
+
+    def root_cause(self, log_text: str) -> str | None:
+        return vllm_logs.root_cause(log_text)
 
     def verify_started(self, settings: ServerSettings, log_text: str) -> str | None:
         """Every selected non-default patch must have announced itself in the server log.

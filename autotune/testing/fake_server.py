@@ -48,6 +48,8 @@ Faults (``--fault NAME`` or env ``FAKE_FAULT``), each mimicking a failure real e
 * ``exit_at_start``: exit 3 before listening, after an engine-init error message.
 * ``crash_mid_bench``: ``os._exit(1)`` once ``--fault-after`` completions (default 5) have
   finished and more work arrives (the readiness check's completion counts).
+* ``self_sigkill``: like ``crash_mid_bench``, but the server SIGKILLs itself, printing
+  nothing: a SIGKILL nobody can call an OOM.
 * ``hang``: accepts completions and never answers them (``/health`` stays 200).
 * ``slow_start``: sleeps ``--startup-delay-s`` before listening.
 * ``oom``: prints a CUDA out-of-memory traceback to stderr and exits 1 shortly after start.
@@ -100,6 +102,7 @@ from autotune.testing.toy_model import EOS_ID, TokenScore, ToyModel
 FAULTS = (
     "exit_at_start",
     "crash_mid_bench",
+    "self_sigkill",
     "hang",
     "slow_start",
     "oom",
@@ -233,7 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     # Faults and process shape.
     p.add_argument("--fault", choices=FAULTS, default=None, help="or env FAKE_FAULT")
-    p.add_argument("--fault-after", type=int, default=5, help="completions before crash_mid_bench")
+    p.add_argument(
+        "--fault-after", type=int, default=5, help="completions before crash_mid_bench/self_sigkill"
+    )
     p.add_argument("--startup-delay-s", type=float, default=2.0, help="slow_start's sleep")
     p.add_argument("--ready-delay-s", type=float, default=0.0, help="/health 503 for this long")
     p.add_argument("--spawn-child", action="store_true", help="start an EngineCore-like child")
@@ -419,6 +424,7 @@ class Engine:
         drift: bool,
         crash_after: int | None,
         corrupt_every: int | None = None,
+        crash_by_sigkill: bool = False,
     ) -> None:
         self.model = model
         self.step_cost_ms = step_cost_ms
@@ -430,6 +436,7 @@ class Engine:
         self.drift = drift
         self.crash_after = crash_after
         self.corrupt_every = corrupt_every
+        self.crash_by_sigkill = crash_by_sigkill
         self.waiting: deque[GenRequest] = deque()
         self.running: list[GenRequest] = []
         self.stats = EngineStats()
@@ -450,6 +457,8 @@ class Engine:
                 next_wall = None
                 continue
             if self.crash_after is not None and self.stats.completed >= self.crash_after:
+                if self.crash_by_sigkill:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 print(
                     "RuntimeError: CUDA error: an illegal memory access was encountered\n"
                     "ERROR [core.py] EngineCore encountered a fatal error.",
@@ -993,7 +1002,7 @@ def build_engine(opts: ServerOptions, env: dict[str, str]) -> tuple[Engine, dict
     model = ToyModel()
     fault = opts.fault
     wrong_from: int | None = 1 if fault == "wrong_text" else None
-    crash_after = opts.fault_after if fault == "crash_mid_bench" else None
+    crash_after = opts.fault_after if fault in ("crash_mid_bench", "self_sigkill") else None
     sim: dict[str, Any] = {}
     if opts.simulate == "glm5-8gpu":
         config = glm5_config_from(opts, env)
@@ -1046,6 +1055,7 @@ def build_engine(opts: ServerOptions, env: dict[str, str]) -> tuple[Engine, dict
         drift=opts.kv_cache_dtype.startswith("fp8"),
         crash_after=crash_after,
         corrupt_every=7 if fault == "corrupt_words" else None,
+        crash_by_sigkill=fault == "self_sigkill",
     )
     return engine, sim
 
