@@ -18,6 +18,7 @@ import datetime
 import glob
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -259,16 +260,19 @@ def fake_servers(token: str) -> list[psutil.Process]:
     return found
 
 
-def _server_started(trial: optuna.trial.FrozenTrial) -> datetime.datetime:
-    """When the trial's server process was created (the trial's start if it never spawned)."""
-    created = (trial.user_attrs.get(keys.SERVER) or {}).get("create_time")
-    if created is None:
-        return trial.datetime_start
-    return datetime.datetime.fromtimestamp(created)
+def _server_started(trial: optuna.trial.FrozenTrial, root: Path) -> datetime.datetime:
+    """When the trial's fake server started, as it logged itself (``started_at``, this machine's
+    clock to the microsecond; psutil's process start time is only good to about a second)."""
+    [log] = root.rglob(f"trial-{trial.number:05d}.log")
+    match = re.search(r"fake server \(TEST DOUBLE\) pid=\d+ started_at=([0-9.]+)", log.read_text())
+    assert match, f"trial {trial.number}: no start line in {log}"
+    return datetime.datetime.fromtimestamp(float(match.group(1)))
 
 
-def assert_clean_study(url: str, name: str, *, launched: int, token: str) -> optuna.Study:
-    """The invariants of a multi-worker study that ran to the end."""
+def assert_clean_study(
+    url: str, name: str, *, launched: int, token: str, root: Path
+) -> optuna.Study:
+    """The invariants of a multi-worker study that ran to the end (server logs below ``root``)."""
     study = load(url, name)
     trials = study.get_trials(deepcopy=False)
     # nothing left running or queued
@@ -299,14 +303,14 @@ def assert_clean_study(url: str, name: str, *, launched: int, token: str) -> opt
     # no two servers with the same parameters ran at the same time (what the duplicate guard
     # promises). A trial's datetime_start is when it was asked for, before its parameters were
     # sampled and checked against the running trials; its server starts only after that check,
-    # so the server's own start time (recorded at spawn) is the start that counts. A trial
-    # asked while an equal one was finishing (seen: 0.2 s) is no overlap of servers.
+    # so the server's own start time is the start that counts. A trial asked while an equal
+    # one was finishing (seen: 0.2 s) is no overlap of servers.
     launched_trials = [t for t in trials if t.user_attrs.get(keys.FAIL_REASON) not in NOT_LAUNCHED]
     for i, a in enumerate(launched_trials):
         for b in launched_trials[i + 1 :]:
             if a.params == b.params:
-                a_before_b = a.datetime_complete <= _server_started(b)
-                b_before_a = b.datetime_complete <= _server_started(a)
+                a_before_b = a.datetime_complete <= _server_started(b, root)
+                b_before_a = b.datetime_complete <= _server_started(a, root)
                 assert a_before_b or b_before_a, (a.number, b.number, a.params)
     # no server survives: neither a recorded pid nor any process of this test's servers
     for t in trials:
@@ -337,7 +341,7 @@ def test_three_workers_share_one_postgres_study(pg_url: str, tmp_path: Path) -> 
     results = run_all([argv, argv, argv], cwd=tmp_path)
     for result in results:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    study = assert_clean_study(pg_url, token, launched=3 * 2, token=token)
+    study = assert_clean_study(pg_url, token, launched=3 * 2, token=token, root=tmp_path)
     # every worker launched exactly its two trials (the baseline counts for whoever ran it)
     per_worker = collections.Counter(
         t.user_attrs[keys.SERVER]["worker"] for t in counted(study.get_trials(deepcopy=False))
@@ -370,7 +374,7 @@ def test_parallel_runs_exact_trials_and_records_devices(pg_url: str, tmp_path: P
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
     assert "[w0]" in result.stdout and "[w1]" in result.stdout
     assert "contend" in result.stdout
-    study = assert_clean_study(pg_url, token, launched=5, token=token)
+    study = assert_clean_study(pg_url, token, launched=5, token=token, root=tmp_path)
     assert study.user_attrs[CONTENTION_ATTR]["workers"] == 2
 
     by_worker: dict[str, set[str]] = collections.defaultdict(set)

@@ -1012,7 +1012,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     _log(
-        f"fake server (TEST DOUBLE) pid={os.getpid()} args={sys.argv[1:] if argv is None else argv}"
+        f"fake server (TEST DOUBLE) pid={os.getpid()} started_at={time.time():.6f} "
+        f"args={sys.argv[1:] if argv is None else argv}"
     )
     child: subprocess.Popen[bytes] | None = None
 
