@@ -53,6 +53,7 @@ def vllm_spec(tmp: Path, tag: str) -> Path:
     # the gate (a sampled fault patch or a refused flag would keep the retry from starting).
     keep = ("max_num_seqs", "attention_path")  # enforce_eager is fixed below instead
     space["parameters"] = {k: v for k, v in space["parameters"].items() if k in keep}
+    space.pop("constraints", None)  # they name parameters left out
     (tmp / "space.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
     spec["study"] = "resume"
     spec["model"]["path"] = str(ROOT / "models" / "demo")
