@@ -46,11 +46,17 @@ def test_revert_and_changes(tmp_path):
 
 
 def test_ablate_finds_the_change_that_matters_and_the_one_that_does_not(tmp_path):
+    """Robust to a busy machine by a wide margin, not by luck: with 16 concurrent requests,
+    reverting max_num_seqs 32 -> 2 makes the fake server about 5x slower (2 instead of 16
+    sequences per 10 ms step), while the two ignored flags change nothing. A minimum effect of
+    30% (``--min-effect 0.3``) sits far from both: a no-op is misjudged only if the median of 5
+    interleaved rounds moves by 30%, and the real change would have to lose 4/5 of its effect.
+    10 ms steps keep the event loop's own (load-dependent) overhead small beside the sleep."""
     spec_path = write_fake_spec(
         tmp_path,
         SPACE,
         name="ablate",
-        args=("--decode-ms", "4"),
+        args=("--decode-ms", "10"),
         workload={"concurrency": 16, "num_requests": 32, "max_tokens": 24},
         objective={"metric": "output_tokens_per_s"},
     )
@@ -67,6 +73,8 @@ def test_ablate_finds_the_change_that_matters_and_the_one_that_does_not(tmp_path
             str(spec_path),
             "--repeats",
             "5",
+            "--min-effect",
+            "0.3",
             "-o",
             str(tmp_path / "minimal.yaml"),
         ],
@@ -74,6 +82,8 @@ def test_ablate_finds_the_change_that_matters_and_the_one_that_does_not(tmp_path
     assert result.exit_code == 0, result.output
     study = optuna.load_study(study_name="ablate", storage=spec.default_storage())
     report = study.user_attrs[keys.ABLATION]
+    assert report["min_effect"] == 0.3
+    assert report["noise_band"] >= 0.3 * report["best_median"]
     verdicts = {c["parameter"]: c["verdict"] for c in report["contributions"]}
     assert verdicts == {
         "max_num_seqs": HELPS,

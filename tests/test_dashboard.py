@@ -9,9 +9,9 @@ import time
 
 import httpx
 import optuna
+import psutil
 
 from autotune import storage as keys
-from autotune._proc import free_port
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
 from tests.conftest import autotune_cmd, write_fake_spec
@@ -22,6 +22,23 @@ parameters:
 """
 
 
+def listening_port(pid: int) -> int | None:
+    """The TCP port that process ``pid`` or one of its children listens on, if any."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return None
+    for proc in procs:
+        try:
+            for conn in proc.net_connections(kind="tcp"):
+                if conn.status == psutil.CONN_LISTEN:
+                    return int(conn.laddr.port)
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
 def test_dashboard_serves_the_study(tmp_path):
     spec_path = write_fake_spec(tmp_path, SPACE, name="dash")
     spec = load_spec(spec_path)
@@ -30,9 +47,9 @@ def test_dashboard_serves_the_study(tmp_path):
     trial = study.ask()
     trial.set_user_attr(keys.FAIL_REASON, "oom")
     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-    port = free_port()
+    # --port 0: the dashboard binds a port the OS picks, read back from the process itself
     proc = subprocess.Popen(
-        autotune_cmd("dashboard", "--spec", str(spec_path), "--port", str(port)),
+        autotune_cmd("dashboard", "--spec", str(spec_path), "--port", "0"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -40,7 +57,12 @@ def test_dashboard_serves_the_study(tmp_path):
     try:
         deadline = time.monotonic() + 60
         studies = None
-        while time.monotonic() < deadline:
+        port = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            port = port or listening_port(proc.pid)
+            if port is None:
+                time.sleep(0.3)
+                continue
             try:
                 response = httpx.get(f"http://127.0.0.1:{port}/api/studies", trust_env=False)
                 if response.status_code == 200:

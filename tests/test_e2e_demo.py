@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from autotune import storage as keys
-from autotune._proc import free_port
 from autotune.spec import load_spec
 from autotune.study import open_study
 from tests.conftest import DEMO_MODEL, autotune_cmd, processes_matching, write_demo_spec
@@ -151,17 +150,15 @@ def test_exported_yaml_starts_vllm(study_dir, tmp_path):
     env_file = out.with_suffix(".env")
     if env_file.exists():
         env.update(line.split("=", 1) for line in env_file.read_text().splitlines())
-    port = free_port()
+    uds = tmp_path / "server.sock"  # a Unix socket: no TCP port to pick, none to be taken
     argv = [
         sys.executable,
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--config",
         str(out),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
+        "--uds",
+        str(uds),
     ]
     log = open(tmp_path / "server.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
@@ -170,10 +167,11 @@ def test_exported_yaml_starts_vllm(study_dir, tmp_path):
     try:
         deadline = time.monotonic() + 240
         answer = None
+        client = httpx.Client(transport=httpx.HTTPTransport(uds=str(uds)), trust_env=False)
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                response = httpx.post(
-                    f"http://127.0.0.1:{port}/v1/completions",
+                response = client.post(
+                    "http://localhost/v1/completions",
                     json={
                         "model": "demo",
                         "prompt": "one two three",
@@ -181,7 +179,6 @@ def test_exported_yaml_starts_vllm(study_dir, tmp_path):
                         "temperature": 0,
                     },
                     timeout=10,
-                    trust_env=False,
                 )
                 if response.status_code == 200:
                     answer = response.json()["choices"][0]["text"]
@@ -192,6 +189,7 @@ def test_exported_yaml_starts_vllm(study_dir, tmp_path):
         assert answer is not None, (tmp_path / "server.log").read_text()[-3000:]
         assert answer.startswith(" four five")
     finally:
+        client.close()
         os.killpg(proc.pid, 9)
         proc.wait()
         log.close()

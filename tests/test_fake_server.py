@@ -7,15 +7,16 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from autotune.testing.toy_model import EOS_ID, ToyModel
@@ -25,17 +26,25 @@ KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Proc:
+    """A fake server started with ``--port 0``: the OS picks its port, the server reports it
+    in ``port_file`` once it listens (no pick-a-free-port-then-bind race)."""
+
     popen: subprocess.Popen[bytes]
-    port: int
+    port_file: Path
     log: Path
+
+    @property
+    def port(self) -> int:
+        deadline = time.monotonic() + 15
+        while not self.port_file.exists():
+            if self.popen.poll() is not None:
+                raise AssertionError(f"server exited {self.popen.returncode}: {self.stderr()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no port reported in 15 s: {self.stderr()}")
+            time.sleep(0.02)
+        return int(self.port_file.read_text())
 
     @property
     def url(self) -> str:
@@ -46,9 +55,11 @@ class Proc:
 
 
 def launch(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Proc:
-    port = free_port()
-    log = tmp_path / f"server-{port}.log"
-    argv = [sys.executable, "-m", "autotune.testing.fake_server", "--port", str(port)]
+    tag = uuid.uuid4().hex[:8]
+    log = tmp_path / f"server-{tag}.log"
+    port_file = tmp_path / f"server-{tag}.port"
+    argv = [sys.executable, "-m", "autotune.testing.fake_server", "--port", "0"]
+    argv += ["--port-file", str(port_file)]
     argv += ["--api-key", KEY, "--model", "toy", *args]
     full_env = {k: v for k, v in os.environ.items() if k != "FAKE_FAULT"}
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
@@ -57,7 +68,7 @@ def launch(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Pro
         popen = subprocess.Popen(
             argv, cwd=REPO, env=full_env, stdout=fh, stderr=fh, start_new_session=True
         )
-    return Proc(popen, port, log)
+    return Proc(popen, port_file, log)
 
 
 def wait_healthy(proc: Proc, timeout: float = 10.0) -> None:
@@ -213,6 +224,26 @@ def test_bad_requests(toy: Proc) -> None:
         assert "message" in r.json()["error"]
 
 
+def test_wrong_when_batched_is_right_alone_and_wrong_in_a_batch(tmp_path: Path) -> None:
+    with server(tmp_path, "--fault", "wrong_when_batched", "--decode-ms", "50") as proc:
+        alone = complete(proc, "one two three", max_tokens=3)["choices"][0]["text"]
+        assert alone == " four five six"  # a request on its own is exactly right
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            # a long request (40 x 50 ms); once it runs, a short one joins its batch
+            long = pool.submit(complete, proc, "a", max_tokens=40)
+            deadline = time.monotonic() + 10
+            while httpx.get(proc.url + "/sim/stats").json()["tokens"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            joined = complete(proc, "one two three", max_tokens=3)["choices"][0]["text"]
+            long_text = long.result(timeout=30)["choices"][0]["text"]
+        stats = httpx.get(proc.url + "/sim/stats").json()
+    assert stats["max_batch"] == 2
+    assert joined.strip() == ""  # every one of its tokens was decoded beside the long one
+    assert long_text != ToyModel().greedy("a", 40)  # wrong while the short one ran beside it
+    assert long_text.startswith(" b")  # its first token came from a step of its own
+
+
 def test_max_num_seqs_serialises_requests(tmp_path: Path) -> None:
     with server(tmp_path, "--decode-ms", "2", "--max-num-seqs", "1") as proc:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -250,11 +281,19 @@ def test_fault_from_env(tmp_path: Path) -> None:
 
 
 def test_slow_start(tmp_path: Path) -> None:
-    proc = launch(tmp_path, "--fault", "slow_start", "--startup-delay-s", "1.0")
+    proc = launch(tmp_path, "--fault", "slow_start", "--startup-delay-s", "2.0")
     try:
-        time.sleep(0.5)
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(proc.url + "/health", timeout=0.5)
+        deadline = time.monotonic() + 15
+        while "slow start: sleeping" not in proc.stderr():
+            assert time.monotonic() < deadline and proc.popen.poll() is None, proc.stderr()
+            time.sleep(0.02)
+        # sleeping: nothing listens yet, and no port was reported
+        listening = [
+            c
+            for c in psutil.Process(proc.popen.pid).net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN
+        ]
+        assert listening == [] and not proc.port_file.exists()
         wait_healthy(proc)
     finally:
         stop(proc)

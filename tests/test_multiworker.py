@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import datetime
 import glob
 import os
 import pwd
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -90,12 +91,6 @@ def needs_pg(test):
     return pytest.mark.postgres(test)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def pg_url():
     url = os.environ.get(PG_ENV)
@@ -114,7 +109,6 @@ def pg_url():
     if os.geteuid() == 0:
         shutil.chown(root, user="postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
     data = root / "data"
 
     def pg(*argv: str) -> None:
@@ -129,22 +123,21 @@ def pg_url():
         str(root / "log"),
         "-w",
         "-o",
-        f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={root} "
-        f"-c max_connections=200",
+        # No TCP port at all (nothing to pick, nothing to collide with): a Unix socket in a
+        # directory of its own.
+        f"-c listen_addresses='' -c unix_socket_directories={root} -c max_connections=200",
         "start",
     )
     try:
         pg(
             str(bindir / "createdb"),
             "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
+            str(root),
             "-U",
             "postgres",
             "autotune_test",
         )
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/autotune_test"
+        yield f"postgresql+psycopg2://postgres@/autotune_test?host={root}"
     finally:
         with contextlib.suppress(subprocess.SubprocessError):
             pg(str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop")
@@ -267,8 +260,19 @@ def fake_servers(token: str) -> list[psutil.Process]:
     return found
 
 
-def assert_clean_study(url: str, name: str, *, launched: int, token: str) -> optuna.Study:
-    """The invariants of a multi-worker study that ran to the end."""
+def _server_started(trial: optuna.trial.FrozenTrial, root: Path) -> datetime.datetime:
+    """When the trial's fake server started, as it logged itself (``started_at``, this machine's
+    clock to the microsecond; psutil's process start time is only good to about a second)."""
+    [log] = root.rglob(f"trial-{trial.number:05d}.log")
+    match = re.search(r"fake server \(TEST DOUBLE\) pid=\d+ started_at=([0-9.]+)", log.read_text())
+    assert match, f"trial {trial.number}: no start line in {log}"
+    return datetime.datetime.fromtimestamp(float(match.group(1)))
+
+
+def assert_clean_study(
+    url: str, name: str, *, launched: int, token: str, root: Path
+) -> optuna.Study:
+    """The invariants of a multi-worker study that ran to the end (server logs below ``root``)."""
     study = load(url, name)
     trials = study.get_trials(deepcopy=False)
     # nothing left running or queued
@@ -296,15 +300,18 @@ def assert_clean_study(url: str, name: str, *, launched: int, token: str) -> opt
         for t in trials
         if t.state == TrialState.FAIL
     ] == []
-    # no two launched trials with the same parameters ran at overlapping times
+    # no two servers with the same parameters ran at the same time (what the duplicate guard
+    # promises). A trial's datetime_start is when it was asked for, before its parameters were
+    # sampled and checked against the running trials; its server starts only after that check,
+    # so the server's own start time is the start that counts. A trial asked while an equal
+    # one was finishing (seen: 0.2 s) is no overlap of servers.
     launched_trials = [t for t in trials if t.user_attrs.get(keys.FAIL_REASON) not in NOT_LAUNCHED]
     for i, a in enumerate(launched_trials):
         for b in launched_trials[i + 1 :]:
             if a.params == b.params:
-                assert (
-                    a.datetime_complete <= b.datetime_start
-                    or b.datetime_complete <= a.datetime_start
-                ), (a.number, b.number, a.params)
+                a_before_b = a.datetime_complete <= _server_started(b, root)
+                b_before_a = b.datetime_complete <= _server_started(a, root)
+                assert a_before_b or b_before_a, (a.number, b.number, a.params)
     # no server survives: neither a recorded pid nor any process of this test's servers
     for t in trials:
         pid = (t.user_attrs.get(keys.SERVER) or {}).get("pid")
@@ -334,7 +341,7 @@ def test_three_workers_share_one_postgres_study(pg_url: str, tmp_path: Path) -> 
     results = run_all([argv, argv, argv], cwd=tmp_path)
     for result in results:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    study = assert_clean_study(pg_url, token, launched=3 * 2, token=token)
+    study = assert_clean_study(pg_url, token, launched=3 * 2, token=token, root=tmp_path)
     # every worker launched exactly its two trials (the baseline counts for whoever ran it)
     per_worker = collections.Counter(
         t.user_attrs[keys.SERVER]["worker"] for t in counted(study.get_trials(deepcopy=False))
@@ -367,7 +374,7 @@ def test_parallel_runs_exact_trials_and_records_devices(pg_url: str, tmp_path: P
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
     assert "[w0]" in result.stdout and "[w1]" in result.stdout
     assert "contend" in result.stdout
-    study = assert_clean_study(pg_url, token, launched=5, token=token)
+    study = assert_clean_study(pg_url, token, launched=5, token=token, root=tmp_path)
     assert study.user_attrs[CONTENTION_ATTR]["workers"] == 2
 
     by_worker: dict[str, set[str]] = collections.defaultdict(set)

@@ -22,16 +22,14 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -45,34 +43,28 @@ MAX_TOKENS = 24
 START_TIMEOUT_S = 240.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Server:
-    """A vLLM server in its own process group; ``log`` holds stdout+stderr."""
+    """A vLLM server in its own process group; ``log`` holds stdout+stderr. It listens on the
+    Unix socket ``uds`` (vLLM's ``--uds``): no TCP port to pick, so none can be taken."""
 
     proc: subprocess.Popen[bytes]
-    port: int
+    uds: Path
     log: Path
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def client(self, timeout: float) -> httpx.Client:
+        transport = httpx.HTTPTransport(uds=str(self.uds))
+        return httpx.Client(transport=transport, base_url="http://localhost", timeout=timeout)
+
     def complete(self, prompt: str) -> str:
-        body = json.dumps(
-            {"model": "demo", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0}
-        ).encode()
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/v1/completions",
-            data=body,
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return str(json.load(resp)["choices"][0]["text"])
+        body = {"model": "demo", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+        with self.client(60) as client:
+            response = client.post("/v1/completions", json=body)
+            response.raise_for_status()
+            return str(response.json()["choices"][0]["text"])
 
     def stop(self) -> None:
         """SIGTERM the API server (it shuts its engine down cleanly), then SIGKILL the whole
@@ -96,7 +88,7 @@ class Server:
 
 def _start(tmp_path: Path, tag: str, patches: dict[str, object] | None) -> Server:
     """Start the server; return once /health answers (or the process died: check .proc)."""
-    port = _free_port()
+    uds = tmp_path / f"server-{tag}.sock"
     log = tmp_path / f"server-{tag}.log"
     env = dict(os.environ)
     env.pop("VLLM_PLUGINS", None)
@@ -112,10 +104,8 @@ def _start(tmp_path: Path, tag: str, patches: dict[str, object] | None) -> Serve
         str(MODEL),
         "--served-model-name",
         "demo",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
+        "--uds",
+        str(uds),
         "--enforce-eager",
         "--kv-cache-memory-bytes",
         "134217728",
@@ -128,18 +118,15 @@ def _start(tmp_path: Path, tag: str, patches: dict[str, object] | None) -> Serve
         proc = subprocess.Popen(
             argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-    server = Server(proc, port, log)
+    server = Server(proc, uds, log)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             server.stop()
             return server
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return server
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
+        with contextlib.suppress(httpx.HTTPError), server.client(2) as client:
+            if client.get("/health").status_code == 200:
+                return server
         time.sleep(0.5)
     server.stop()
     raise AssertionError(

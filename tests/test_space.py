@@ -247,9 +247,64 @@ def test_malformed_yaml_reports_line(tmp_path):
 
 
 def test_demo_and_glm5_spaces_load():
+    """The shipped spaces load with exactly their parameters, baselines, targets and
+    constraints, and the constraints reject what the engine would refuse."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    for name in ("cpu-demo.yaml", "glm5-8gpu.yaml"):
-        space = load_space(root / "search_spaces" / name)
-        assert space.parameters
+    demo = load_space(root / "search_spaces" / "cpu-demo.yaml")
+    assert demo.names == [
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "enforce_eager",
+        "block_size",
+        "enable_chunked_prefill",
+        "enable_prefix_caching",
+        "async_scheduling",
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "kv_cache_dtype",
+        "attention_path",
+        "qkv_shard_swap",
+    ]
+    # the baseline fixes only what has a baseline (the fault patch off); the rest is the engine's
+    assert demo.baseline_values() == {
+        "kv_cache_dtype": "auto",
+        "attention_path": "custom_op",
+        "qkv_shard_swap": False,
+    }
+    settings = demo.resolve(demo.baseline_values())
+    assert settings.flags == {"--kv-cache-dtype": "auto"}
+    assert settings.env == {} and settings.json_flags == {}
+    assert settings.patches == {"attention_path": "custom_op", "qkv_shard_swap": False}
+    assert demo.parameter("enable_chunked_prefill").target.false_flag == (
+        "--no-enable-chunked-prefill"
+    )
+    assert [c.expr for c in demo.constraints] == [
+        "max_num_batched_tokens >= max_num_seqs",
+        "enable_chunked_prefill or max_num_batched_tokens >= 512",
+    ]
+    refused = {"max_num_seqs": 512, "max_num_batched_tokens": 256, "enable_chunked_prefill": False}
+    assert demo.violated(refused) == [c.expr for c in demo.constraints]
+    assert demo.violated({**refused, "max_num_seqs": 4, "enable_chunked_prefill": True}) == []
+
+    glm5 = load_space(root / "search_spaces" / "glm5-8gpu.yaml")
+    assert len(glm5.names) == 14 and glm5.names[:3] == [
+        "enforce_eager",
+        "cudagraph_mode",
+        "cudagraph_capture_sizes",
+    ]
+    assert glm5.baseline_values() == {"enforce_eager": True, "mla_path": "custom_op"}
+    # CUDA-graph parameters exist only when graphs are on
+    assert glm5.parameter("cudagraph_mode").when == {"enforce_eager": False}
+    assert not glm5.is_active(glm5.parameter("cudagraph_mode"), {"enforce_eager": True})
+    graphs = glm5.resolve(
+        {"enforce_eager": False, "cudagraph_mode": "FULL", "cudagraph_capture_sizes": [1, 2]}
+    )
+    assert graphs.json_flags == {
+        "--compilation-config": {"cudagraph_mode": "FULL", "cudagraph_capture_sizes": [1, 2]}
+    }
+    assert [c.expr for c in glm5.constraints] == [
+        "max_num_batched_tokens >= max_num_seqs",
+        "max(cudagraph_capture_sizes) <= max_num_batched_tokens",
+        "NCCL_MIN_NCHANNELS <= NCCL_MAX_NCHANNELS",
+    ]

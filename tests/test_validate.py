@@ -1,8 +1,8 @@
 """``autotune validate`` against the installed vLLM: the GLM-5 space is clean, mistakes are named.
 
-vLLM is imported once for the whole module (``vllm_ctx``); the checks themselves take
-milliseconds, so one space with many bad parameters is validated once and each mistake is
-asserted separately.
+vLLM is imported once for the whole module (``vllm_ctx``, which skips without vLLM); the checks
+themselves take milliseconds, so one space with many bad parameters is validated once and each
+mistake is asserted separately.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from autotune.space import load_space
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytest.importorskip("vllm")
-
 
 @pytest.fixture(scope="module")
 def vllm_ctx() -> object:
-    """Import vLLM and build its server parser once for every test in this module."""
+    """Import vLLM and build its server parser once for every test that needs it (skipped
+    without vLLM; the tests that do not need it run anyway)."""
+    pytest.importorskip("vllm")
     from autotune.engines.vllm_validate import _context
 
     return _context()

@@ -7,6 +7,10 @@ benchmark client and study loop can be tested without an inference engine. Run i
 
 (the key from ``--api-key`` or, as autotune's command engine passes it, ``AUTOTUNE_API_KEY``).
 
+``--port 0`` lets the operating system pick a free port (no pick-then-bind race); the server
+logs ``ready on http://HOST:PORT`` with the real port and, with ``--port-file F``, writes it to
+``F`` (atomically, once listening).
+
 It speaks the subset of vLLM's API autotune uses: ``GET /health``, ``GET /v1/models``,
 ``GET /version`` and ``POST /v1/completions`` (``prompt`` as text or token ids, ``max_tokens``,
 ``temperature``, ``seed``, ``stream`` with ``stream_options.include_usage``, ``logprobs``,
@@ -54,7 +58,11 @@ Faults (``--fault NAME`` or env ``FAKE_FAULT``), each mimicking a failure real e
 * ``slow_start``: sleeps ``--startup-delay-s`` before listening.
 * ``oom``: prints a CUDA out-of-memory traceback to stderr and exits 1 shortly after start.
 * ``http_500``: every completion answers 500.
+* ``flaky_500``: one streamed completion in three answers 500 (the server stays up).
 * ``wrong_text``: fast, but greedy output turns to whitespace from the 2nd generated token.
+* ``wrong_when_batched``: every token decoded in a step that holds more than one sequence is
+  wrong (whitespace, as ``wrong_text``); a request that runs alone is exactly right, so only a
+  check under load can see it (a batching bug: a wrong row index, a padding mask).
 * ``ignore_sigterm``: SIGTERM is ignored (server and child); only SIGKILL stops it.
 * ``healthy_but_broken``: ``/health`` 200, every completion 500 (vLLM's CPU head_dim case).
 * ``unknown_flag``: rejects its arguments like argparse does: exit 2, "unrecognized arguments".
@@ -87,6 +95,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -109,6 +118,7 @@ FAULTS = (
     "http_500",
     "flaky_500",
     "wrong_text",
+    "wrong_when_batched",
     "ignore_sigterm",
     "healthy_but_broken",
     "unknown_flag",
@@ -171,6 +181,7 @@ class ServerOptions:
 
     host: str
     port: int
+    port_file: str | None
     api_key: str | None
     model: str
     served_model_name: str
@@ -207,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="TEST DOUBLE: fake OpenAI-compatible completion server (see module doc).",
     )
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="0: the OS picks one (see --port-file)")
+    p.add_argument("--port-file", default=None, help="write the listening port here")
     p.add_argument(
         "--api-key",
         default=os.environ.get("AUTOTUNE_API_KEY"),
@@ -268,6 +280,7 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
     return ServerOptions(
         host=ns.host,
         port=ns.port,
+        port_file=ns.port_file,
         api_key=ns.api_key,
         model=ns.model,
         served_model_name=ns.served_model_name or ns.model,
@@ -425,6 +438,7 @@ class Engine:
         crash_after: int | None,
         corrupt_every: int | None = None,
         crash_by_sigkill: bool = False,
+        wrong_when_batched: bool = False,
     ) -> None:
         self.model = model
         self.step_cost_ms = step_cost_ms
@@ -437,6 +451,7 @@ class Engine:
         self.crash_after = crash_after
         self.corrupt_every = corrupt_every
         self.crash_by_sigkill = crash_by_sigkill
+        self.wrong_when_batched = wrong_when_batched
         self.waiting: deque[GenRequest] = deque()
         self.running: list[GenRequest] = []
         self.stats = EngineStats()
@@ -502,11 +517,14 @@ class Engine:
 
     def _emit_tokens(self) -> None:
         still_running: list[GenRequest] = []
+        batched = self.wrong_when_batched and sum(not r.cancelled for r in self.running) > 1
         for request in self.running:
             if request.cancelled:
                 continue
             context = [*request.prompt_ids, *request.generated]
-            broken = self.wrong_from is not None and len(request.generated) >= self.wrong_from
+            broken = batched or (
+                self.wrong_from is not None and len(request.generated) >= self.wrong_from
+            )
             top = self.model.distribution(context, broken=broken, drift=self.drift)
             chosen = self.model.sample(
                 context, request.temperature, request.rng, broken=broken, drift=self.drift
@@ -571,6 +589,7 @@ class FakeServer:
         self.sim = sim
         self.started = time.monotonic()
         self.child: subprocess.Popen[bytes] | None = None
+        self.port = opts.port  # the real one once bound (--port 0)
         self._engine_task: asyncio.Task[None] | None = None
 
     def app(self) -> Any:
@@ -581,7 +600,12 @@ class FakeServer:
         @contextlib.asynccontextmanager
         async def lifespan(_app: Any) -> AsyncIterator[None]:
             self._engine_task = asyncio.create_task(self.engine.run())
-            _log(f"ready on http://{self.opts.host}:{self.opts.port} (pid {os.getpid()})")
+            _log(f"ready on http://{self.opts.host}:{self.port} (pid {os.getpid()})")
+            if self.opts.port_file:  # atomically: a reader never sees a half-written port
+                tmp = f"{self.opts.port_file}.tmp"
+                with open(tmp, "w") as fh:
+                    fh.write(f"{self.port}\n")
+                os.replace(tmp, self.opts.port_file)
             yield
             self._engine_task.cancel()
 
@@ -1056,6 +1080,7 @@ def build_engine(opts: ServerOptions, env: dict[str, str]) -> tuple[Engine, dict
         crash_after=crash_after,
         corrupt_every=7 if fault == "corrupt_words" else None,
         crash_by_sigkill=fault == "self_sigkill",
+        wrong_when_batched=fault == "wrong_when_batched",
     )
     return engine, sim
 
@@ -1070,16 +1095,22 @@ def _serve(server: FakeServer) -> None:
         def capture_signals(self) -> Iterator[None]:
             yield
 
+    # Bound here, not by uvicorn, so that --port 0 can report the port the OS picked.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((server.opts.host, server.opts.port))
+    sock.listen(2048)  # connections queue from here on, even before uvicorn accepts them
+    server.port = sock.getsockname()[1]
     config = uvicorn.Config(
         server.app(),
         host=server.opts.host,
-        port=server.opts.port,
+        port=server.port,
         log_level="warning",
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=1,
     )
-    _Server(config).run()
+    _Server(config).run(sockets=[sock])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1093,7 +1124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     _log(
-        f"fake server (TEST DOUBLE) pid={os.getpid()} args={sys.argv[1:] if argv is None else argv}"
+        f"fake server (TEST DOUBLE) pid={os.getpid()} started_at={time.time():.6f} "
+        f"args={sys.argv[1:] if argv is None else argv}"
     )
     child: subprocess.Popen[bytes] | None = None
 

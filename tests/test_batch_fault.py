@@ -1,0 +1,125 @@
+"""Correctness under load: a fault that is wrong only when requests are batched.
+
+The quiet check sends its prompts one at a time, so a batching bug (a wrong row index, a padding
+mask that is off when a step holds several sequences) passes it. Such a config must still be
+rejected: the benchmark responses, produced at the batch shapes where batching bugs live, are
+compared with the reference too (``TrialRunner._check_under_load``). Shown twice:
+
+* on the fake server's ``wrong_when_batched`` fault, through a real trial (command engine);
+* on REAL vLLM with ``patches/batch_corrupt.py`` (mark ``e2e``; two server starts: the
+  baseline, then the patched config).
+
+In both, the trial is ``incorrect_output`` with a ``token_under_load`` divergence as evidence,
+and its stored check shows that the quiet check had passed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune import storage as keys
+from autotune.spec import load_spec
+from autotune.study import RunOptions, open_study, run_study
+from tests.conftest import write_demo_spec, write_fake_spec
+
+FAKE_SPACE = """
+parameters:
+  fault:
+    type: categorical
+    choices: [null, wrong_when_batched]
+    baseline: null
+    target: {flag: --fault}
+"""
+
+DEMO_SPACE = """
+parameters:
+  batch_corrupt:
+    type: bool
+    baseline: false
+    target: {patch: batch_corrupt}
+"""
+
+
+def run_baseline_then(spec_path: Path, params: dict) -> optuna.Study:
+    """The baseline (records the reference), then exactly one trial with ``params``."""
+    spec = load_spec(spec_path)
+    study, created = open_study(spec, spec.default_storage())
+    assert created
+    study.enqueue_trial(params, user_attrs={keys.ROLE: "search"})
+    summary = run_study(spec, RunOptions(trials=2, seed=0, validate=False))
+    assert summary.stopped_because is None, summary.stopped_because
+    return optuna.load_study(study_name=spec.name, storage=spec.default_storage())
+
+
+def assert_rejected_under_load(study: optuna.Study, params: dict, spec_path: Path) -> dict:
+    """The verdicts both tests require; returns the faulty trial's first divergence."""
+    spec = load_spec(spec_path)
+    baseline, faulty = study.trials
+    assert baseline.user_attrs[keys.ROLE] == "baseline"
+    assert baseline.state == TrialState.COMPLETE, baseline.user_attrs
+    assert faulty.params == params
+    attrs = faulty.user_attrs
+    assert faulty.state == TrialState.PRUNED
+    assert attrs[keys.FAIL_REASON] == "incorrect_output", (
+        attrs.get(keys.FAIL_REASON),
+        attrs.get(keys.FAIL_DETAIL),
+    )
+    assert attrs[keys.CORRECT] is False
+    assert faulty.system_attrs.get("constraints:correct") == 1.0
+    assert "diverged under load" in attrs[keys.FAIL_DETAIL]
+    # the quiet (sequential) check ran and passed; only the under-load check failed it
+    check = attrs[keys.CHECK]
+    assert check["passed"] is True, check
+    assert check["problems"] == [] and check["first_divergence"] is None
+    assert check["prompts_checked"] == len(spec.check.prompts)
+    assert check["under_load_checked"] > 0
+    assert 1 <= check["under_load_divergent"] <= check["under_load_checked"]
+    divergence = attrs[keys.EVIDENCE]["first_divergence"]
+    assert divergence["kind"] == "token_under_load"
+    assert divergence["prompt"] in spec.workload.prompts  # a benchmark request, text as evidence
+    assert divergence["got_text"] != divergence["expected_text"]
+    assert divergence["got_token"] != divergence["expected_token"]
+    return divergence
+
+
+def test_fake_wrong_when_batched_passes_quietly_and_fails_under_load(tmp_path: Path) -> None:
+    # 20 ms steps: the four concurrent benchmark requests share steps however busy the machine.
+    spec_path = write_fake_spec(
+        tmp_path,
+        FAKE_SPACE,
+        name="batched",
+        args=("--decode-ms", "20"),
+        workload={"concurrency": 4, "num_requests": 8, "max_tokens": 8},
+    )
+    study = run_baseline_then(spec_path, {"fault": "wrong_when_batched"})
+    divergence = assert_rejected_under_load(study, {"fault": "wrong_when_batched"}, spec_path)
+    # the toy model's fault: whitespace instead of the counting continuation
+    assert divergence["got_text"].strip() != divergence["expected_text"].strip()
+
+
+@pytest.mark.e2e
+def test_vllm_batch_corrupt_passes_quietly_and_fails_under_load(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    spec_path = write_demo_spec(
+        tmp_path,
+        DEMO_SPACE,
+        name="batch_corrupt",
+        workload={"concurrency": 4, "num_requests": 8, "max_tokens": 32},
+    )
+    study = run_baseline_then(spec_path, {"batch_corrupt": True})
+    divergence = assert_rejected_under_load(study, {"batch_corrupt": True}, spec_path)
+    assert divergence["got_token"].startswith("id:")
+    # the patch was applied, and corrupted batched steps, in the process that runs the model
+    [log_path] = tmp_path.rglob("trial-00001.log")
+    log = log_path.read_text(errors="replace")
+    applied = re.findall(r"AUTOTUNE_PATCH_APPLIED name=batch_corrupt value=true pid=(\d+)", log)
+    corrupted = re.findall(r"AUTOTUNE_BATCH_CORRUPT rows=(\d+) pid=(\d+)", log)
+    assert applied and corrupted, log[-4000:]
+    assert {pid for _rows, pid in corrupted} <= set(applied)
+    assert all(int(rows) > 1 for rows, _pid in corrupted)
+    assert "AUTOTUNE_BATCH_CORRUPT" not in next(tmp_path.rglob("trial-00000.log")).read_text()
