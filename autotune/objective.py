@@ -235,6 +235,15 @@ class TrialRunner:
                 trial.set_user_attr(keys.DUPLICATE_OF, None)
                 return role  # a baseline/ablation/confirmation trial measures for itself
             why = trial_dead_reason(study, current)
+            if (
+                why is None
+                and current.user_attrs.get(keys.DUPLICATE_OF) == trial.number
+                and trial.number < current.number
+            ):
+                # Two workers checked at the same moment and each found the other: both would
+                # wait forever. The lower trial number runs; the other keeps waiting on it.
+                trial.set_user_attr(keys.DUPLICATE_OF, None)
+                return role
             if why is None:
                 self._phase(trial, f"waiting for trial {current.number} (same parameters)")
                 time.sleep(HOLDER_POLL_S)

@@ -355,3 +355,41 @@ def test_waiting_for_the_baseline_reclaims_it_when_its_worker_dies(tmp_path: Pat
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_two_workers_that_found_each_other_do_not_wait_forever(tmp_path: Path) -> None:
+    """Both checked for a running twin before either marked itself a waiter: each found the
+    other. The lower trial number runs its server; the higher waits on it."""
+    study = new_study(tmp_path)
+    worker = sleeper()  # both trials' worker: alive throughout
+    try:
+        low = holding(study, record_of(worker))
+        high = proposing(study, low)
+        high.set_user_attr(keys.PARAMS_RESOLVED, {"x": high.params["x"]})
+        high.set_user_attr(keys.WORKER, record_of(worker))
+        assert low.number < high.number
+        runner_low, runner_high = TrialRunner(_Ctx()), TrialRunner(_Ctx())  # type: ignore[arg-type]
+        high_thread, high_result = in_thread(
+            lambda: runner_high._settle_duplicate(high, "search", frozen(study, low))
+        )
+        wait_until(
+            lambda: frozen(study, high).user_attrs.get(keys.DUPLICATE_OF) == low.number,
+            "the higher trial to wait",
+        )
+        low_thread, low_result = in_thread(
+            lambda: runner_low._settle_duplicate(low, "search", frozen(study, high))
+        )
+        low_thread.join(timeout=30)
+        assert not low_thread.is_alive(), "the lower trial must stop waiting and run"
+        assert low_result == {"value": "search"}
+        assert frozen(study, low).user_attrs.get(keys.DUPLICATE_OF) is None
+        assert high_thread.is_alive(), high_result  # still waiting on the lower one
+        low.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
+        low.set_user_attr(keys.CORRECT, True)
+        study.tell(low, 3.0)
+        high_thread.join(timeout=30)
+        assert isinstance(high_result.get("error"), optuna.TrialPruned), high_result
+        assert frozen(study, high).user_attrs[keys.EVIDENCE]["duplicate_of"] == low.number
+    finally:
+        worker.kill()
+        worker.wait()
