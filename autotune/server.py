@@ -246,11 +246,10 @@ class ServerProcess:
         if reason == "oom":
             evidence["oom_evidence"] = {"log": cause or "an out-of-memory message in the log"}
         elif reason is None and code is not None and default_reason != "startup_timeout":
+            self._remember_children()
+            pids = set(self.descendants_seen()) | {self.pid}
             if self._memory is not None:
-                self._remember_children()
-                pids = self._seen_pids | self._memory.pids | {self.pid}
-            else:
-                pids = set(self._seen_pids)
+                pids |= self._memory.pids
             found = oom.gather(pids, self._oom_start, self._memory, sigkill=code == -9)
             if found:
                 reason = "oom"

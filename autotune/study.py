@@ -354,14 +354,18 @@ def _on_optuna_stale(
 
 
 def enqueue_retry(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """Queue ``trial``'s exact configuration again. A pinned trial (an early one-change
+    neighbour, an ablation or confirmation variant) leaves parameters out on purpose: its pin
+    travels with the retry, or the sampler would fill the gaps with other values."""
     role = trial.user_attrs.get(keys.ROLE, "search")
-    study.enqueue_trial(
-        dict(trial.params),
-        user_attrs={
-            keys.ROLE: "baseline" if role == "baseline" else "retry",
-            keys.RETRY_OF: trial.number,
-        },
-    )
+    user_attrs = {
+        keys.ROLE: "baseline" if role == "baseline" else "retry",
+        keys.RETRY_OF: trial.number,
+    }
+    for key in (keys.PINNED, keys.VARIANT):
+        if trial.user_attrs.get(key) is not None:
+            user_attrs[key] = trial.user_attrs[key]
+    study.enqueue_trial(dict(trial.params), user_attrs=user_attrs)
 
 
 def run_study(

@@ -393,3 +393,21 @@ def test_two_workers_that_found_each_other_do_not_wait_forever(tmp_path: Path) -
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_a_retry_of_a_pinned_trial_keeps_its_pin(tmp_path: Path) -> None:
+    """An early one-change neighbour leaves parameters out on purpose; its retry (after a kill
+    or an infrastructure fault) must be the same config, not the sampler's fill-in."""
+    from autotune.study import enqueue_retry
+
+    study = new_study(tmp_path)
+    trial = study.ask()
+    trial.suggest_categorical("x", [1, 2])
+    trial.set_user_attr(keys.PINNED, {"x": trial.params["x"]})
+    trial.set_user_attr(keys.ROLE, "search")
+    study.tell(trial, state=TrialState.FAIL)
+    enqueue_retry(study, frozen(study, trial))
+    (queued,) = study.get_trials(states=(TrialState.WAITING,))
+    assert queued.user_attrs[keys.PINNED] == {"x": trial.params["x"]}
+    assert queued.user_attrs[keys.RETRY_OF] == trial.number
+    assert queued.user_attrs[keys.ROLE] == "retry"
