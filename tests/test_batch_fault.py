@@ -109,7 +109,10 @@ def test_vllm_batch_corrupt_passes_quietly_and_fails_under_load(tmp_path: Path) 
         tmp_path,
         DEMO_SPACE,
         name="batch_corrupt",
-        workload={"concurrency": 4, "num_requests": 8, "max_tokens": 32},
+        # Long answers and 8 at once: on a busy machine the API server can hand short requests
+        # to the engine one by one, each finished before the next arrives, and nothing is
+        # batched (seen with 32-token answers); 192 tokens keep several in flight together.
+        workload={"concurrency": 8, "num_requests": 16, "max_tokens": 192},
     )
     study = run_baseline_then(spec_path, {"batch_corrupt": True})
     divergence = assert_rejected_under_load(study, {"batch_corrupt": True}, spec_path)
