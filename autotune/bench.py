@@ -313,46 +313,33 @@ async def run_benchmark(
     all_records: list[RequestRecord] = []
     repeats: list[dict[str, float]] = []
     samples: list[RequestRecord] = []
+
+    async def phase(requests: int, concurrency: int, name: str) -> PhaseResult:
+        result = await run_phase(
+            client,
+            model,
+            prompts,
+            requests,
+            concurrency,
+            workload.max_tokens,
+            read_timeout_s=read_timeout,
+            phase=name,
+        )
+        all_records.extend(result.records)
+        return result
+
     hang = None
     if workload.warmup_requests:
-        warm = await run_phase(
-            client,
-            model,
-            prompts,
-            workload.warmup_requests,
-            min(workload.concurrency, workload.warmup_requests),
-            workload.max_tokens,
-            read_timeout_s=read_timeout,
-            phase="warm-up",
-        )
-        all_records += warm.records
-        hang = warm.hang
+        warm_concurrency = min(workload.concurrency, workload.warmup_requests)
+        hang = (await phase(workload.warmup_requests, warm_concurrency, "warm-up")).hang
     for index in range(0 if hang else workload.repeats):
-        single = await run_phase(
-            client,
-            model,
-            prompts,
-            workload.single_requests,
-            1,
-            workload.max_tokens,
-            read_timeout_s=read_timeout,
-            phase=f"single-request (repeat {index + 1})",
-        )
-        all_records += single.records
+        single = await phase(workload.single_requests, 1, f"single-request (repeat {index + 1})")
         if single.hang:
             hang = single.hang
             break
-        load = await run_phase(
-            client,
-            model,
-            prompts,
-            workload.num_requests,
-            workload.concurrency,
-            workload.max_tokens,
-            read_timeout_s=read_timeout,
-            phase=f"load (repeat {index + 1})",
+        load = await phase(
+            workload.num_requests, workload.concurrency, f"load (repeat {index + 1})"
         )
-        all_records += load.records
         if load.hang:
             hang = load.hang
             break
