@@ -218,11 +218,19 @@ def running_with_server(spec: Path, min_number: int) -> optuna.trial.FrozenTrial
     return None
 
 
-def with_descendants(spec: Path, number: int, count: int) -> optuna.trial.FrozenTrial | None:
-    """Trial ``number`` once at least ``count`` descendants of its server are recorded."""
+def with_descendants(
+    spec: Path, number: int, count: int, tag: str
+) -> optuna.trial.FrozenTrial | None:
+    """Trial ``number`` once at least ``count`` of its server's *live* descendants are recorded.
+
+    Counting recorded pids alone is not enough: the intermediate process of a double fork is
+    recorded and exits at once, so two recorded pids can be the child and that intermediate,
+    before the detached helper itself has been seen."""
     trial = load(spec).trials[number]
     server = trial.user_attrs.get(keys.SERVER) or {}
-    return trial if len(server.get("descendants") or []) >= count else None
+    recorded = {pid for pid, _ in server.get("descendants") or []}
+    live = {p.pid for p in tagged(tag)} - {server.get("pid")}
+    return trial if len(recorded & live) >= count else None
 
 
 def kill9_then_resume(
@@ -247,7 +255,7 @@ def kill9_then_resume(
         )
         if descendants:
             trial = wait_for(
-                lambda: with_descendants(spec, trial.number, descendants),
+                lambda: with_descendants(spec, trial.number, descendants, tag),
                 startup_wait,
                 first,
                 log,
