@@ -161,7 +161,7 @@ async def stream_request(
                     times.extend([now] * count)
                     ids.extend(new_ids)
                     text.append(piece)
-    except (TimeoutError, httpx.TimeoutException):
+    except TimeoutError:  # our own per-token deadline (protocol.py), never a transport's
         waited = "the first token" if not times else f"token {len(times) + 1}"
         error = f"hang: no token within {read_timeout_s:g} s (waiting for {waited})"
         record = _failed(prompt, error, start, times)

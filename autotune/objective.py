@@ -394,7 +394,11 @@ class TrialRunner:
             if not server.alive():
                 raise server.failure("server_crashed", f"server died: {exc}") from None
             if isinstance(exc, httpx.TimeoutException):
-                raise server.failure("hang", f"request timed out: {exc}") from None
+                # Not a deadline of ours (those are NoTokenWithin): httpx-aiohttp reports a
+                # dropped connection as ConnectTimeout. The server is alive but unreachable.
+                raise server.failure(
+                    "request_errors", f"verification request failed: {type(exc).__name__}: {exc}"
+                ) from None
             if isinstance(exc, httpx.HTTPStatusError):
                 # Alive, but it refuses the gate's own requests: this config cannot be verified,
                 # so it can never be scored.

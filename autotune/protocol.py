@@ -74,9 +74,16 @@ async def open_stream(
     The wait for the headers counts as waiting for the first token (a server that accepted the
     request and never answers sends none): it raises ``TimeoutError`` after ``deadline_s``.
     """
-    request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
     async with asyncio.timeout(deadline_s):
-        response = await client.send(request, stream=True)
+        try:
+            request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
+            response = await client.send(request, stream=True)
+        except httpx.TransportError:
+            # Nothing was received. Seen: a keep-alive connection the server had just closed
+            # (aiohttp's ServerDisconnectedError, which httpx-aiohttp reports as ConnectTimeout).
+            # One fresh attempt; a server that is really gone fails it too.
+            request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
+            response = await client.send(request, stream=True)
     try:
         yield response
     finally:

@@ -84,6 +84,41 @@ def test_connection_errors_are_recorded():
     assert not record.ok and "ConnectError" in record.error
 
 
+def test_a_connection_dropped_before_any_answer_is_tried_once_more_not_a_hang():
+    """A keep-alive connection the server had just closed: httpx-aiohttp reports aiohttp's
+    ServerDisconnectedError as ConnectTimeout. One fresh attempt; never called a hang."""
+    calls = []
+
+    def handler(request):
+        calls.append(1)
+        if len(calls) == 1:
+            raise httpx.ConnectTimeout("Server disconnected")
+        chunk = {"choices": [{"text": " 4", "token_ids": [4]}]}
+        return httpx.Response(200, content=b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+    async def go():
+        async with client_for(handler) as client:
+            return await stream_request(client, "m", "p", 1)
+
+    record = asyncio.run(go())
+    assert len(calls) == 2 and record.ok and not record.hung
+    assert record.token_ids == (4,)
+
+    calls.clear()
+
+    def always(request):
+        calls.append(1)
+        raise httpx.ConnectTimeout("Server disconnected")
+
+    async def gone():
+        async with client_for(always) as client:
+            return await stream_request(client, "m", "p", 1)
+
+    record = asyncio.run(gone())
+    assert len(calls) == 2 and not record.ok and not record.hung
+    assert "ConnectTimeout" in record.error
+
+
 def rec(times, e2e=None, ok=True):
     return RequestRecord(
         prompt="p",
