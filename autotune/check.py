@@ -790,18 +790,20 @@ def describe_checks(check: dict[str, Any] | None) -> str:
     """
     if not check or not check.get("passed"):
         return "not verified"
-    ran = check.get("checks") or {}
+    ran = check.get("checks")
+    if not ran:
+        # Recorded before the gate said which checks ran: claim none of them.
+        return "passed (which checks ran was not recorded for this trial)"
     by = {
         COMPARE_TOKEN_IDS: "token ids",
         COMPARE_TOKEN_STRINGS: "per-token strings",
         COMPARE_TEXT: "text",
     }
-    parts = [
-        f"{by.get(ran.get('compared_by'), 'token ids')} ({check.get('prompts_checked')} prompts)"
-    ]
+    compared = by.get(ran.get("compared_by"), str(ran.get("compared_by")))
+    parts = [f"{compared} ({check.get('prompts_checked')} prompts)"]
     if ran.get("teacher_forced"):
         parts.append(f"teacher-forced logprobs ({ran['teacher_forced']})")
-    if ran.get("sanity", True):
+    if ran.get("sanity"):
         parts.append("sanity")
     if ran.get("known_answers"):
         parts.append(f"{ran['known_answers']} known answers")

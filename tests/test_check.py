@@ -201,3 +201,20 @@ def test_greedy_request_survives_a_runner_up_with_zero_probability():
     assert asked == [2, 1]
     assert completion.token_ids == (7,) and completion.margins == (None,)
     assert completion.prompt_token_ids == (1, 2) and completion.text == " four"
+
+
+def test_describe_checks_names_only_checks_that_ran():
+    from autotune.check import describe_checks
+
+    text_only = {
+        "passed": True,
+        "prompts_checked": 3,
+        "checks": {"compared_by": "text", "teacher_forced": None, "sanity": True},
+        "under_load_compared_by": {"text": 8},
+    }
+    line = describe_checks(text_only)
+    assert line == "text (3 prompts); sanity; under load (8 by text)"
+    assert "token ids" not in line and "teacher-forced" not in line
+    # an older record that never said which checks ran claims none of them
+    assert "token ids" not in describe_checks({"passed": True, "prompts_checked": 5})
+    assert describe_checks({"passed": False}) == "not verified"
