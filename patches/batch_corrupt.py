@@ -16,6 +16,13 @@ consistent with the (corrupted) logits. A step with a single row is passed throu
 so requests that run alone are exactly right. The sampler's own warm-up (a dummy batch during
 start-up) is corrupted too, which changes nothing anyone sees.
 
+Every step, batched or not, also sleeps ``STEP_DELAY_S`` before sampling. Without it the fault
+depended on the machine's timing: on a starved 2-core machine the API server was seen handing
+eight concurrent 192-token requests to the engine one at a time, each finished (0.3 s) before
+the next arrived, so no step ever held two sequences and the fault never fired. With 20 ms
+steps a 24-token answer takes about half a second alone, far longer than the API server needs to
+pass on the requests sent with it, and the engine core sleeps instead of competing for the CPU.
+
 The first corrupted step prints ``AUTOTUNE_BATCH_CORRUPT rows=<n> pid=<pid>`` to stderr.
 """
 
@@ -26,6 +33,7 @@ import importlib
 import inspect
 import os
 import sys
+import time
 from typing import Any
 
 from autotune.patching import PatchError, PatchInfo
@@ -43,12 +51,15 @@ PATCH = PatchInfo(
     default=False,
 )
 
+STEP_DELAY_S = 0.02
+
 _state = {"corrupted_steps": 0, "done": False}
 
 
 def _corrupting(original: Any) -> Any:
     @functools.wraps(original)
     def forward(self: Any, logits: Any, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(STEP_DELAY_S)  # slow steps: concurrent requests overlap on any machine
         if logits.dim() == 2 and logits.shape[0] > 1 and logits.shape[1] > 1:
             top = logits.topk(2, dim=-1)
             logits = logits.clone()
