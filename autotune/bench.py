@@ -205,12 +205,13 @@ async def run_phase(
     prompts: Sequence[str],
     num_requests: int,
     concurrency: int,
-    max_tokens: int,
+    max_tokens: int | Sequence[int],
     *,
     read_timeout_s: float | None,
     phase: str = "load",
 ) -> PhaseResult:
     """``num_requests`` requests, prompts taken round-robin, at most ``concurrency`` at once.
+    ``max_tokens`` is one length for all, or one per prompt (``WorkloadSpec.output_tokens``).
 
     The first hung request ends the phase: the requests still in flight or queued are cancelled
     (a hung server would make each of them wait its own deadline, one wave after another), and
@@ -224,7 +225,7 @@ async def run_phase(
                 client,
                 model,
                 prompts[index % len(prompts)],
-                max_tokens,
+                max_tokens if isinstance(max_tokens, int) else max_tokens[index % len(prompts)],
                 read_timeout_s=read_timeout_s,
             )
 
@@ -321,7 +322,7 @@ async def run_benchmark(
             prompts,
             requests,
             concurrency,
-            workload.max_tokens,
+            workload.output_tokens or workload.max_tokens,
             read_timeout_s=read_timeout,
             phase=name,
         )

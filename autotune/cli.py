@@ -154,6 +154,13 @@ def run(
         ),
     ] = 2,
     confirm_repeats: Annotated[int, typer.Option("--confirm-repeats", min=2)] = 2,
+    allow_workload_change: Annotated[
+        bool,
+        typer.Option(
+            "--allow-workload-change",
+            help="Resume a study although its workload changed (recorded in the study).",
+        ),
+    ] = False,
 ) -> None:
     """Tune: run N trials of the study (resuming it if it exists), then confirm the best."""
     import json
@@ -177,6 +184,7 @@ def run(
             study_name=study,
             seed=seed,
             artifact_dir=artifact_dir,
+            allow_workload_change=allow_workload_change,
         )
         if parallel > 1:
             from autotune.parallel import DevicePlanSpec, run_parallel

@@ -48,6 +48,7 @@ from autotune.errors import CandidateError, InfrastructureError, TrialFailure
 from autotune.protocol import NoTokenWithin, StreamError
 from autotune.server import ServerProcess
 from autotune.spec import StudySpec
+from autotune.workload import reference_requests
 
 HOST = "127.0.0.1"
 #: a benchmark with more failed requests than this fraction fails the trial
@@ -429,8 +430,8 @@ class TrialRunner:
                 client,
                 model,
                 spec.check,
-                spec.workload.prompts,
-                spec.workload.max_tokens,
+                list(reference_requests(spec.workload)),
+                reference_requests(spec.workload),
                 engine_version=self.ctx.engine.version(),
                 deadline_s=spec.workload.request_timeout_s,
             )

@@ -86,6 +86,12 @@ class WorkloadSpec:
     warmup_requests: int = 2
     repeats: int = 2
     request_timeout_s: float = 60.0
+    #: per-prompt output lengths (a file's max_tokens, a synthetic distribution); empty: all
+    #: ``max_tokens``. Where the prompts came from and in what unit lengths are: workload.py
+    output_tokens: tuple[int, ...] = ()
+    source: str = "inline"
+    length_unit: str | None = None
+    chat_format: str | None = None
 
 
 @dataclass(frozen=True)
@@ -193,7 +199,7 @@ def load_spec(path: str | Path) -> StudySpec:
         model=_model(doc, data["model"], base),
         space=space,
         check=_check(doc, data["check"]),
-        workload=_workload(doc, data["workload"]),
+        workload=_workload(doc, data["workload"], base, _model(doc, data["model"], base)),
         objective=_objective(doc, data.get("objective") or {}),
         startup_timeout_s=_number(
             doc, "timeouts.startup_s", timeouts.get("startup_s", 300), positive=True
@@ -342,9 +348,14 @@ def _check(doc: YamlDoc, raw: Any) -> CheckSpec:
     )
 
 
-def _workload(doc: YamlDoc, raw: Any) -> WorkloadSpec:
+def _workload(doc: YamlDoc, raw: Any, base: Path, model: ModelSpec) -> WorkloadSpec:
+    from autotune import workload as sources  # prompts, file or synthetic: see workload.py
+
     keys = {
         "prompts",
+        "file",
+        "limit",
+        "synthetic",
         "max_tokens",
         "concurrency",
         "num_requests",
@@ -353,7 +364,7 @@ def _workload(doc: YamlDoc, raw: Any) -> WorkloadSpec:
         "repeats",
         "request_timeout_s",
     }
-    raw = check_keys(doc, raw, "workload", keys, {"prompts"})
+    raw = check_keys(doc, raw, "workload", keys, set())
     ints = {
         k: int(_number(doc, f"workload.{k}", raw[k], positive=k != "warmup_requests", integer=True))
         for k in (
@@ -371,7 +382,19 @@ def _workload(doc: YamlDoc, raw: Any) -> WorkloadSpec:
         extra["request_timeout_s"] = _number(
             doc, "workload.request_timeout_s", raw["request_timeout_s"], positive=True
         )
-    return WorkloadSpec(prompts=_strings(doc, "workload.prompts", raw["prompts"]), **ints, **extra)
+    built = sources.build(doc, raw, base, model)
+    # a file line without max_tokens is answered with workload.max_tokens
+    max_tokens = ints.get("max_tokens", WorkloadSpec.max_tokens)
+    lengths = tuple(max_tokens if n is None else n for n in built.output_tokens)
+    return WorkloadSpec(
+        prompts=built.prompts,
+        output_tokens=tuple(lengths),
+        source=built.source,
+        length_unit=built.length_unit,
+        chat_format=built.chat_format,
+        **ints,
+        **extra,
+    )
 
 
 _SLO_RE = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=)\s*([0-9.eE+-]+)\s*$")
