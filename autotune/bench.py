@@ -23,7 +23,7 @@ import dataclasses
 import json
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -303,6 +303,7 @@ async def run_benchmark(
     *,
     on_repeat: Callable[[int, dict[str, float]], None] | None = None,
     hang_timeout_s: float | None = None,
+    phase_hook: Callable[[str, str], Awaitable[None]] | None = None,
 ) -> BenchResult:
     """Warm up, then ``repeats`` x (single-request decode, load). See the module docstring.
 
@@ -316,6 +317,8 @@ async def run_benchmark(
     samples: list[RequestRecord] = []
 
     async def phase(requests: int, concurrency: int, name: str) -> PhaseResult:
+        if phase_hook is not None:  # server-side evidence around each phase (server_metrics.py)
+            await phase_hook(name, "start")
         result = await run_phase(
             client,
             model,
@@ -327,6 +330,8 @@ async def run_benchmark(
             phase=name,
         )
         all_records.extend(result.records)
+        if phase_hook is not None:
+            await phase_hook(name, "end")
         return result
 
     hang = None

@@ -453,6 +453,10 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
             + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
         )
         _print_failure_details(rows)
+    from autotune.server_metrics import preemption_notes
+
+    for note in preemption_notes(rows):
+        console.print(f"[yellow]preemptions:[/] {escape(note)}")
     if report.reference:
         console.print(
             f"reference: {report.reference['prompts']} prompts, logprob tolerance "
@@ -498,6 +502,46 @@ def _print_failure_details(rows) -> None:
             markup=False,
             highlight=False,
         )
+
+
+@app.command()
+def bench(
+    url: Annotated[str, typer.Option("--url", help="A running OpenAI-compatible server.")],
+    spec: SpecOpt = DEFAULT_SPEC,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="AUTOTUNE_API_KEY", help="Bearer key.")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Served model name.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the metrics.")] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Gate first, against the study's reference.")
+    ] = False,
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+) -> None:
+    """Benchmark a server autotune did not start with the spec's client and workload."""
+    from autotune.engines import build_engine
+    from autotune.remote import check_url, run_command, study_reference
+
+    try:
+        study_spec = _load_spec(spec)
+        check_url(url)
+        reference = (
+            study_reference(*_target(study_spec, study, storage, existing=True)) if check else None
+        )
+        code = run_command(
+            study_spec,
+            url,
+            api_key=api_key,
+            model=model,
+            json_path=json_path,
+            reference=reference,
+            metrics_map=build_engine(study_spec).server_metrics_map(),
+            console=console,
+        )
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    raise typer.Exit(code=code)
 
 
 @app.command()

@@ -47,6 +47,7 @@ from autotune.engines.base import Engine, ServerSettings
 from autotune.errors import CandidateError, InfrastructureError, TrialFailure
 from autotune.protocol import NoTokenWithin, StreamError
 from autotune.server import ServerProcess
+from autotune.server_metrics import SERVER_METRICS_ATTR, ServerMetricsRecorder
 from autotune.spec import StudySpec
 from autotune.workload import reference_requests
 
@@ -483,7 +484,14 @@ class TrialRunner:
             if self.ctx.allow_pruning and index < workload.repeats - 1 and trial.should_prune():
                 raise EarlyStop(metrics)
 
-        bench = await run_benchmark(client, model, workload, on_repeat=on_repeat)
+        evidence = ServerMetricsRecorder(client, self.ctx.engine.server_metrics_map())
+        await evidence.start()
+        try:
+            bench = await run_benchmark(
+                client, model, workload, on_repeat=on_repeat, phase_hook=evidence.phase
+            )
+        finally:  # stored whatever the benchmark's outcome; never fails the trial
+            trial.set_user_attr(SERVER_METRICS_ATTR, await evidence.stop())
         trial.set_user_attr(keys.BENCH, bench_summary(bench))
         if bench.hang:
             if not server.alive():

@@ -72,6 +72,12 @@ Faults (``--fault NAME`` or env ``FAKE_FAULT``), each mimicking a failure real e
 * ``no_text``: every answer's text is empty (token ids and logprobs as usual).
 * ``hang_in_bench``: benchmark requests (streamed with ``stream_options.include_usage``) are
   accepted and never answered; readiness and verification requests are served.
+* ``preempt``: ``/metrics`` counts one preemption per completed request (the output is right).
+* ``no_metrics``: ``/metrics`` answers 404, as a server without Prometheus metrics.
+
+``GET /metrics`` (no key needed, as vLLM) serves a few of vLLM's Prometheus metrics in the text
+format: ``vllm:num_requests_running``/``waiting`` and ``vllm:kv_cache_usage_perc`` (running over
+``--max-num-seqs``) gauges, ``vllm:generation_tokens_total`` and ``vllm:num_preemptions_total``.
 
 ``--dialect`` chooses the response fields: ``vllm`` (default: ``token_ids``,
 ``prompt_token_ids``, ``prompt_logprobs``), ``openai`` (the plain OpenAI completions API: text,
@@ -125,6 +131,8 @@ FAULTS = (
     "corrupt_words",
     "no_text",
     "hang_in_bench",
+    "preempt",
+    "no_metrics",
 )
 #: which response fields the server speaks: vLLM's (token ids, prompt_logprobs), the plain
 #: OpenAI completions API (text, logprobs, echo), or text only (what many proxies return)
@@ -615,6 +623,7 @@ class FakeServer:
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/sim/stats", self.sim_stats, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
             Route("/sim/reset", self.sim_reset, methods=["POST"]),
         ]
         return Starlette(routes=routes, lifespan=lifespan)
@@ -673,6 +682,28 @@ class FakeServer:
             **self.sim,
         }
         return JSONResponse(body)
+
+    async def metrics(self, request: Any) -> Any:
+        """A few of vLLM's Prometheus metrics (see the module docstring)."""
+        from starlette.responses import PlainTextResponse
+
+        if self.opts.fault == "no_metrics":
+            return PlainTextResponse("Not Found", status_code=404)
+        engine, stats = self.engine, self.engine.stats
+        label = f'{{model_name="{self.opts.served_model_name}"}}'
+        preempted = stats.completed if self.opts.fault == "preempt" else 0
+        rows = [
+            ("vllm:num_requests_running", "gauge", len(engine.running)),
+            ("vllm:num_requests_waiting", "gauge", len(engine.waiting)),
+            ("vllm:kv_cache_usage_perc", "gauge", len(engine.running) / engine.max_num_seqs),
+            ("vllm:generation_tokens", "counter", stats.tokens),
+            ("vllm:num_preemptions", "counter", preempted),
+        ]
+        lines = []
+        for name, kind, value in rows:
+            sample = f"{name}_total" if kind == "counter" else name
+            lines += [f"# TYPE {name} {kind}", f"{sample}{label} {float(value)}"]
+        return PlainTextResponse("\n".join(lines) + "\n")
 
     async def sim_reset(self, request: Any) -> Any:
         """Zero the counters (test hook), e.g. between a warm-up and a measured phase."""
