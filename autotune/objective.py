@@ -45,6 +45,7 @@ from autotune.check import (
 from autotune.client import build_client
 from autotune.engines.base import Engine, ServerSettings
 from autotune.errors import CandidateError, InfrastructureError, TrialFailure
+from autotune.loadcurve import record_curve
 from autotune.protocol import NoTokenWithin, StreamError
 from autotune.server import ServerProcess
 from autotune.spec import StudySpec
@@ -482,8 +483,11 @@ class TrialRunner:
             if self.ctx.allow_pruning and index < workload.repeats - 1 and trial.should_prune():
                 raise EarlyStop(metrics)
 
-        bench = await run_benchmark(client, model, workload, on_repeat=on_repeat)
+        bench = await run_benchmark(
+            client, model, workload, on_repeat=on_repeat, focus=self.ctx.spec.objective.metrics
+        )
         trial.set_user_attr(keys.BENCH, bench_summary(bench))
+        record_curve(trial, bench)
         if bench.hang:
             if not server.alive():
                 raise server.failure("server_crashed", f"server died: {bench.hang}")
