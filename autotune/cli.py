@@ -426,7 +426,10 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
         "itl_p95_ms": "ITL p95 ms",
     }
     table = Table(title=f"study {report.name} ({', '.join(report.directions)})")
-    for col in ("#", "role", "verdict", "params", *metric_cols.values(), "start s", "reason"):
+    objective = report.metric_names[0] if report.metric_names else None
+    cols = ("#", "role", "verdict", "params", *metric_cols.values(), "±95% (n)", "start s")
+    cols = (*cols, "reason")
+    for col in cols:
         table.add_column(col, overflow="fold", ratio=4 if col in ("params", "reason") else None)
     rows = report.rows if limit is None else report.rows[-limit:]
     for row in rows:
@@ -442,6 +445,7 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
             row.verdict,
             params,
             *[f"{row.metrics[c]:.1f}" if c in row.metrics else "" for c in metric_cols],
+            _interval_cell(row.ci.get(objective or ""), row.metrics.get(objective or "")),
             f"{row.startup_s:.1f}" if row.startup_s else "",
             row.detail[:80],
             style=style,
@@ -486,6 +490,14 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
             console.print(f"  trial {number} passed: {describe_checks(checks)}")
     else:
         console.print("no verified correct trial yet")
+
+
+def _interval_cell(ci: list[float] | None, value: float | None) -> str:
+    """The objective's 95% half-width relative to its value, and the rounds measured."""
+    if not ci or not value:
+        return ""
+    low, high, n = ci
+    return f"±{(high - low) / 2 / abs(value):.1%} ({int(n)})"
 
 
 def _print_failure_details(rows) -> None:

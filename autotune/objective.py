@@ -45,6 +45,7 @@ from autotune.check import (
 from autotune.client import build_client
 from autotune.engines.base import Engine, ServerSettings
 from autotune.errors import CandidateError, InfrastructureError, TrialFailure
+from autotune.loadcurve import record_curve
 from autotune.protocol import NoTokenWithin, StreamError
 from autotune.server import ServerProcess
 from autotune.server_metrics import SERVER_METRICS_ATTR, ServerMetricsRecorder
@@ -488,11 +489,17 @@ class TrialRunner:
         await evidence.start()
         try:
             bench = await run_benchmark(
-                client, model, workload, on_repeat=on_repeat, phase_hook=evidence.phase
+                client,
+                model,
+                workload,
+                on_repeat=on_repeat,
+                focus=self.ctx.spec.objective.metrics,
+                phase_hook=evidence.phase,
             )
         finally:  # stored whatever the benchmark's outcome; never fails the trial
             trial.set_user_attr(SERVER_METRICS_ATTR, await evidence.stop())
         trial.set_user_attr(keys.BENCH, bench_summary(bench))
+        record_curve(trial, bench)
         if bench.hang:
             if not server.alive():
                 raise server.failure("server_crashed", f"server died: {bench.hang}")

@@ -142,6 +142,7 @@ def open_study(
             ) from None
     if created:
         study.set_user_attr(keys.SPEC_PATH, str(spec.path))
+        study.set_metric_names(list(spec.objective.metrics))  # `show` reads each one's interval
         # The baseline is trial 0: engine defaults, no patches. It records the reference.
         study.enqueue_trial(spec.space.baseline_optuna_params(), user_attrs={keys.ROLE: "baseline"})
     return study, created

@@ -63,6 +63,7 @@ NOT_HASHED = frozenset(
         "request_timeout_s",
         "target_precision",
         "max_measure_s",
+        "max_repeats",
         "source",
         "length_unit",
         "chat_format",

@@ -99,10 +99,10 @@ def test_bench_url_writes_metric_names_and_server_metrics(tmp_path, fake_server)
     assert {"requests_running_max", "kv_cache_usage_mean"} <= set(server_metrics["total"])
     assert set(server_metrics["phases"]) == {
         "warm-up",
-        "single-request (repeat 1)",
-        "load (repeat 1)",
+        "single-request (round 1)",
+        "load at 4 (round 1)",
     }
-    assert server_metrics["phases"]["load (repeat 1)"]["generation_tokens"] == 8 * 16
+    assert server_metrics["phases"]["load at 4 (round 1)"]["generation_tokens"] == 8 * 16
     assert "output_tokens_per_s" in result.output  # the table
 
 
@@ -163,7 +163,7 @@ def test_trial_stores_server_metrics_and_show_flags_preemptions(study_with_refer
     assert record["available"] is True
     # the `preempt` fault counts one preemption per completed request
     assert record["total"]["preemptions"] > 0
-    assert record["phases"]["load (repeat 1)"]["generation_tokens"] == 8 * 16
+    assert record["phases"]["load at 4 (round 1)"]["generation_tokens"] == 8 * 16
     shown = CliRunner().invoke(app, ["show", "--spec", str(spec_path)])
     assert shown.exit_code == 0, shown.output
     assert "preemptions:" in shown.output and "trial 0: the server preempted" in shown.output

@@ -76,7 +76,7 @@ def test_bench_url_measures_a_running_vllm_server(tmp_path) -> None:
         # 1 warm-up + 1 single + 8 load requests of 32 tokens, counted by vLLM itself
         assert total["generation_tokens"] == 10 * 32, total
         assert {"preemptions", "requests_running_max", "kv_cache_usage_max"} <= set(total)
-        assert "load (repeat 1)" in evidence["phases"]
+        assert "load at 4 (round 1)" in evidence["phases"]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -37,6 +37,10 @@ the model says cannot start exit like vLLM would (OOM, KV cache, invalid); confi
 incorrect answer with whitespace. A run-level noise factor (``--sim-noise``, ``--sim-seed``)
 models run-to-run variation.
 
+``--wake-noise F`` (with ``--wake-noise-seed``) makes the speed noisy the way a shared machine
+is: each time the engine wakes from idle (a benchmark phase, a wave of requests) every step cost
+is multiplied by a fresh factor drawn uniformly from [1 - F, 1 + F].
+
 ``--time-scale S`` multiplies every decode/prefill sleep by S (0.01 = 100x faster). A client's
 wall-clock durations are then S times the simulated ones, and its rates 1/S times: multiply a
 measured tokens/s by S (and divide a measured latency by S) to get simulated values. At small S
@@ -217,6 +221,8 @@ class ServerOptions:
     sim_noise: float
     sim_seed: int | None
     dialect: str = "vllm"
+    wake_noise: float = 0.0
+    wake_noise_seed: int | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-noise", type=float, default=0.05, help="run-level noise (std dev)")
     p.add_argument("--sim-seed", type=int, default=None, help="noise seed (default: random)")
     p.add_argument("--dialect", choices=DIALECTS, default="vllm", help="response fields spoken")
+    p.add_argument("--wake-noise", type=float, default=0.0, help="speed factor 1 +- F per wake")
+    p.add_argument("--wake-noise-seed", type=int, default=None)
     return p
 
 
@@ -316,6 +324,8 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         sim_noise=ns.sim_noise,
         sim_seed=ns.sim_seed,
         dialect=ns.dialect,
+        wake_noise=ns.wake_noise,
+        wake_noise_seed=ns.wake_noise_seed,
     )
 
 
@@ -447,6 +457,8 @@ class Engine:
         corrupt_every: int | None = None,
         crash_by_sigkill: bool = False,
         wrong_when_batched: bool = False,
+        wake_noise: float = 0.0,
+        wake_noise_seed: int | None = None,
     ) -> None:
         self.model = model
         self.step_cost_ms = step_cost_ms
@@ -464,6 +476,14 @@ class Engine:
         self.running: list[GenRequest] = []
         self.stats = EngineStats()
         self._wake = asyncio.Event()
+        self.wake_noise = wake_noise
+        self._noise_rng = random.Random(wake_noise_seed)
+        self._factor = self._draw_factor()
+
+    def _draw_factor(self) -> float:
+        if not self.wake_noise:
+            return 1.0
+        return max(0.05, 1.0 + self.wake_noise * self._noise_rng.uniform(-1.0, 1.0))
 
     def submit(self, request: GenRequest) -> None:
         """Queue a request; it is admitted at the next step with room."""
@@ -478,6 +498,7 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
                 next_wall = None
+                self._factor = self._draw_factor()
                 continue
             if self.crash_after is not None and self.stats.completed >= self.crash_after:
                 if self.crash_by_sigkill:
@@ -494,7 +515,7 @@ class Engine:
             if not self.running:
                 continue
             batch = len(self.running)
-            decode_ms = self.step_cost_ms(batch)
+            decode_ms = self.step_cost_ms(batch) * self._factor
             step_ms = decode_ms + sum(self.prefill_cost_ms(len(r.prompt_ids)) for r in admitted)
             now = time.monotonic()
             if next_wall is None or next_wall < now - 0.05:
@@ -1112,6 +1133,8 @@ def build_engine(opts: ServerOptions, env: dict[str, str]) -> tuple[Engine, dict
         corrupt_every=7 if fault == "corrupt_words" else None,
         crash_by_sigkill=fault == "self_sigkill",
         wrong_when_batched=fault == "wrong_when_batched",
+        wake_noise=opts.wake_noise,
+        wake_noise_seed=opts.wake_noise_seed,
     )
     return engine, sim
 
