@@ -442,7 +442,7 @@ def _importance(
             )
         )
         fig.update_layout(
-            title=f"parameter importance for {metric} (fANOVA over correct trials)",
+            title=f"parameter importance for {metric} (PED-ANOVA over correct trials)",
             xaxis_title="importance",
         )
         out.append(figures.html(fig, "importance", height=max(260, 40 * len(names) + 120)))
@@ -462,18 +462,21 @@ def _importance(
 def _importances(study: optuna.Study, correct: list[FrozenTrial]) -> tuple[dict[str, float], str]:
     if len(correct) < 2:
         return {}, f"they need at least 2 correct trials ({len(correct)} so far)"
+    sign = 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
     try:
         with _quiet_optuna():
             shadow = optuna.create_study(directions=study.directions)
             for t in correct:
                 shadow.add_trial(t)
+            # PED-ANOVA (Optuna's default; no scikit-learn needed) ranks what separates the
+            # best trials from the rest, and reads "best" as low values: orient the target.
             found = optuna.importance.get_param_importances(
                 shadow,
-                evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
-                target=lambda t: t.values[0],
+                evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+                target=lambda t: -sign * t.values[0],
                 normalize=True,
             )
-    except (ValueError, RuntimeError, ZeroDivisionError) as exc:
+    except (ValueError, RuntimeError, ZeroDivisionError, ImportError) as exc:
         return {}, str(exc).strip() or type(exc).__name__
     found = {k: v for k, v in found.items() if not math.isnan(v)}
     if not found:
