@@ -417,15 +417,13 @@ def verdict_line(comparison: ConfigComparison | StudyComparison) -> str:
             "interval, so no claim that the difference is real"
         )
     low, high = comparison.gain_ci
-    faster = "B" if comparison.gain > 0 else "A"
-    what = (
-        "the difference is real (the 95% interval excludes zero)"
-        if low > 0 or high < 0
-        else "the difference is within the noise (the 95% interval includes zero)"
-    )
+    interval = f"B {comparison.gain:+.1%} against A (95% CI {low:+.1%} .. {high:+.1%})"
+    if low > 0 or high < 0:
+        faster = "B" if comparison.gain > 0 else "A"
+        return f"{faster} is better: {interval}; the difference is real (the interval excludes 0)"
     return (
-        f"{faster} is better: B {comparison.gain:+.1%} against A "
-        f"(95% CI {low:+.1%} .. {high:+.1%}); {what}"
+        f"no real difference: {interval}; the difference is within the noise "
+        "(the 95% interval includes zero)"
     )
 
 

@@ -210,7 +210,7 @@ def _header(
     )
     rows = [
         ("model", _model_of(trials, source)),
-        ("engine", _engine_of(trials, report)),
+        ("engine", _engine_of(trials, report, source)),
         ("objective", objective or ", ".join(report.directions)),
         ("hardware", hardware),
         ("dates", when),
@@ -312,7 +312,7 @@ def _confirmation_html(data: dict | None) -> str:
         cls = "good" if real else "note"
         what = "a real gain" if real else "not distinguishable from the noise"
         verdict = (
-            f"<div class='{cls}' id='confirmed-gain'><b>Confirmed gain of trial "
+            f"<div class='{cls}' id='confirmed-gain'><b>Confirmation of trial "
             f"{data['winner']}: {data['gain']:+.1%}</b> over the baseline (95% CI "
             f"{low:+.1%} .. {high:+.1%}, {data['repeats']} interleaved rounds): {what}.</div>"
         )
@@ -895,7 +895,7 @@ def _model_of(trials: list[FrozenTrial], source: ReportSource) -> str:
     return "unknown (no trial started a server)"
 
 
-def _engine_of(trials: list[FrozenTrial], report: StudyReport) -> str:
+def _engine_of(trials: list[FrozenTrial], report: StudyReport, source: ReportSource) -> str:
     versions = {
         (t.user_attrs.get(keys.SERVER) or {}).get("engine_version")
         for t in trials
@@ -903,7 +903,22 @@ def _engine_of(trials: list[FrozenTrial], report: StudyReport) -> str:
     }
     if report.engine_version:
         versions.add(report.engine_version)
-    return ", ".join(sorted(map(str, versions))) or "unknown"
+    kind = _spec_kind(source.spec_path or report.attrs.get(keys.SPEC_PATH))
+    text = ", ".join(sorted(map(str, versions))) or "version unknown"
+    return f"{kind} {text}" if kind else text
+
+
+def _spec_kind(path: str | None) -> str | None:
+    """The engine kind (vllm, command, ...) from the study's spec, if it still loads."""
+    if not path:
+        return None
+    from autotune.errors import AutotuneError
+    from autotune.spec import load_spec
+
+    try:
+        return load_spec(Path(path)).engine.kind
+    except (AutotuneError, OSError):
+        return None
 
 
 def _objective_names(

@@ -59,9 +59,7 @@ def test_report_is_self_contained_and_has_every_section(studies) -> None:
     assert "<section id='roofline'>" in page and "of the roofline" in page
     # the winner: a diff from the baseline, the confirmed gain with its interval, the checks
     assert "max_num_seqs" in page and "&larr; changed" in page
-    assert re.search(
-        r"Confirmed gain of trial \d+: [+-][\d.]+%</b> over the baseline \(95% CI", page
-    )
+    assert re.search(r"Confirmation of trial \d+: [+-][\d.]+%</b> over the baseline \(95% CI", page)
     assert "token ids (3 prompts)" in page
     assert "autotune export --spec" in page
     # failures by reason, each with its evidence
@@ -113,7 +111,7 @@ def test_report_from_postgresql(studies, tmp_path) -> None:
         to_study_name=name,
     )
     page = _report(["--study", name, "--storage", pg], tmp_path / "pg.html")
-    assert "Confirmed gain of trial" in page and "first divergence" in page
+    assert "Confirmation of trial" in page and "first divergence" in page
 
 
 @NEEDS_BROWSER
