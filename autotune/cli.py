@@ -801,6 +801,50 @@ def _print_ablation(report: dict) -> None:
         )
 
 
+@app.command()
+def report(
+    spec: Annotated[Path | None, typer.Option("--spec", help="Study spec YAML.")] = None,
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write.")] = Path(
+        "report.html"
+    ),
+) -> None:
+    """Write one self-contained HTML report of a study (opens from disk, no network)."""
+    from autotune.compare import study_ref
+    from autotune.report_html import write_report
+
+    try:
+        if spec is None and study is not None and storage is not None:
+            ref = study_ref(f"{study}@{storage}")
+            url, name = ref.url, ref.name
+        else:
+            url, name = _study_target(spec or DEFAULT_SPEC, study, storage)
+        path = write_report(url, name, output, spec_path=str(spec) if spec else None)
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    console.print(f"report of study {name} -> {path}")
+
+
+@app.command()
+def compare(
+    a: Annotated[str, typer.Argument(help="A study (spec file or NAME@URL) or exported config.")],
+    b: Annotated[str, typer.Argument(help="The other, of the same kind.")],
+    spec: SpecOpt = DEFAULT_SPEC,
+    storage: StorageOpt = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=2, help="Rounds per config.")] = 2,
+) -> None:
+    """Two studies or two exported configs side by side; configs are launched, interleaved,
+    through the gate, and the answer says whether the difference is real."""
+    from autotune.compare import run_compare_command
+
+    try:
+        code = run_compare_command(console, a, b, spec_path=spec, storage=storage, repeats=repeats)
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    raise typer.Exit(code=code)
+
+
 @app.command("inspect")
 def inspect_cmd(
     model: Annotated[
