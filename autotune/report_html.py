@@ -650,6 +650,12 @@ def _load_curves(report: StudyReport, figures: _Figures) -> str:
             except ValueError:
                 continue
             curves.setdefault(name, {}).setdefault(row.number, []).append((x, value))
+    # one level per launch is a point, not a curve (every trial stores ``metric@level``)
+    curves = {
+        name: kept
+        for name, by_trial in curves.items()
+        if (kept := {n: points for n, points in by_trial.items() if len(points) > 1})
+    }
     goodput = {r.number: r.metrics["goodput"] for r in correct if "goodput" in r.metrics}
     if not curves and not goodput:
         out.append(
