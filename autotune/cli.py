@@ -445,6 +445,10 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
             + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
         )
         _print_failure_details(rows)
+    from autotune.speculative import study_lines
+
+    for line in study_lines(storage_url, study_name):  # speculative trials: acceptance
+        console.print(f"speculative decoding: {escape(line)}", soft_wrap=True)
     if report.reference:
         console.print(
             f"reference: {report.reference['prompts']} prompts, logprob tolerance "
