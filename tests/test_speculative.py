@@ -151,13 +151,21 @@ REPETITIVE = [
     "d e x y z a b c d e",
     "monday tuesday sunday friday monday tuesday",
 ]
+#: the benchmark's own repetitive prompts: distinct from the check's (a prompt in both would be
+#: recorded once, at the check's max_tokens, and the benchmark's longer answers then differ)
+WORKLOAD = [
+    "one two nine one two",
+    "5 6 30 31 5 6",
+    "k l p q r k l",
+    "march april july march april",
+]
 
 
 @pytest.mark.e2e
 def test_vllm_ngram_is_lossless_and_accept_all_is_rejected(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
     spec_path = write_demo_spec(
-        tmp_path, DEMO_SPACE, name="speculative", workload={"prompts": REPETITIVE}
+        tmp_path, DEMO_SPACE, name="speculative", workload={"prompts": WORKLOAD}
     )
     data = yaml.safe_load(spec_path.read_text())
     data["check"]["prompts"] = list(data["check"]["prompts"]) + REPETITIVE
@@ -165,7 +173,7 @@ def test_vllm_ngram_is_lossless_and_accept_all_is_rejected(tmp_path: Path) -> No
     spec = load_spec(spec_path)
     study, created = open_study(spec, spec.default_storage())
     assert created
-    study.enqueue_trial(NGRAM, user_attrs={keys.ROLE: "search"})
+    study.enqueue_trial({**NGRAM, "spec_accept_all": False}, user_attrs={keys.ROLE: "search"})
     study.enqueue_trial({**NGRAM, "spec_accept_all": True}, user_attrs={keys.ROLE: "search"})
     summary = run_study(spec, RunOptions(trials=3, seed=0, validate=False))
     assert summary.stopped_because is None, summary.stopped_because
