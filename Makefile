@@ -10,7 +10,7 @@ SPEC ?= studies/demo.yaml
 ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint format model clean
+.PHONY: setup demo test lint format model clean browser
 
 setup: $(VENV)/.setup-$(ENGINE)
 
@@ -32,7 +32,15 @@ demo: setup model
 	$(VENV)/bin/autotune run --trials $(TRIALS) --spec $(SPEC)
 	$(VENV)/bin/autotune export --spec $(SPEC) -o studies/demo-best.yaml
 
-test: setup model
+# Headless Chromium for the report's browser test: Debian's package, never a download at test
+# time. Without root or apt the test is skipped and says why.
+browser:
+	@test -x /usr/bin/chromium || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
+	  echo "note: no /usr/bin/chromium (apt-get install chromium): the browser test is skipped"
+
+test: setup model browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: setup

@@ -35,7 +35,7 @@ from autotune import storage as keys
 from autotune.errors import SpecError
 from autotune.remeasure import Variant, VariantMeasurements, measure_variants
 from autotune.report import best_trials
-from autotune.spec import METRICS, StudySpec
+from autotune.spec import StudySpec, direction
 
 HELPS, NO_EFFECT, HURTS, CORRECTNESS = "helps", "no effect", "hurts", "needed for correctness"
 _DEFAULT = "(engine default)"
@@ -109,7 +109,7 @@ def run_ablation(
         raise SpecError("ablation needs at least 2 repeats to know its noise band", key="--repeats")
     trial = _pick_trial(study, trial_number)
     metric = spec.objective.metrics[0]
-    sign = 1.0 if METRICS[metric] == "maximize" else -1.0
+    sign = 1.0 if direction(metric) == "maximize" else -1.0
     best_values = {
         name: spec.space.parameter(name).from_optuna(value)
         for name, value in (trial.user_attrs.get(keys.PARAMS_RESOLVED) or trial.params).items()
@@ -167,7 +167,7 @@ def run_ablation(
     report = AblationReport(
         trial_number=trial.number,
         metric=metric,
-        direction=METRICS[metric],
+        direction=direction(metric),
         best_median=best_median,
         noise_band=band,
         min_effect=min_effect,

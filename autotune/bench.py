@@ -23,7 +23,7 @@ import dataclasses
 import json
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +101,14 @@ class BenchResult:
     samples: tuple[RequestRecord, ...] = field(default=(), repr=False)
     #: the first hung request (phase, request, deadline), which ended the benchmark, or None
     hang: str | None = None
+    #: 95% t interval of each metric's mean over the rounds: name -> [low, high, n]
+    ci: dict[str, list[float]] = field(default_factory=dict)
+    #: why measuring stopped ("precision", "max_repeats", "max_measure_s", "repeats", ...)
+    stopped_by: str | None = None
+    #: concurrency level -> that level's median metrics (the load curve of one launch)
+    load_curve: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the goodput search (loadcurve.GoodputResult.to_dict()), when workload.slo is given
+    goodput: dict[str, Any] | None = None
 
 
 async def stream_request(
@@ -205,12 +213,13 @@ async def run_phase(
     prompts: Sequence[str],
     num_requests: int,
     concurrency: int,
-    max_tokens: int,
+    max_tokens: int | Sequence[int],
     *,
     read_timeout_s: float | None,
     phase: str = "load",
 ) -> PhaseResult:
     """``num_requests`` requests, prompts taken round-robin, at most ``concurrency`` at once.
+    ``max_tokens`` is one length for all, or one per prompt (``WorkloadSpec.output_tokens``).
 
     The first hung request ends the phase: the requests still in flight or queued are cancelled
     (a hung server would make each of them wait its own deadline, one wave after another), and
@@ -224,7 +233,7 @@ async def run_phase(
                 client,
                 model,
                 prompts[index % len(prompts)],
-                max_tokens,
+                max_tokens if isinstance(max_tokens, int) else max_tokens[index % len(prompts)],
                 read_timeout_s=read_timeout_s,
             )
 
@@ -302,65 +311,21 @@ async def run_benchmark(
     *,
     on_repeat: Callable[[int, dict[str, float]], None] | None = None,
     hang_timeout_s: float | None = None,
+    phase_hook: Callable[[str, str], Awaitable[None]] | None = None,
+    focus: Sequence[str] = ("output_tokens_per_s",),
 ) -> BenchResult:
-    """Warm up, then ``repeats`` x (single-request decode, load). See the module docstring.
+    """Warm up, then rounds of (single-request decode, load at every level) until ``focus``'s
+    interval is precise enough, then the goodput search: see :mod:`autotune.loadcurve`."""
+    from autotune.loadcurve import measure  # it builds on this module's phases
 
-    A hung request ends the benchmark at once (``BenchResult.hang``): a trial whose server went
-    silent costs one ``request_timeout_s``, not one per phase and wave.
-    """
-    read_timeout = hang_timeout_s or workload.request_timeout_s
-    prompts = list(workload.prompts)
-    all_records: list[RequestRecord] = []
-    repeats: list[dict[str, float]] = []
-    samples: list[RequestRecord] = []
-
-    async def phase(requests: int, concurrency: int, name: str) -> PhaseResult:
-        result = await run_phase(
-            client,
-            model,
-            prompts,
-            requests,
-            concurrency,
-            workload.max_tokens,
-            read_timeout_s=read_timeout,
-            phase=name,
-        )
-        all_records.extend(result.records)
-        return result
-
-    hang = None
-    if workload.warmup_requests:
-        warm_concurrency = min(workload.concurrency, workload.warmup_requests)
-        hang = (await phase(workload.warmup_requests, warm_concurrency, "warm-up")).hang
-    for index in range(0 if hang else workload.repeats):
-        single = await phase(workload.single_requests, 1, f"single-request (repeat {index + 1})")
-        if single.hang:
-            hang = single.hang
-            break
-        load = await phase(
-            workload.num_requests, workload.concurrency, f"load (repeat {index + 1})"
-        )
-        if load.hang:
-            hang = load.hang
-            break
-        samples += [r for r in load.records if r.ok]
-        metrics = summarize(single, load)
-        repeats.append(metrics)
-        if on_repeat is not None:
-            on_repeat(index, metrics)
-        if any(not r.ok for r in single.records + load.records):
-            break  # the caller decides what failures mean; no point measuring on
-    medians, spread = combine(repeats) if repeats else ({}, {})
-    failed = [r for r in all_records if not r.ok]
-    return BenchResult(
-        metrics=medians,
-        spread=spread,
-        repeats=tuple(repeats),
-        total_requests=len(all_records),
-        failed_requests=len(failed),
-        errors=tuple(sorted({r.error or "" for r in failed}))[:10],
-        samples=tuple(samples),
-        hang=hang,
+    return await measure(
+        client,
+        model,
+        workload,
+        on_repeat=on_repeat,
+        hang_timeout_s=hang_timeout_s,
+        focus=focus,
+        phase_hook=phase_hook,
     )
 
 
@@ -372,4 +337,5 @@ def bench_summary(result: BenchResult) -> dict[str, Any]:
         "spread": result.spread,
         "repeats": list(result.repeats),
         "hang": result.hang,
+        "stopped_by": result.stopped_by,
     }

@@ -28,7 +28,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -476,7 +476,7 @@ async def record_reference(
     model: str,
     check: CheckSpec,
     workload_prompts: Sequence[str],
-    workload_max_tokens: int,
+    workload_max_tokens: int | Mapping[str, int],
     *,
     engine_version: str = "",
     deadline_s: float | None = 60.0,
@@ -489,7 +489,10 @@ async def record_reference(
     """
     max_tokens = {p: check.max_tokens for p in check.prompts}
     for prompt in workload_prompts:
-        max_tokens.setdefault(prompt, workload_max_tokens)
+        if isinstance(workload_max_tokens, int):
+            max_tokens.setdefault(prompt, workload_max_tokens)
+        else:  # one length per prompt (workload.reference_requests)
+            max_tokens.setdefault(prompt, workload_max_tokens[prompt])
     prompts = list(max_tokens)
     alone = await _gather_completions(
         client, model, prompts, max_tokens, concurrent=False, deadline_s=deadline_s

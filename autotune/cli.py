@@ -154,6 +154,13 @@ def run(
         ),
     ] = 2,
     confirm_repeats: Annotated[int, typer.Option("--confirm-repeats", min=2)] = 2,
+    allow_workload_change: Annotated[
+        bool,
+        typer.Option(
+            "--allow-workload-change",
+            help="Resume a study although its workload changed (recorded in the study).",
+        ),
+    ] = False,
 ) -> None:
     """Tune: run N trials of the study (resuming it if it exists), then confirm the best."""
     import json
@@ -177,6 +184,7 @@ def run(
             study_name=study,
             seed=seed,
             artifact_dir=artifact_dir,
+            allow_workload_change=allow_workload_change,
         )
         if parallel > 1:
             from autotune.parallel import DevicePlanSpec, run_parallel
@@ -418,7 +426,10 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
         "itl_p95_ms": "ITL p95 ms",
     }
     table = Table(title=f"study {report.name} ({', '.join(report.directions)})")
-    for col in ("#", "role", "verdict", "params", *metric_cols.values(), "start s", "reason"):
+    objective = report.metric_names[0] if report.metric_names else None
+    cols = ("#", "role", "verdict", "params", *metric_cols.values(), "±95% (n)", "start s")
+    cols = (*cols, "reason")
+    for col in cols:
         table.add_column(col, overflow="fold", ratio=4 if col in ("params", "reason") else None)
     rows = report.rows if limit is None else report.rows[-limit:]
     for row in rows:
@@ -434,6 +445,7 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
             row.verdict,
             params,
             *[f"{row.metrics[c]:.1f}" if c in row.metrics else "" for c in metric_cols],
+            _interval_cell(row.ci.get(objective or ""), row.metrics.get(objective or "")),
             f"{row.startup_s:.1f}" if row.startup_s else "",
             row.detail[:80],
             style=style,
@@ -449,6 +461,10 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
 
     for line in study_lines(storage_url, study_name):  # speculative trials: acceptance
         console.print(f"speculative decoding: {escape(line)}", soft_wrap=True)
+    from autotune.server_metrics import preemption_notes
+
+    for note in preemption_notes(rows):
+        console.print(f"[yellow]preemptions:[/] {escape(note)}")
     if report.reference:
         console.print(
             f"reference: {report.reference['prompts']} prompts, logprob tolerance "
@@ -480,6 +496,14 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
         console.print("no verified correct trial yet")
 
 
+def _interval_cell(ci: list[float] | None, value: float | None) -> str:
+    """The objective's 95% half-width relative to its value, and the rounds measured."""
+    if not ci or not value:
+        return ""
+    low, high, n = ci
+    return f"±{(high - low) / 2 / abs(value):.1%} ({int(n)})"
+
+
 def _print_failure_details(rows) -> None:
     """Each failed trial's whole detail, root cause included (the table cuts it at 80)."""
     failed = [r for r in rows if r.detail and r.verdict not in ("correct", "running", "waiting")]
@@ -494,6 +518,46 @@ def _print_failure_details(rows) -> None:
             markup=False,
             highlight=False,
         )
+
+
+@app.command()
+def bench(
+    url: Annotated[str, typer.Option("--url", help="A running OpenAI-compatible server.")],
+    spec: SpecOpt = DEFAULT_SPEC,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="AUTOTUNE_API_KEY", help="Bearer key.")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Served model name.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the metrics.")] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Gate first, against the study's reference.")
+    ] = False,
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+) -> None:
+    """Benchmark a server autotune did not start with the spec's client and workload."""
+    from autotune.engines import build_engine
+    from autotune.remote import check_url, run_command, study_reference
+
+    try:
+        study_spec = _load_spec(spec)
+        check_url(url)
+        reference = (
+            study_reference(*_target(study_spec, study, storage, existing=True)) if check else None
+        )
+        code = run_command(
+            study_spec,
+            url,
+            api_key=api_key,
+            model=model,
+            json_path=json_path,
+            reference=reference,
+            metrics_map=build_engine(study_spec).server_metrics_map(),
+            console=console,
+        )
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    raise typer.Exit(code=code)
 
 
 @app.command()
@@ -787,6 +851,50 @@ def _print_ablation(report: dict) -> None:
                 else "does NOT keep the gain (interactions between changes)"
             )
         )
+
+
+@app.command()
+def report(
+    spec: Annotated[Path | None, typer.Option("--spec", help="Study spec YAML.")] = None,
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write.")] = Path(
+        "report.html"
+    ),
+) -> None:
+    """Write one self-contained HTML report of a study (opens from disk, no network)."""
+    from autotune.compare import study_ref
+    from autotune.report_html import write_report
+
+    try:
+        if spec is None and study is not None and storage is not None:
+            ref = study_ref(f"{study}@{storage}")
+            url, name = ref.url, ref.name
+        else:
+            url, name = _study_target(spec or DEFAULT_SPEC, study, storage)
+        path = write_report(url, name, output, spec_path=str(spec) if spec else None)
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    console.print(f"report of study {name} -> {path}")
+
+
+@app.command()
+def compare(
+    a: Annotated[str, typer.Argument(help="A study (spec file or NAME@URL) or exported config.")],
+    b: Annotated[str, typer.Argument(help="The other, of the same kind.")],
+    spec: SpecOpt = DEFAULT_SPEC,
+    storage: StorageOpt = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=2, help="Rounds per config.")] = 2,
+) -> None:
+    """Two studies or two exported configs side by side; configs are launched, interleaved,
+    through the gate, and the answer says whether the difference is real."""
+    from autotune.compare import run_compare_command
+
+    try:
+        code = run_compare_command(console, a, b, spec_path=spec, storage=storage, repeats=repeats)
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    raise typer.Exit(code=code)
 
 
 @app.command("inspect")

@@ -27,7 +27,8 @@ from autotune import storage as keys
 from autotune.errors import SpecError
 from autotune.remeasure import Variant, measure_variants
 from autotune.report import is_verified_feasible
-from autotune.spec import METRICS, StudySpec
+from autotune.spec import StudySpec, direction
+from autotune.stats import t_quantile
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Confirmation:
 
 def top_candidates(spec: StudySpec, study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:
     """The k best verified, feasible trials of the search (one per distinct config)."""
-    sign = 1.0 if METRICS[spec.objective.metrics[0]] == "maximize" else -1.0
+    sign = 1.0 if direction(spec.objective.metrics[0]) == "maximize" else -1.0
     seen, out = set(), []
     trials = [
         t
@@ -80,6 +81,7 @@ def run_confirmation(
     *,
     top_k: int = 2,
     repeats: int = 2,
+    max_rounds: int | None = None,
     on_phase: Callable[[int, str], None] | None = None,
     artifact_dir: str | None = None,
 ) -> Confirmation:
@@ -93,7 +95,7 @@ def run_confirmation(
     if not candidates:
         raise SpecError("no verified correct trial to confirm yet", key="--study")
     metric = spec.objective.metrics[0]
-    sign = 1.0 if METRICS[metric] == "maximize" else -1.0
+    sign = 1.0 if direction(metric) == "maximize" else -1.0
     variants = [Variant("baseline", spec.space.baseline_values())]
     for trial in candidates:
         values = {
@@ -110,7 +112,10 @@ def run_confirmation(
         role="confirm",
         on_phase=on_phase,
         artifact_dir=artifact_dir,
+        until=lambda results: _precise(results, sign, spec.workload.target_precision),
+        max_rounds=max_rounds if max_rounds is not None else max(repeats, DEFAULT_MAX_ROUNDS),
     )
+    rounds = max(len(m.outcomes) for m in measured.values())
     results = []
     for variant, trial in zip(variants, [None, *candidates], strict=True):
         m = measured[variant.label]
@@ -130,7 +135,7 @@ def run_confirmation(
         for r in results[1:]
         if r.median is not None
         and not r.failures
-        and len(r.samples) == repeats
+        and len(r.samples) == rounds
         and _feasible_rounds(study, r.label)
     ]
     winner = max(clean, key=lambda r: sign * r.median, default=None)
@@ -139,7 +144,7 @@ def run_confirmation(
         gain, ci = _gain_with_ci(winner.samples, base.samples, sign)
     confirmation = Confirmation(
         metric=metric,
-        repeats=repeats,
+        repeats=rounds,
         winner=None if winner is None else winner.trial_number,
         gain=gain,
         gain_ci=ci,
@@ -147,6 +152,28 @@ def run_confirmation(
     )
     study.set_user_attr(keys.CONFIRMATION, confirmation.to_dict())
     return confirmation
+
+
+#: confirmation rounds at most, unless the caller says otherwise (each round is one launch per
+#: candidate and the baseline)
+DEFAULT_MAX_ROUNDS = 4
+
+
+def _precise(results: dict[str, Any], sign: float, target: float) -> bool:
+    """Confirmation's stopping rule, the trials' own (``workload.target_precision``): the
+    leading candidate's gain over the baseline is known within ``target`` (half-width of its
+    95% interval, relative). ``target`` 0: exactly the minimum rounds. A round with a failure
+    is not made up by more rounds: the failed candidate is out either way."""
+    if target <= 0:
+        return True
+    measured = list(results.values())
+    base = measured[0].samples
+    clean = [m.samples for m in measured[1:] if not m.failures and len(m.samples) >= 2]
+    if len(base) < 2 or not clean:
+        return True  # nothing that more rounds could settle
+    lead = max(clean, key=lambda xs: sign * statistics.median(xs))
+    _, (low, high) = _gain_with_ci(tuple(lead), tuple(base), sign)
+    return math.log1p(high) - math.log1p(low) <= 2 * target
 
 
 def _feasible_rounds(study: optuna.Study, label: str) -> bool:
@@ -158,45 +185,8 @@ def _feasible_rounds(study: optuna.Study, label: str) -> bool:
     return bool(rounds) and all(is_verified_feasible(t) for t in rounds)
 
 
-#: two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom
-_T975 = (
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-)
-
-
 def _t975(df: float) -> float:
-    if df >= len(_T975):
-        return 1.96
-    return _T975[max(0, math.floor(df) - 1)]  # rounding df down is the conservative side
+    return t_quantile(0.975, df)  # exact at fractional Welch degrees of freedom
 
 
 def _log_stats(samples: tuple[float, ...]) -> tuple[float, float, int]:

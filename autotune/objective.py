@@ -46,9 +46,12 @@ from autotune.check import (
 from autotune.client import build_client
 from autotune.engines.base import Engine, ServerSettings
 from autotune.errors import CandidateError, InfrastructureError, TrialFailure
+from autotune.loadcurve import record_curve
 from autotune.protocol import NoTokenWithin, StreamError
 from autotune.server import ServerProcess
+from autotune.server_metrics import SERVER_METRICS_ATTR, ServerMetricsRecorder
 from autotune.spec import StudySpec
+from autotune.workload import reference_requests
 
 HOST = "127.0.0.1"
 #: a benchmark with more failed requests than this fraction fails the trial
@@ -429,8 +432,8 @@ class TrialRunner:
                 client,
                 model,
                 spec.check,
-                spec.workload.prompts,
-                spec.workload.max_tokens,
+                list(reference_requests(spec.workload)),
+                reference_requests(spec.workload),
                 engine_version=self.ctx.engine.version(),
                 deadline_s=spec.workload.request_timeout_s,
             )
@@ -482,8 +485,21 @@ class TrialRunner:
             if self.ctx.allow_pruning and index < workload.repeats - 1 and trial.should_prune():
                 raise EarlyStop(metrics)
 
-        bench = await run_benchmark(client, model, workload, on_repeat=on_repeat)
+        evidence = ServerMetricsRecorder(client, self.ctx.engine.server_metrics_map())
+        await evidence.start()
+        try:
+            bench = await run_benchmark(
+                client,
+                model,
+                workload,
+                on_repeat=on_repeat,
+                focus=self.ctx.spec.objective.metrics,
+                phase_hook=evidence.phase,
+            )
+        finally:  # stored whatever the benchmark's outcome; never fails the trial
+            trial.set_user_attr(SERVER_METRICS_ATTR, await evidence.stop())
         trial.set_user_attr(keys.BENCH, bench_summary(bench))
+        record_curve(trial, bench)
         if bench.hang:
             if not server.alive():
                 raise server.failure("server_crashed", f"server died: {bench.hang}")

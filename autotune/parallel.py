@@ -331,6 +331,11 @@ def run_parallel(
     warn_conflicting_parameters(spec, devices, console)
     preflight(spec, build_engine(spec), validate=getattr(options, "validate", True))
     study, _created = open_study(spec, url, study_name=options.study_name, seed=options.seed)
+    from autotune.workload import check_workload  # the workers then find the hash stored
+
+    changed = check_workload(study, spec, allow_change=options.allow_workload_change)
+    if changed:
+        console.print(f"[yellow]workload:[/] {changed}")
     name = study.study_name
     study.set_user_attr(
         CONTENTION_ATTR,

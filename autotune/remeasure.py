@@ -56,8 +56,14 @@ def measure_variants(
     role: str,
     on_phase: Callable[[int, str], None] | None = None,
     artifact_dir: str | None = None,
+    until: Callable[[dict[str, VariantMeasurements]], bool] | None = None,
+    max_rounds: int | None = None,
 ) -> dict[str, VariantMeasurements]:
-    """Run ``repeats`` rounds; in each round every variant once, in order."""
+    """Run ``repeats`` rounds; in each round every variant once, in order.
+
+    With ``until``, ``repeats`` is the minimum: rounds go on, up to ``max_rounds``, until
+    ``until(results)`` says the measurements are precise enough (confirmation's rule).
+    """
     engine = build_engine(spec)
     artifacts_path = keys.artifact_dir(storage_url, study.study_name, artifact_dir)
     ctx = TrialContext(
@@ -71,7 +77,9 @@ def measure_variants(
     )
     runner = TrialRunner(ctx)
     results = {v.label: VariantMeasurements(v) for v in variants}
-    for round_index in range(repeats):
+    for round_index in range(max(repeats, max_rounds or 0) if until else repeats):
+        if until is not None and round_index >= repeats and until(results):
+            break
         for variant in variants:
             outcome = _measure_once(study, runner, spec, variant, role, round_index)
             if outcome.infrastructure:  # not the variant's fault: one more try

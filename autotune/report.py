@@ -34,6 +34,10 @@ class TrialRow:
     is_best: bool = False
     #: the stored gate record (``check`` attribute): which checks ran and passed
     checks: dict[str, Any] = field(default_factory=dict)
+    #: the engine's own counters around the benchmark (``server_metrics.py``)
+    server_metrics: dict[str, Any] = field(default_factory=dict)
+    #: 95% interval of each metric over the trial's rounds: name -> [low, high, n]
+    ci: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,8 @@ def row_of(trial: FrozenTrial, best: set[int]) -> TrialRow:
         feasible=is_verified_feasible(trial),
         is_best=trial.number in best,
         checks=dict(trial.user_attrs.get(keys.CHECK) or {}),
+        server_metrics=dict(trial.user_attrs.get("server_metrics") or {}),
+        ci=dict(trial.user_attrs.get(keys.METRICS_CI) or {}),
     )
 
 

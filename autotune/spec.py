@@ -31,6 +31,8 @@ METRICS: dict[str, str] = {
     "itl_p95_ms": "minimize",
     "itl_p99_ms": "minimize",
     "e2e_p95_ms": "minimize",
+    # the highest concurrency whose workload.slo holds (see loadcurve.py)
+    "goodput": "maximize",
 }
 
 
@@ -86,6 +88,26 @@ class WorkloadSpec:
     warmup_requests: int = 2
     repeats: int = 2
     request_timeout_s: float = 60.0
+    #: per-prompt output lengths (a file's max_tokens, a synthetic distribution); empty: all
+    #: ``max_tokens``. Where the prompts came from and in what unit lengths are: workload.py
+    output_tokens: tuple[int, ...] = ()
+    source: str = "inline"
+    length_unit: str | None = None
+    chat_format: str | None = None
+    #: every concurrency measured on one launch (the load curve); ``concurrency`` is the largest
+    levels: tuple[int, ...] = ()
+    #: repeat until the objective's 95% CI half-width / mean is within this (0: fixed repeats)
+    target_precision: float = 0.03
+    #: ... or until this much measuring (seconds), or this many rounds
+    max_measure_s: float = 60.0
+    max_repeats: int = 30
+    #: SLOs for goodput (the highest concurrency meeting them), searched on every launch
+    slos: tuple[SloSpec, ...] = ()
+    goodput_max_concurrency: int = 64
+
+    @property
+    def concurrency_levels(self) -> tuple[int, ...]:
+        return self.levels or (self.concurrency,)
 
 
 @dataclass(frozen=True)
@@ -111,7 +133,12 @@ class ObjectiveSpec:
 
     @property
     def directions(self) -> list[str]:
-        return [METRICS[m] for m in self.metrics]
+        return [direction(m) for m in self.metrics]
+
+
+def direction(metric: str) -> str:
+    """The better direction of a metric name, a level's (``output_tokens_per_s@16``) too."""
+    return METRICS[metric.split("@", 1)[0]]
 
 
 @dataclass(frozen=True)
@@ -193,8 +220,12 @@ def load_spec(path: str | Path) -> StudySpec:
         model=_model(doc, data["model"], base),
         space=space,
         check=_check(doc, data["check"]),
-        workload=_workload(doc, data["workload"]),
-        objective=_objective(doc, data.get("objective") or {}),
+        workload=(
+            workload := _workload(doc, data["workload"], base, _model(doc, data["model"], base))
+        ),
+        objective=_check_objective_levels(
+            doc, _objective(doc, data.get("objective") or {}), workload, data
+        ),
         startup_timeout_s=_number(
             doc, "timeouts.startup_s", timeouts.get("startup_s", 300), positive=True
         ),
@@ -342,9 +373,14 @@ def _check(doc: YamlDoc, raw: Any) -> CheckSpec:
     )
 
 
-def _workload(doc: YamlDoc, raw: Any) -> WorkloadSpec:
+def _workload(doc: YamlDoc, raw: Any, base: Path, model: ModelSpec) -> WorkloadSpec:
+    from autotune import workload as sources  # prompts, file or synthetic: see workload.py
+
     keys = {
         "prompts",
+        "file",
+        "limit",
+        "synthetic",
         "max_tokens",
         "concurrency",
         "num_requests",
@@ -352,8 +388,15 @@ def _workload(doc: YamlDoc, raw: Any) -> WorkloadSpec:
         "warmup_requests",
         "repeats",
         "request_timeout_s",
+        *_CURVE_KEYS,
     }
-    raw = check_keys(doc, raw, "workload", keys, {"prompts"})
+    raw = check_keys(doc, raw, "workload", keys, set())
+    curve = _curve(doc, raw)
+    raw = {
+        k: v
+        for k, v in raw.items()
+        if k not in _CURVE_KEYS and not (k == "concurrency" and "levels" in curve)
+    }
     ints = {
         k: int(_number(doc, f"workload.{k}", raw[k], positive=k != "warmup_requests", integer=True))
         for k in (
@@ -371,10 +414,101 @@ def _workload(doc: YamlDoc, raw: Any) -> WorkloadSpec:
         extra["request_timeout_s"] = _number(
             doc, "workload.request_timeout_s", raw["request_timeout_s"], positive=True
         )
-    return WorkloadSpec(prompts=_strings(doc, "workload.prompts", raw["prompts"]), **ints, **extra)
+    built = sources.build(doc, raw, base, model)
+    # a file line without max_tokens is answered with workload.max_tokens
+    max_tokens = ints.get("max_tokens", WorkloadSpec.max_tokens)
+    lengths = tuple(max_tokens if n is None else n for n in built.output_tokens)
+    return WorkloadSpec(
+        prompts=built.prompts,
+        output_tokens=tuple(lengths),
+        source=built.source,
+        length_unit=built.length_unit,
+        chat_format=built.chat_format,
+        **ints,
+        **extra,
+        **curve,
+    )
 
 
-_SLO_RE = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=)\s*([0-9.eE+-]+)\s*$")
+_SLO_RE = re.compile(r"^\s*([a-z0-9_]+(?:@[0-9]+)?)\s*(<=|>=)\s*([0-9.eE+-]+)\s*$")
+#: workload keys of the load curve, precision stopping and goodput (see loadcurve.py)
+_CURVE_KEYS = ("target_precision", "max_measure_s", "max_repeats", "slo", "goodput_max_concurrency")
+
+
+def _curve(doc: YamlDoc, raw: dict[str, Any]) -> dict[str, Any]:
+    """The load-curve fields of ``workload``; ``concurrency`` may be a list of levels."""
+    out: dict[str, Any] = {}
+    levels = raw.get("concurrency")
+    if isinstance(levels, list):
+        if not levels:
+            raise doc.error("workload.concurrency", "must be a number or a non-empty list")
+        for index, level in enumerate(levels):
+            _number(doc, f"workload.concurrency[{index}]", level, positive=True, integer=True)
+        if len(set(levels)) != len(levels):
+            raise doc.error("workload.concurrency", f"levels repeat: {levels}")
+        out["levels"] = tuple(int(v) for v in levels)
+        out["concurrency"] = max(out["levels"])
+    if "target_precision" in raw:
+        value = _number(doc, "workload.target_precision", raw["target_precision"])
+        if value >= 1:
+            raise doc.error("workload.target_precision", f"a fraction below 1, got {value!r}")
+        out["target_precision"] = float(value)
+    if "max_measure_s" in raw:
+        out["max_measure_s"] = float(
+            _number(doc, "workload.max_measure_s", raw["max_measure_s"], positive=True)
+        )
+    for key in ("max_repeats", "goodput_max_concurrency"):
+        if key in raw:
+            out[key] = int(_number(doc, f"workload.{key}", raw[key], positive=True, integer=True))
+    slos = raw.get("slo") or []
+    if not isinstance(slos, list):
+        raise doc.error("workload.slo", "must be a list like ['ttft_p95_ms <= 500']")
+    parsed = [_slo(doc, f"workload.slo[{i}]", text) for i, text in enumerate(slos)]
+    for index, slo in enumerate(parsed):
+        if "@" in slo.metric or slo.metric in ("goodput", "decode_tokens_per_s"):
+            raise doc.error(
+                f"workload.slo[{index}]", f"{slo.metric} is not a load metric of one level"
+            )
+    if parsed:
+        out["slos"] = tuple(parsed)
+    return out
+
+
+def _slo(doc: YamlDoc, key: str, text: Any) -> SloSpec:
+    match = _SLO_RE.match(str(text))
+    if not match or match.group(1).split("@", 1)[0] not in METRICS:
+        raise doc.error(key, f"expected '<metric> <= <number>' with a known metric, got {text!r}")
+    try:
+        bound = float(match.group(3))
+    except ValueError:
+        raise doc.error(key, f"bad number in {text!r}") from None
+    return SloSpec(metric=match.group(1), op=match.group(2), bound=bound)
+
+
+def _check_objective_levels(
+    doc: YamlDoc, objective: ObjectiveSpec, workload: WorkloadSpec, data: dict[str, Any]
+) -> ObjectiveSpec:
+    """A metric named at a level (``output_tokens_per_s@16``) must name a measured level, and
+    ``goodput`` needs the SLOs it is defined by."""
+    raw = data.get("objective") or {}
+    names = [
+        ("objective.metrics" if "metrics" in raw else "objective.metric", m)
+        for m in objective.metrics
+    ]
+    names += [("objective.constraints", slo.metric) for slo in objective.slos]
+    for key, name in names:
+        if name == "goodput" and not workload.slos:
+            raise doc.error(key, "goodput needs workload.slo (e.g. ['ttft_p95_ms <= 500'])")
+        if "@" not in name:
+            continue
+        level = name.split("@", 1)[1]
+        if int(level) not in workload.concurrency_levels:
+            raise doc.error(
+                key,
+                f"{name}: level {level} is not in workload.concurrency "
+                f"{list(workload.concurrency_levels)}",
+            )
+    return objective
 
 
 def _objective(doc: YamlDoc, raw: Any) -> ObjectiveSpec:
@@ -385,24 +519,19 @@ def _objective(doc: YamlDoc, raw: Any) -> ObjectiveSpec:
     if isinstance(metrics, str):
         metrics = [metrics]
     for index, metric in enumerate(metrics):
-        if metric not in METRICS:
+        if (
+            not isinstance(metric, str)
+            or not re.fullmatch(r"[a-z0-9_]+(@[0-9]+)?", metric)
+            or (metric.split("@", 1)[0] not in METRICS)
+        ):
             raise doc.error(
                 f"objective.metrics[{index}]" if "metrics" in raw else "objective.metric",
                 f"unknown metric {metric!r} (one of {', '.join(METRICS)})",
             )
-    slos = []
-    for index, text in enumerate(raw.get("constraints") or []):
-        match = _SLO_RE.match(str(text))
-        key = f"objective.constraints[{index}]"
-        if not match or match.group(1) not in METRICS:
-            raise doc.error(
-                key, f"expected '<metric> <= <number>' with a known metric, got {text!r}"
-            )
-        try:
-            bound = float(match.group(3))
-        except ValueError:
-            raise doc.error(key, f"bad number in {text!r}") from None
-        slos.append(SloSpec(metric=match.group(1), op=match.group(2), bound=bound))
+    slos = [
+        _slo(doc, f"objective.constraints[{index}]", text)
+        for index, text in enumerate(raw.get("constraints") or [])
+    ]
     return ObjectiveSpec(metrics=tuple(metrics), slos=tuple(slos))
 
 

@@ -39,6 +39,9 @@ WORKER = "worker"  # the autotune process running the trial: machine, hostname, 
 DUPLICATE_OF = "duplicate_of"  # set while a trial waits for a running trial with its parameters
 PHASE = "phase"
 SPECULATIVE = "speculative"  # spec-decode acceptance from /metrics (autotune.speculative)
+METRICS_CI = "metrics_ci"  # 95% t interval per metric: name -> [low, high, n]
+LOAD_CURVE = "load_curve"  # concurrency level -> that level's metrics
+GOODPUT = "goodput"  # the goodput search: value, SLOs, every level probed
 # --- study attribute keys ----------------------------------------------------------------------
 REFERENCE = "reference"
 SPEC_PATH = "spec_path"

@@ -37,6 +37,7 @@ from autotune.errors import AutotuneError, InfrastructureError, PreflightError, 
 from autotune.guide import GuidedSampler, Neighbour, early_neighbours, record_plan
 from autotune.objective import TrialContext, TrialOutcome, TrialRunner
 from autotune.spec import StudySpec, spec_error_for_missing_model
+from autotune.workload import check_workload
 
 #: trials whose parameters violate constraints are retried by the sampler up to this many
 #: times per counted trial before the run gives up on the space
@@ -54,6 +55,8 @@ class RunOptions:
     seed: int | None = None
     artifact_dir: str | None = None
     validate: bool = True
+    #: resume a study whose workload hash changed (workload.check_workload)
+    allow_workload_change: bool = False
 
 
 @dataclass
@@ -139,6 +142,7 @@ def open_study(
             ) from None
     if created:
         study.set_user_attr(keys.SPEC_PATH, str(spec.path))
+        study.set_metric_names(list(spec.objective.metrics))  # `show` reads each one's interval
         # The baseline is trial 0: engine defaults, no patches. It records the reference.
         study.enqueue_trial(spec.space.baseline_optuna_params(), user_attrs={keys.ROLE: "baseline"})
     return study, created
@@ -401,6 +405,9 @@ def run_study(
         dropped=dropped,
         neighbours=neighbours,
     )
+    changed = check_workload(study, spec, allow_change=options.allow_workload_change)
+    if changed:
+        (on_notice or (lambda _line: None))(changed)
     record_plan(study, dropped, neighbours)
     summary = RunSummary(study_name=study.study_name, storage_url=url)
     summary.cleaned = cleanup_stale(study)

@@ -39,6 +39,7 @@ def write_demo_spec(
             "warmup_requests": 1,
             "repeats": 1,
             "max_tokens": 32,
+            "target_precision": 0,  # exactly `repeats` rounds: these tests check other things
         }
     )
     spec["workload"].update(workload or {})
@@ -111,6 +112,7 @@ def write_fake_spec(
             "warmup_requests": 1,
             "repeats": 1,
             "request_timeout_s": 10,
+            "target_precision": 0,  # exactly `repeats` rounds unless a test asks for precision
             **(workload or {}),
         },
         "objective": objective or {"metric": "decode_tokens_per_s"},

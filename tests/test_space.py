@@ -272,13 +272,19 @@ def test_demo_and_glm5_spaces_load():
     ]
     # the baseline fixes only what has a baseline (the fault patch off); the rest is the engine's
     assert demo.baseline_values() == {
+        "max_num_seqs": 4,
+        "enforce_eager": True,
         "kv_cache_dtype": "auto",
         "attention_path": "custom_op",
         "qkv_shard_swap": False,
         "speculative_method": None,  # null: no --speculative-config at all
     }
     settings = demo.resolve(demo.baseline_values())
-    assert settings.flags == {"--kv-cache-dtype": "auto"}
+    assert settings.flags == {
+        "--max-num-seqs": 4,
+        "--enforce-eager": True,
+        "--kv-cache-dtype": "auto",
+    }
     assert settings.env == {} and settings.json_flags == {}
     assert settings.patches == {"attention_path": "custom_op", "qkv_shard_swap": False}
     assert demo.parameter("enable_chunked_prefill").target.false_flag == (

@@ -196,6 +196,14 @@ class Engine(abc.ABC):
         """The command a user runs to start the exported config."""
         return [*self.spec.engine.command, "--config", config_file]
 
+    def server_metrics_map(self) -> Any:
+        """The engine's Prometheus ``/metrics`` names (a ``server_metrics.MetricsMap``), or None
+        when it exposes none autotune knows. Default: vLLM's names, which vLLM-compatible
+        servers (and the test double) expose; a server without them is recorded unavailable."""
+        from autotune.engines.vllm_metrics import VLLM_METRICS
+
+        return VLLM_METRICS
+
 
 #: text that is positive evidence of running out of memory, in any engine's log (engine
 #: modules add their own, e.g. vLLM's CPU memory checks, in their ``classify_failure``)

@@ -37,6 +37,10 @@ the model says cannot start exit like vLLM would (OOM, KV cache, invalid); confi
 incorrect answer with whitespace. A run-level noise factor (``--sim-noise``, ``--sim-seed``)
 models run-to-run variation.
 
+``--wake-noise F`` (with ``--wake-noise-seed``) makes the speed noisy the way a shared machine
+is: each time the engine wakes from idle (a benchmark phase, a wave of requests) every step cost
+is multiplied by a fresh factor drawn uniformly from [1 - F, 1 + F].
+
 ``--time-scale S`` multiplies every decode/prefill sleep by S (0.01 = 100x faster). A client's
 wall-clock durations are then S times the simulated ones, and its rates 1/S times: multiply a
 measured tokens/s by S (and divide a measured latency by S) to get simulated values. At small S
@@ -72,6 +76,12 @@ Faults (``--fault NAME`` or env ``FAKE_FAULT``), each mimicking a failure real e
 * ``no_text``: every answer's text is empty (token ids and logprobs as usual).
 * ``hang_in_bench``: benchmark requests (streamed with ``stream_options.include_usage``) are
   accepted and never answered; readiness and verification requests are served.
+* ``preempt``: ``/metrics`` counts one preemption per completed request (the output is right).
+* ``no_metrics``: ``/metrics`` answers 404, as a server without Prometheus metrics.
+
+``GET /metrics`` (no key needed, as vLLM) serves a few of vLLM's Prometheus metrics in the text
+format: ``vllm:num_requests_running``/``waiting`` and ``vllm:kv_cache_usage_perc`` (running over
+``--max-num-seqs``) gauges, ``vllm:generation_tokens_total`` and ``vllm:num_preemptions_total``.
 
 ``--dialect`` chooses the response fields: ``vllm`` (default: ``token_ids``,
 ``prompt_token_ids``, ``prompt_logprobs``), ``openai`` (the plain OpenAI completions API: text,
@@ -125,6 +135,8 @@ FAULTS = (
     "corrupt_words",
     "no_text",
     "hang_in_bench",
+    "preempt",
+    "no_metrics",
 )
 #: which response fields the server speaks: vLLM's (token ids, prompt_logprobs), the plain
 #: OpenAI completions API (text, logprobs, echo), or text only (what many proxies return)
@@ -209,6 +221,8 @@ class ServerOptions:
     sim_noise: float
     sim_seed: int | None
     dialect: str = "vllm"
+    wake_noise: float = 0.0
+    wake_noise_seed: int | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -262,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-noise", type=float, default=0.05, help="run-level noise (std dev)")
     p.add_argument("--sim-seed", type=int, default=None, help="noise seed (default: random)")
     p.add_argument("--dialect", choices=DIALECTS, default="vllm", help="response fields spoken")
+    p.add_argument("--wake-noise", type=float, default=0.0, help="speed factor 1 +- F per wake")
+    p.add_argument("--wake-noise-seed", type=int, default=None)
     return p
 
 
@@ -308,6 +324,8 @@ def parse_options(argv: Sequence[str] | None = None) -> ServerOptions:
         sim_noise=ns.sim_noise,
         sim_seed=ns.sim_seed,
         dialect=ns.dialect,
+        wake_noise=ns.wake_noise,
+        wake_noise_seed=ns.wake_noise_seed,
     )
 
 
@@ -439,6 +457,8 @@ class Engine:
         corrupt_every: int | None = None,
         crash_by_sigkill: bool = False,
         wrong_when_batched: bool = False,
+        wake_noise: float = 0.0,
+        wake_noise_seed: int | None = None,
     ) -> None:
         self.model = model
         self.step_cost_ms = step_cost_ms
@@ -456,6 +476,14 @@ class Engine:
         self.running: list[GenRequest] = []
         self.stats = EngineStats()
         self._wake = asyncio.Event()
+        self.wake_noise = wake_noise
+        self._noise_rng = random.Random(wake_noise_seed)
+        self._factor = self._draw_factor()
+
+    def _draw_factor(self) -> float:
+        if not self.wake_noise:
+            return 1.0
+        return max(0.05, 1.0 + self.wake_noise * self._noise_rng.uniform(-1.0, 1.0))
 
     def submit(self, request: GenRequest) -> None:
         """Queue a request; it is admitted at the next step with room."""
@@ -470,6 +498,7 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
                 next_wall = None
+                self._factor = self._draw_factor()
                 continue
             if self.crash_after is not None and self.stats.completed >= self.crash_after:
                 if self.crash_by_sigkill:
@@ -486,7 +515,7 @@ class Engine:
             if not self.running:
                 continue
             batch = len(self.running)
-            decode_ms = self.step_cost_ms(batch)
+            decode_ms = self.step_cost_ms(batch) * self._factor
             step_ms = decode_ms + sum(self.prefill_cost_ms(len(r.prompt_ids)) for r in admitted)
             now = time.monotonic()
             if next_wall is None or next_wall < now - 0.05:
@@ -615,6 +644,7 @@ class FakeServer:
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/sim/stats", self.sim_stats, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
             Route("/sim/reset", self.sim_reset, methods=["POST"]),
         ]
         return Starlette(routes=routes, lifespan=lifespan)
@@ -673,6 +703,28 @@ class FakeServer:
             **self.sim,
         }
         return JSONResponse(body)
+
+    async def metrics(self, request: Any) -> Any:
+        """A few of vLLM's Prometheus metrics (see the module docstring)."""
+        from starlette.responses import PlainTextResponse
+
+        if self.opts.fault == "no_metrics":
+            return PlainTextResponse("Not Found", status_code=404)
+        engine, stats = self.engine, self.engine.stats
+        label = f'{{model_name="{self.opts.served_model_name}"}}'
+        preempted = stats.completed if self.opts.fault == "preempt" else 0
+        rows = [
+            ("vllm:num_requests_running", "gauge", len(engine.running)),
+            ("vllm:num_requests_waiting", "gauge", len(engine.waiting)),
+            ("vllm:kv_cache_usage_perc", "gauge", len(engine.running) / engine.max_num_seqs),
+            ("vllm:generation_tokens", "counter", stats.tokens),
+            ("vllm:num_preemptions", "counter", preempted),
+        ]
+        lines = []
+        for name, kind, value in rows:
+            sample = f"{name}_total" if kind == "counter" else name
+            lines += [f"# TYPE {name} {kind}", f"{sample}{label} {float(value)}"]
+        return PlainTextResponse("\n".join(lines) + "\n")
 
     async def sim_reset(self, request: Any) -> Any:
         """Zero the counters (test hook), e.g. between a warm-up and a measured phase."""
@@ -1081,6 +1133,8 @@ def build_engine(opts: ServerOptions, env: dict[str, str]) -> tuple[Engine, dict
         corrupt_every=7 if fault == "corrupt_words" else None,
         crash_by_sigkill=fault == "self_sigkill",
         wrong_when_batched=fault == "wrong_when_batched",
+        wake_noise=opts.wake_noise,
+        wake_noise_seed=opts.wake_noise_seed,
     )
     return engine, sim
 

@@ -1,0 +1,264 @@
+"""Load curve, precision stopping and goodput (loadcurve.py), against the timer-based fake server
+and, where a verdict must not depend on this machine's timing, against synthetic measurements.
+Assertions on the fake server compare round counts and levels, never durations."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import subprocess
+from pathlib import Path
+
+import httpx
+import optuna
+import pytest
+
+from autotune import storage as keys
+from autotune.bench import run_benchmark
+from autotune.confirm import _precise
+from autotune.loadcurve import CLAIMED, Probe, _stop_reason, search_goodput, slo_verdict
+from autotune.spec import SloSpec, WorkloadSpec
+from autotune.stats import Interval, mean_interval, t_quantile
+from tests.conftest import autotune_cmd, write_fake_spec
+from tests.test_fake_server import AUTH, server
+
+SPACE = """
+parameters:
+  max_num_seqs: {type: categorical, choices: [2, 8], baseline: 2, target: {flag: --max-num-seqs}}
+"""
+
+
+def bench(url: str, workload: WorkloadSpec, **kwargs):
+    async def go():
+        async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=30) as client:
+            return await run_benchmark(client, "toy", workload, **kwargs)
+
+    return asyncio.run(go())
+
+
+# --- statistics -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("df", "expected"),
+    [(1, 12.7062), (2, 4.3027), (3, 3.1824), (4, 2.7764), (9, 2.2622), (30, 2.0423)],
+)
+def test_t_quantile_matches_the_table(df, expected):
+    assert t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)
+
+
+def test_one_sample_has_no_interval_and_two_have_a_wide_one():
+    assert math.isinf(mean_interval([5.0]).relative_half_width)
+    iv = mean_interval([9.0, 11.0])
+    assert iv.low == pytest.approx(10 - 12.7062, abs=1e-3)
+    assert iv.high == pytest.approx(10 + 12.7062, abs=1e-3)
+
+
+# --- precision stopping -----------------------------------------------------------------------
+
+
+def test_stop_rule_counts_rounds_not_time():
+    workload = WorkloadSpec(prompts=("a",), repeats=2, target_precision=0.05, max_repeats=6)
+    quiet = [{"x": 100.0}, {"x": 100.5}]
+    assert _stop_reason(workload, quiet, ["x"], start=math.inf) == "precision"
+    noisy = [{"x": 100.0}, {"x": 150.0}, {"x": 70.0}]
+    assert _stop_reason(workload, noisy, ["x"], start=math.inf) is None
+    assert _stop_reason(workload, noisy * 2, ["x"], start=math.inf) == "max_repeats"
+    assert _stop_reason(workload, quiet[:1], ["x"], start=math.inf) is None  # below the minimum
+    fixed = WorkloadSpec(prompts=("a",), repeats=3, target_precision=0)
+    assert _stop_reason(fixed, noisy, ["x"], start=math.inf) == "repeats"
+
+
+def test_a_noisy_server_is_measured_longer_than_a_quiet_one(tmp_path):
+    workload = WorkloadSpec(
+        prompts=("1 2 3", "a b c"),
+        max_tokens=32,
+        concurrency=4,
+        num_requests=8,
+        single_requests=1,
+        warmup_requests=1,
+        repeats=2,
+        target_precision=0.10,
+        max_measure_s=600,  # the count cap decides, never the clock
+        max_repeats=8,
+    )
+    with server(tmp_path, "--decode-ms", "5", "--batch-penalty", "0") as quiet:
+        calm = bench(quiet.url, workload)
+    noise = ("--wake-noise", "0.8", "--wake-noise-seed", "3")
+    with server(tmp_path, "--decode-ms", "5", "--batch-penalty", "0", *noise) as noisy:
+        loud = bench(noisy.url, workload)
+    assert loud.stopped_by == "max_repeats" and len(loud.repeats) == 8
+    assert calm.stopped_by == "precision" and len(calm.repeats) < len(loud.repeats)
+    low, high, n = calm.ci["output_tokens_per_s"]
+    assert n == len(calm.repeats) and low < calm.metrics["output_tokens_per_s"] < high
+    assert (high - low) / 2 <= 0.10 * (low + high) / 2 + 1e-9
+
+
+def test_confirmation_stops_on_the_same_rule():
+    class M:
+        def __init__(self, samples, failures=()):
+            self.samples, self.failures = list(samples), list(failures)
+
+    tight = {"baseline": M([100, 101]), "trial 1": M([150, 151])}
+    loose = {"baseline": M([100, 140]), "trial 1": M([150, 110])}
+    assert _precise(tight, 1.0, 0.03)
+    assert not _precise(loose, 1.0, 0.03)
+    assert _precise(loose, 1.0, 0)  # target 0: the minimum rounds only
+
+
+# --- load curve -------------------------------------------------------------------------------
+
+
+def test_one_launch_measures_every_level(tmp_path):
+    workload = WorkloadSpec(
+        prompts=("1 2 3", "a b c"),
+        max_tokens=16,
+        concurrency=4,
+        levels=(1, 4),
+        num_requests=8,
+        single_requests=1,
+        warmup_requests=1,
+        repeats=2,
+        target_precision=0,
+    )
+    with server(tmp_path, "--decode-ms", "4", "--batch-penalty", "0") as proc:
+        result = bench(proc.url, workload)
+    assert set(result.load_curve) == {"1", "4"}
+    assert len(result.repeats) == 2
+    # per round: warm-up once, then 1 single + 8 requests at each of the 2 levels
+    assert result.total_requests == 1 + 2 * (1 + 8 + 8)
+    one, four = result.load_curve["1"], result.load_curve["4"]
+    # 4 at once share every decode step (batch penalty 0): far more than 1.5x the throughput
+    assert four["output_tokens_per_s"] > 1.5 * one["output_tokens_per_s"]
+    # the unsuffixed names are the largest level's
+    assert result.metrics["output_tokens_per_s"] == four["output_tokens_per_s"]
+    assert result.metrics["output_tokens_per_s@1"] == one["output_tokens_per_s"]
+
+
+def test_objective_names_a_level_and_the_trial_stores_the_curve(tmp_path):
+    spec = write_fake_spec(
+        tmp_path,
+        SPACE,
+        workload={"concurrency": [1, 4], "repeats": 2},
+        objective={"metric": "output_tokens_per_s@1"},
+    )
+    run = subprocess.run(
+        autotune_cmd("run", "--trials", "1", "--spec", str(spec), "--confirm-top", "0"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    study = optuna.load_study(study_name="fake", storage=f"sqlite:///{tmp_path}/fake.db")
+    trial = study.trials[0]
+    curve = trial.user_attrs[keys.LOAD_CURVE]
+    assert set(curve) == {"1", "4"}
+    assert trial.value == pytest.approx(trial.user_attrs[keys.METRICS]["output_tokens_per_s@1"])
+    assert trial.value == pytest.approx(curve["1"]["output_tokens_per_s"], rel=1e-3)
+    low, high, n = trial.user_attrs[keys.METRICS_CI]["output_tokens_per_s@1"]
+    assert n == 2 and low <= trial.value <= high
+
+
+@pytest.mark.parametrize(
+    ("objective", "workload", "key", "words"),
+    [
+        ({"metric": "output_tokens_per_s@8"}, {"concurrency": [1, 4]}, "objective.metric", "8"),
+        ({"metric": "goodput"}, {}, "objective.metric", "workload.slo"),
+        (
+            {"metric": "output_tokens_per_s", "constraints": ["ttft_p95_ms@2 <= 100"]},
+            {"concurrency": [1, 4]},
+            "objective.constraints",
+            "2",
+        ),
+        ({"metric": "output_tokens_per_s"}, {"slo": ["goodput <= 3"]}, "workload.slo[0]", "load"),
+        ({"metric": "output_tokens_per_s"}, {"concurrency": []}, "workload.concurrency", "empty"),
+    ],
+)
+def test_a_level_or_slo_the_workload_does_not_have_is_refused(
+    tmp_path, objective, workload, key, words
+):
+    spec = write_fake_spec(tmp_path, SPACE, workload=workload, objective=objective)
+    run = subprocess.run(
+        autotune_cmd("run", "--trials", "1", "--spec", str(spec)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    said = " ".join((run.stdout + run.stderr).split())
+    assert str(spec.name) in said and key in said and words in said
+    assert not (Path(tmp_path) / "fake.db").exists()
+
+
+# --- goodput ----------------------------------------------------------------------------------
+
+
+def synthetic(itl_at: dict[int, tuple[float, float]] | None = None, *, slope: float = 10.0):
+    """A probe whose ITL p95 interval at level c is ``itl_at[c]`` or slope*c +- 1."""
+    slos = [SloSpec("itl_p95_ms", "<=", 55.0)]
+    seen: list[int] = []
+
+    async def probe(level: int) -> Probe:
+        seen.append(level)
+        low, high = (itl_at or {}).get(level, (slope * level - 1, slope * level + 1))
+        verdict = slo_verdict(slos, {"itl_p95_ms": Interval((low + high) / 2, low, high, 3)})
+        return Probe(level, verdict, 3)
+
+    return probe, seen
+
+
+def test_goodput_doubles_then_bisects():
+    probe, seen = synthetic()
+    value, probes = asyncio.run(search_goodput(probe, 64))
+    assert value == 5  # 10 * 5 = 50 <= 55 < 60
+    assert seen == [1, 2, 4, 8, 6, 5]
+    assert [p.verdict for p in probes] == [CLAIMED, CLAIMED, CLAIMED, "fail", "fail", CLAIMED]
+
+
+def test_a_level_whose_interval_straddles_the_slo_is_not_claimed():
+    assert slo_verdict([SloSpec("x", "<=", 10)], {"x": Interval(9.5, 9.0, 10.5, 4)}) == "straddle"
+    assert slo_verdict([SloSpec("x", ">=", 10)], {"x": Interval(11, 10.5, 11.5, 4)}) == CLAIMED
+    assert slo_verdict([SloSpec("x", "<=", 10)], {"x": Interval(12, 11, 13, 4)}) == "fail"
+    # level 5's point value (52) meets the SLO, but its interval reaches past 55
+    probe, seen = synthetic({5: (49.0, 56.0)})
+    value, probes = asyncio.run(search_goodput(probe, 64))
+    assert value == 4 and seen == [1, 2, 4, 8, 6, 5]
+    assert probes[-1].verdict == "straddle"
+
+
+def test_goodput_stops_at_the_cap():
+    probe, seen = synthetic(slope=0.1)
+    value, _ = asyncio.run(search_goodput(probe, 48))
+    assert value == 48 and seen == [1, 2, 4, 8, 16, 32, 48]
+
+
+def test_goodput_on_a_server_whose_latency_rises_with_concurrency(tmp_path):
+    # step cost = 10 ms * batch (batch penalty 1): ITL ~ 10 * concurrency; SLO 55 ms -> 5.
+    # The median ITL, not p95: on a shared 2-core machine the tail holds the neighbours' stalls.
+    workload = WorkloadSpec(
+        prompts=("1 2 3", "a b c"),
+        max_tokens=8,
+        concurrency=1,
+        num_requests=4,
+        single_requests=1,
+        warmup_requests=1,
+        repeats=1,
+        target_precision=0.05,
+        max_repeats=3,
+        slos=(SloSpec("itl_p50_ms", "<=", 55.0),),
+    )
+    args = ("--decode-ms", "10", "--batch-penalty", "1", "--prefill-ms", "0.1")
+    with server(tmp_path, *args) as proc:
+        result = bench(proc.url, workload)
+    probes = result.goodput["probes"]
+    levels = [p["concurrency"] for p in probes]
+    # doubling until 8 (80 ms) is not claimed, then bisection between 4 and 8
+    assert levels == [1, 2, 4, 8, 6, 5]
+    # Timing only ever adds latency, so the measured answer can be below 5, never above it.
+    assert result.metrics["goodput"] in (4.0, 5.0)
+    for p in probes:
+        claimed = p["verdict"] == CLAIMED
+        assert claimed == (p["concurrency"] <= result.metrics["goodput"]), probes
+        low, high = p["values"]["itl_p50_ms"][1:]
+        if claimed:
+            assert high <= 55.0

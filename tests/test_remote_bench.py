@@ -1,0 +1,218 @@
+"""`autotune bench --url` against a server autotune did not start, and server-side evidence
+(`/metrics`) stored per trial. Driven by the fake server (the test starts it on port 0)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.server_metrics import SERVER_METRICS_ATTR, parse
+from autotune.spec import load_spec
+from autotune.study import RunOptions, run_study
+from tests.conftest import ROOT, write_fake_spec
+
+SPACE = """
+parameters:
+  max_num_seqs:
+    type: categorical
+    choices: [2, 8]
+    baseline: 8
+    target: {flag: --max-num-seqs}
+"""
+KEY = "remote-test-key"
+
+
+@dataclass
+class Server:
+    popen: subprocess.Popen[bytes]
+    port_file: Path
+
+    @property
+    def url(self) -> str:
+        import time
+
+        deadline = time.monotonic() + 30
+        while not self.port_file.exists():
+            assert self.popen.poll() is None, "fake server exited"
+            assert time.monotonic() < deadline, "no port reported"
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{int(self.port_file.read_text())}"
+
+
+@pytest.fixture
+def fake_server(tmp_path: Path):
+    started: list[Server] = []
+
+    def start(*args: str) -> Server:
+        port_file = tmp_path / f"port-{uuid.uuid4().hex[:6]}"
+        env = {k: v for k, v in os.environ.items() if k != "FAKE_FAULT"}
+        env["PYTHONPATH"] = str(ROOT)
+        argv = [sys.executable, "-m", "autotune.testing.fake_server", "--port", "0"]
+        argv += ["--port-file", str(port_file), "--api-key", KEY, "--model", "served", *args]
+        popen = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        server = Server(popen, port_file)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.popen.kill()
+        server.popen.wait(timeout=10)
+
+
+def _bench(*args: str):
+    return CliRunner().invoke(app, ["bench", *args], env={"AUTOTUNE_API_KEY": ""})
+
+
+def test_bench_url_writes_metric_names_and_server_metrics(tmp_path, fake_server) -> None:
+    spec = write_fake_spec(tmp_path, SPACE, name="remote")
+    server = fake_server()
+    out = tmp_path / "bench.json"
+    result = _bench("--spec", str(spec), "--url", server.url, "--api-key", KEY, "--json", str(out))
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    for name in ("output_tokens_per_s", "decode_tokens_per_s", "ttft_p50_ms", "itl_p95_ms"):
+        assert data[name] > 0, name
+    assert data["passed"] is True and data["check"] is None
+    assert len(data["workload"]["hash"]) == 64
+    server_metrics = data["server_metrics"]
+    assert server_metrics["available"] is True
+    # 1 warm-up + 1 single + 8 load requests of 16 tokens each, all counted by the server
+    assert server_metrics["total"]["generation_tokens"] == 10 * 16
+    assert {"requests_running_max", "kv_cache_usage_mean"} <= set(server_metrics["total"])
+    assert set(server_metrics["phases"]) == {
+        "warm-up",
+        "single-request (round 1)",
+        "load at 4 (round 1)",
+    }
+    assert server_metrics["phases"]["load at 4 (round 1)"]["generation_tokens"] == 8 * 16
+    assert "output_tokens_per_s" in result.output  # the table
+
+
+def test_bench_records_a_server_without_metrics_as_unavailable(tmp_path, fake_server) -> None:
+    spec = write_fake_spec(tmp_path, SPACE, name="nometrics")
+    server = fake_server("--fault", "no_metrics")
+    out = tmp_path / "bench.json"
+    result = _bench("--spec", str(spec), "--url", server.url, "--api-key", KEY, "--json", str(out))
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["server_metrics"] == {
+        "available": False,
+        "reason": "ValueError: GET /metrics answered 404",
+        "source": "/metrics",
+    }
+    assert data["output_tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "url, expect",
+    [("localhost:8000", "expected http(s)://host:port"), ("http://127.0.0.1:9", "cannot reach")],
+)
+def test_bench_bad_url_is_a_clean_error(tmp_path, url, expect) -> None:
+    spec = write_fake_spec(tmp_path, SPACE, name="badurl")
+    out = tmp_path / "bench.json"
+    result = _bench("--spec", str(spec), "--url", url, "--json", str(out))
+    assert result.exit_code == 2, result.output
+    assert "--url" in result.output and expect in result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_bench_check_without_a_reference_is_bad_input(tmp_path, fake_server) -> None:
+    spec_path = write_fake_spec(tmp_path, SPACE, name="noref")
+    spec = load_spec(spec_path)
+    optuna.create_study(storage=spec.default_storage(), study_name=spec.name)
+    server = fake_server()
+    result = _bench("--spec", str(spec_path), "--url", server.url, "--api-key", KEY, "--check")
+    assert result.exit_code == 2, result.output
+    assert "no reference" in result.output and "--check" in result.output
+
+
+@pytest.fixture
+def study_with_reference(tmp_path: Path):
+    """A one-trial study (the baseline: records the reference, stores server metrics)."""
+    spec_path = write_fake_spec(tmp_path, SPACE, name="gated", args=("--fault", "preempt"))
+    spec = load_spec(spec_path)
+    summary = run_study(spec, RunOptions(trials=1, validate=False))
+    assert summary.stopped_because is None
+    return spec_path, spec
+
+
+def test_trial_stores_server_metrics_and_show_flags_preemptions(study_with_reference) -> None:
+    spec_path, spec = study_with_reference
+    study = optuna.load_study(storage=spec.default_storage(), study_name=spec.name)
+    trial = study.trials[0]
+    record = trial.user_attrs[SERVER_METRICS_ATTR]
+    assert record["available"] is True
+    # the `preempt` fault counts one preemption per completed request
+    assert record["total"]["preemptions"] > 0
+    assert record["phases"]["load at 4 (round 1)"]["generation_tokens"] == 8 * 16
+    shown = CliRunner().invoke(app, ["show", "--spec", str(spec_path)])
+    assert shown.exit_code == 0, shown.output
+    assert "preemptions:" in shown.output and "trial 0: the server preempted" in shown.output
+
+
+def test_bench_check_passes_on_a_correct_server_and_fails_on_a_corrupting_one(
+    study_with_reference, fake_server, tmp_path
+) -> None:
+    spec_path, _spec = study_with_reference
+    good = fake_server()
+    out = tmp_path / "good.json"
+    result = _bench(
+        "--spec", str(spec_path), "--url", good.url, "--api-key", KEY, "--check", "--json", str(out)
+    )
+    assert result.exit_code == 0, result.output
+    assert "check passed" in result.output
+    data = json.loads(out.read_text())
+    assert data["check"]["passed"] is True and data["check"]["under_load"]["checked"] > 0
+    assert data["output_tokens_per_s"] > 0
+
+    bad = fake_server("--fault", "corrupt_words")
+    out = tmp_path / "bad.json"
+    result = _bench(
+        "--spec", str(spec_path), "--url", bad.url, "--api-key", KEY, "--check", "--json", str(out)
+    )
+    assert result.exit_code == 1, result.output
+    assert "check FAILED" in result.output and "first divergence" in result.output
+    data = json.loads(out.read_text())
+    assert data["passed"] is False and data["failure"].startswith("incorrect_output")
+    assert data["check"]["first_divergence"]["kind"] == "token"
+    assert "output_tokens_per_s" not in data  # no figures for a server that fails the gate
+
+
+def test_parse_prometheus_text() -> None:
+    text = (
+        "# TYPE vllm:num_preemptions counter\n"
+        'vllm:num_preemptions_total{engine="0"} 2.0\n'
+        'vllm:num_preemptions_total{engine="1"} 3.0\n'
+        'vllm:num_preemptions_created{engine="0"} 1.7e9\n'
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        "vllm:kv_cache_usage_perc 0.25\n"
+        "# TYPE vllm:e2e histogram\n"
+        'vllm:e2e_bucket{le="1.0"} 4.0\n'
+        "vllm:e2e_sum 3.5\n"
+        "vllm:e2e_count 4.0\n"
+    )
+    assert parse(text) == {
+        "vllm:num_preemptions": 5.0,
+        "vllm:kv_cache_usage_perc": 0.25,
+        "vllm:e2e_sum": 3.5,
+        "vllm:e2e_count": 4.0,
+    }

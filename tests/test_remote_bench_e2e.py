@@ -1,0 +1,83 @@
+"""`autotune bench --url` against a real vLLM demo server the test starts itself (not autotune):
+the JSON carries the metric names with positive throughput, and vLLM's own /metrics evidence."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from autotune._proc import free_port
+from tests.conftest import DEMO_MODEL, autotune_cmd, write_demo_spec
+
+pytestmark = pytest.mark.e2e
+
+SPACE = """
+parameters:
+  max_num_seqs:
+    type: categorical
+    choices: [4, 16]
+    target: {flag: --max-num-seqs}
+"""
+
+
+def test_bench_url_measures_a_running_vllm_server(tmp_path) -> None:
+    spec_path = write_demo_spec(tmp_path, SPACE, name="remote_e2e")
+    port = free_port("127.0.0.1")
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"]
+    argv += [str(DEMO_MODEL), "--served-model-name", "demo", "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--max-model-len", "512", "--enforce-eager"]
+    argv += ["--kv-cache-memory-bytes", "268435456", "--dtype", "bfloat16"]
+    env = {**os.environ, "VLLM_API_KEY": "e2e-key"}
+    log = open(tmp_path / "server.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+        out = tmp_path / "bench.json"
+        done = subprocess.run(
+            autotune_cmd(
+                "bench",
+                "--spec",
+                str(spec_path),
+                "--url",
+                f"http://127.0.0.1:{port}",
+                "--json",
+                str(out),
+            ),  # fmt: skip
+            env={**os.environ, "AUTOTUNE_API_KEY": "e2e-key"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        data = json.loads(out.read_text())
+        for name in ("output_tokens_per_s", "decode_tokens_per_s", "requests_per_s"):
+            assert data[name] > 0, name
+        for name in ("ttft_p50_ms", "itl_p95_ms", "e2e_p99_ms"):
+            assert name in data
+        evidence = data["server_metrics"]
+        assert evidence["available"] is True, evidence
+        total = evidence["total"]
+        # 1 warm-up + 1 single + 8 load requests of 32 tokens, counted by vLLM itself
+        assert total["generation_tokens"] == 10 * 32, total
+        assert {"preemptions", "requests_running_max", "kv_cache_usage_max"} <= set(total)
+        assert "load at 4 (round 1)" in evidence["phases"]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.close()
