@@ -457,6 +457,10 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
             + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
         )
         _print_failure_details(rows)
+    from autotune.speculative import study_lines
+
+    for line in study_lines(storage_url, study_name):  # speculative trials: acceptance
+        console.print(f"speculative decoding: {escape(line)}", soft_wrap=True)
     from autotune.server_metrics import preemption_notes
 
     for note in preemption_notes(rows):
@@ -616,6 +620,54 @@ def export(
             f"{what} -> {result.path}" + (f" (+ {result.env_path})" if result.env_path else "")
         )
         console.print("  launch: " + " ".join(result.command))
+
+
+@app.command()
+def recheck(
+    best: Annotated[Path, typer.Argument(help="A YAML written by `autotune export`.")],
+    spec: Annotated[
+        Path | None,
+        typer.Option("--spec", help="Study spec (default: the one recorded at export)."),
+    ] = None,
+    storage: StorageOpt = None,
+    rounds: Annotated[
+        int, typer.Option("--rounds", min=1, help="Interleaved rounds (2 launches each).")
+    ] = 1,
+    min_effect: Annotated[
+        float,
+        typer.Option("--min-effect", min=0.0, max=1.0, help="Noise band floor (default 10%)."),
+    ] = 0.10,
+) -> None:
+    """After an upgrade: is the exported config still correct and not slower? Exit 0 if so,
+    1 with the reason (and the guilty parameter) if not."""
+    from autotune.recheck import run_recheck
+
+    try:
+        result = run_recheck(
+            best,
+            spec_path=spec,
+            storage=storage,
+            rounds=rounds,
+            min_effect=min_effect,
+            on_phase=lambda n, p: console.print(f"[dim]trial {n}: {p}[/]"),
+        )
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    engines = f"engine {result.engine_version}"
+    if result.recorded_engine_version and result.recorded_engine_version != result.engine_version:
+        engines += f" (exported on {result.recorded_engine_version})"
+    console.print(f"recheck of {best} on {engines}: study {result.study_name}")
+    style = "green" if result.ok else "red"
+    console.print(f"[{style}]{result.verdict.status}[/]: {escape(result.verdict.reason)}")
+    if not result.ok:
+        if result.guilty:
+            console.print(f"guilty parameter: {', '.join(result.guilty)}")
+        elif result.changes and result.verdict.status != "baseline_broken":
+            console.print(
+                "no single change is to blame (reverting any one alone does not fix it): "
+                + ", ".join(result.changes)
+            )
+        raise typer.Exit(code=1)
 
 
 @app.command()

@@ -22,6 +22,7 @@ from autotune import storage as keys
 from autotune.check import describe_checks
 from autotune.engines import build_engine
 from autotune.errors import SpecError
+from autotune.recheck import record_line
 from autotune.report import baseline_reason, best_trials, verified_baseline
 from autotune.spec import StudySpec
 
@@ -55,6 +56,7 @@ def export_trial(
     out: Path,
     *,
     baseline_reason: str | None = None,
+    baseline_metrics: dict[str, float] | None = None,
 ) -> ExportResult:
     values = {}
     for name, value in (trial.user_attrs.get(keys.PARAMS_RESOLVED) or trial.params).items():
@@ -79,6 +81,8 @@ def export_trial(
         title=title,
         notes=notes,
         verified=describe_checks(trial.user_attrs.get(keys.CHECK)),
+        baseline_metrics=baseline_metrics,
+        engine_version=(trial.user_attrs.get(keys.SERVER) or {}).get("engine_version"),
     )
     return dataclasses.replace(result, baseline_reason=baseline_reason)
 
@@ -93,8 +97,12 @@ def export_values(
     metrics: dict[str, float] | None = None,
     notes: tuple[str, ...] = (),
     verified: str | None = None,
+    baseline_metrics: dict[str, float] | None = None,
+    engine_version: str | None = None,
 ) -> ExportResult:
-    """Write parameter ``values`` as the engine's config file, with env and launch command."""
+    """Write parameter ``values`` as the engine's config file, with env and launch command.
+
+    The header's ``# autotune-record:`` line is what ``autotune recheck`` reads back."""
     engine = build_engine(spec)
     settings = spec.space.resolve(values)
     config = engine.export_config(settings)
@@ -115,6 +123,18 @@ def export_values(
         header += [f"#   {k}={v}" for k, v in env.items()]
     if settings.patches:
         header.append(f"# Patches (applied by autotune's vLLM plugin): {dict(settings.patches)}")
+    header.append(
+        record_line(
+            study=spec.name,
+            spec_path=spec.path,
+            values=values,
+            metrics=metrics,
+            baseline_metrics=baseline_metrics,
+            engine_version=engine_version,
+            objective=spec.objective.metrics,
+            trial=number,
+        )
+    )
     header.append("# Launch:")
     words = [f"{k}={_shell_word(v)}" for k, v in env.items()] + [_shell_word(c) for c in command]
     header.append("#   " + " ".join(words))
@@ -152,7 +172,16 @@ def export_best(
     """
     reason = baseline_reason(study)
     if reason is not None and not pareto:
-        return [export_trial(spec, verified_baseline(study), out, baseline_reason=reason)]
+        base = verified_baseline(study)
+        return [
+            export_trial(
+                spec,
+                base,
+                out,
+                baseline_reason=reason,
+                baseline_metrics=base.user_attrs.get(keys.METRICS) or None,
+            )
+        ]
     best = best_trials(study)
     if not best:
         raise SpecError(
@@ -178,10 +207,12 @@ def export_best(
             "use --pareto to export every config on it",
             key="--pareto",
         )
+    base = verified_baseline(study)
+    base_metrics = (base.user_attrs.get(keys.METRICS) or None) if base is not None else None
     if not pareto:
-        return [export_trial(spec, best[0], out)]
+        return [export_trial(spec, best[0], out, baseline_metrics=base_metrics)]
     results = []
     for trial in best:
         path = out.with_name(f"{out.stem}-trial{trial.number}{out.suffix or '.yaml'}")
-        results.append(export_trial(spec, trial, path))
+        results.append(export_trial(spec, trial, path, baseline_metrics=base_metrics))
     return results

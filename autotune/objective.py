@@ -30,6 +30,7 @@ import optuna
 import psutil
 from optuna.artifacts import upload_artifact
 
+from autotune import speculative
 from autotune import storage as keys
 from autotune._proc import free_port, machine_id
 from autotune.bench import BenchResult, bench_summary, run_benchmark
@@ -366,14 +367,13 @@ class TrialRunner:
                 check = await self._verify(client, launch.served_model, reference, server)
                 trial.set_user_attr(keys.CHECK, _trim(check.to_dict()))
                 if not check.passed:
-                    raise CandidateError(
-                        "incorrect_output",
-                        check.problems[0],
-                        evidence={"first_divergence": asdict(check.first_divergence)},
-                    )
+                    evidence = {"first_divergence": asdict(check.first_divergence)}
+                    await speculative.record(client, trial, settings, evidence)
+                    raise CandidateError("incorrect_output", check.problems[0], evidence=evidence)
 
                 self._phase(trial, "benchmarking")
                 bench = await self._benchmark(client, launch.served_model, server, trial)
+                await speculative.record(client, trial, settings)
                 self._check_under_load(trial, reference, bench)
                 if not server.alive():
                     raise server.failure("server_crashed", "server died during the benchmark")

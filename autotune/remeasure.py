@@ -27,6 +27,8 @@ from autotune.spec import StudySpec
 class Variant:
     label: str
     values: Mapping[str, Any]
+    #: this variant's trial role, when not the caller's (recheck runs its baseline as "baseline")
+    role: str | None = None
 
 
 @dataclass
@@ -97,7 +99,7 @@ def _measure_once(
     study.enqueue_trial(
         spec.space.to_optuna_params(variant.values),
         user_attrs={
-            keys.ROLE: role,
+            keys.ROLE: variant.role or role,
             keys.VARIANT: variant.label,
             keys.PINNED: dict(variant.values),
             "round": round_index,

@@ -280,7 +280,10 @@ class SearchSpace:
                 if value is not None:
                     env[target.name] = _env_text(value)
             elif target.kind == "json":
-                merge_json_key(json_flags.setdefault(target.name, {}), target.key, value)
+                # null leaves the key unset; a JSON flag with no key set is not passed at all
+                # (``speculative_method: null`` = no --speculative-config, no speculation)
+                if value is not None:
+                    merge_json_key(json_flags.setdefault(target.name, {}), target.key, value)
             else:
                 patches[target.name] = value
         return ServerSettings(flags=flags, json_flags=json_flags, env=env, patches=patches)

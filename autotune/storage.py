@@ -38,6 +38,7 @@ RETRY_OF = "retry_of"
 WORKER = "worker"  # the autotune process running the trial: machine, hostname, pid, create_time
 DUPLICATE_OF = "duplicate_of"  # set while a trial waits for a running trial with its parameters
 PHASE = "phase"
+SPECULATIVE = "speculative"  # spec-decode acceptance from /metrics (autotune.speculative)
 METRICS_CI = "metrics_ci"  # 95% t interval per metric: name -> [low, high, n]
 LOAD_CURVE = "load_curve"  # concurrency level -> that level's metrics
 GOODPUT = "goodput"  # the goodput search: value, SLOs, every level probed

@@ -265,15 +265,26 @@ def test_demo_and_glm5_spaces_load():
         "kv_cache_dtype",
         "attention_path",
         "qkv_shard_swap",
+        "speculative_method",
+        "num_speculative_tokens",
+        "prompt_lookup_max",
+        "prompt_lookup_min",
     ]
     # the baseline fixes only what has a baseline (the fault patch off); the rest is the engine's
     assert demo.baseline_values() == {
+        "max_num_seqs": 4,
+        "enforce_eager": True,
         "kv_cache_dtype": "auto",
         "attention_path": "custom_op",
         "qkv_shard_swap": False,
+        "speculative_method": None,  # null: no --speculative-config at all
     }
     settings = demo.resolve(demo.baseline_values())
-    assert settings.flags == {"--kv-cache-dtype": "auto"}
+    assert settings.flags == {
+        "--max-num-seqs": 4,
+        "--enforce-eager": True,
+        "--kv-cache-dtype": "auto",
+    }
     assert settings.env == {} and settings.json_flags == {}
     assert settings.patches == {"attention_path": "custom_op", "qkv_shard_swap": False}
     assert demo.parameter("enable_chunked_prefill").target.false_flag == (
@@ -288,12 +299,17 @@ def test_demo_and_glm5_spaces_load():
     assert demo.violated({**refused, "max_num_seqs": 4, "enable_chunked_prefill": True}) == []
 
     glm5 = load_space(root / "search_spaces" / "glm5-8gpu.yaml")
-    assert len(glm5.names) == 14 and glm5.names[:3] == [
+    assert len(glm5.names) == 26 and glm5.names[:3] == [
         "enforce_eager",
         "cudagraph_mode",
         "cudagraph_capture_sizes",
     ]
-    assert glm5.baseline_values() == {"enforce_eager": True, "mla_path": "custom_op"}
+    assert glm5.baseline_values() == {
+        "enforce_eager": True,
+        "mla_path": "custom_op",
+        "kv_cache_dtype": "auto",
+        "speculative_method": None,
+    }
     # CUDA-graph parameters exist only when graphs are on
     assert glm5.parameter("cudagraph_mode").when == {"enforce_eager": False}
     assert not glm5.is_active(glm5.parameter("cudagraph_mode"), {"enforce_eager": True})

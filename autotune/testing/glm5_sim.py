@@ -37,6 +37,33 @@ How a decode step is modelled (all numbers per step, per GPU, single node):
   model emits whitespace: *incorrect*, and (skipping work) even 8 % faster -- the trap a tuner
   that does not check outputs walks into.
 
+The remaining levers of the space (issue 14), each an ASSUMPTION of this model, not a
+measurement; defaults are vLLM's, so the calibrated figures above are unchanged:
+
+* ``async_scheduling``: vLLM 0.32 turns it on by default; off (or disabled because a speculative
+  method cannot use it) puts the scheduler's ~1 ms of Python per step back on the critical path.
+  Explicitly on together with the CPU n-gram proposer is refused at start (as vLLM does).
+* ``fuse_allreduce_rms`` (compiled, not eager): each all-reduce fused with the RMSNorm after it
+  saves a kernel launch and a memory round trip, modelled as 6 us per fused pair (156 pairs).
+* ``performance_mode``: ``interactivity`` captures every batch size 1..32 (decode pads less:
+  no effect at batch 1, fewer wasted rows at 3, 5, 6, 7 ...); ``throughput`` doubles the
+  default max_num_seqs and max_num_batched_tokens (more activation memory).
+* ``kv_cache_dtype`` fp8: 2 % faster kernels at batch > 1 (less KV read), never at batch 1 with
+  the benchmark's short contexts; within tolerance, so correct.
+* ``speculative_method``: ``mtp`` uses GLM-5's own MTP head, with per-position acceptance
+  0.834 / 0.653 / 0.494 / 0.37 (the first three measured by llama.cpp's GLM_DSA MTP work on a
+  GGUF, the fourth extrapolated); each step verifies k+1 tokens (costed like a batch of k+1)
+  and runs the MTP layer k times (1/78 of the kernels plus two all-reduces each). ASSUMED: the
+  GGUF keeps the MTP weights (``MTP_IN_GGUF``). ``ngram`` drafts for free but is rarely right
+  on this prose workload (0.30 / 0.15 / 0.08 / 0.04). Lossless (greedy verification) in both.
+
+Not modelled (accepted by :meth:`Glm5Config.from_mapping`, no effect; listed in
+``NOT_MODELLED``): ``moe_backend`` (the GGUF plugin's MoE method picks its own kernels),
+``enable_eplb`` / ``eplb_num_redundant_experts`` (single-request decode has no expert load
+imbalance to fix), ``fi_allreduce_fusion_max_size_mb`` (decode all-reduces are far below every
+choice; only prefill would notice), ``prompt_lookup_max`` / ``prompt_lookup_min`` (folded into
+the n-gram acceptance), ``enable_expert_parallel``.
+
 Memory (per GPU, 95.6 GiB): weights 56 GiB; vLLM's budget is ``gpu_memory_utilization`` x total;
 CUDA context, NCCL buffers (more with more channels) and the CUDA graph pool (per capture size)
 live outside it, so a utilization above about 0.95 runs out of memory at start with vLLM's default
@@ -84,6 +111,30 @@ NCCL_GIB_PER_EXTRA_CHANNEL = 0.016
 ACTIVATION_GIB_PER_1K_TOKENS = 0.35
 MIN_KV_CACHE_GIB = 2.0
 
+PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")
+SPECULATIVE_METHODS = ("mtp", "ngram")
+#: scheduler time per step that async scheduling hides (ms)
+ASYNC_OFF_MS = 1.0
+#: saving per all-reduce fused with its RMSNorm (us)
+ALLREDUCE_RMS_FUSION_US = 6.0
+FP8_KV_KERNEL_FACTOR = 0.98
+#: per-position acceptance of the draft tokens (fraction of drafts accepted at position i)
+MTP_ACCEPTANCE = (0.834, 0.653, 0.494, 0.37)
+NGRAM_ACCEPTANCE = (0.30, 0.15, 0.08, 0.04)
+NGRAM_DRAFT_MS = 0.1
+#: ASSUMED, not verified here: the GGUF keeps GLM-5's MTP block (blk.78.nextn.*)
+MTP_IN_GGUF = True
+#: parameter names the model accepts but gives no effect (see the module docstring)
+NOT_MODELLED = (
+    "moe_backend",
+    "enable_eplb",
+    "eplb_num_redundant_experts",
+    "fi_allreduce_fusion_max_size_mb",
+    "prompt_lookup_max",
+    "prompt_lookup_min",
+    "enable_expert_parallel",
+)
+
 DEFAULT_CAPTURE_SIZES: tuple[int, ...] = (
     1,
     2,
@@ -111,8 +162,26 @@ class Glm5Config:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     gpu_memory_utilization: float = 0.9
+    performance_mode: str = "balanced"
+    async_scheduling: bool | None = None  # None: vLLM's default (on where it can be)
+    fuse_allreduce_rms: bool = False
+    kv_cache_dtype: str = "auto"
+    speculative_method: str | None = None
+    num_speculative_tokens: int | None = None
+    # accepted, not modelled (NOT_MODELLED)
+    fi_allreduce_fusion_max_size_mb: float | None = None
+    moe_backend: str = "auto"
+    enable_eplb: bool = False
+    eplb_num_redundant_experts: int | None = None
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+    enable_expert_parallel: bool = False
 
     def __post_init__(self) -> None:
+        if self.performance_mode not in PERFORMANCE_MODES:
+            raise ValueError(f"performance_mode must be one of {PERFORMANCE_MODES}")
+        if self.speculative_method not in (*SPECULATIVE_METHODS, None):
+            raise ValueError(f"speculative_method must be one of {SPECULATIVE_METHODS} or unset")
         if self.cudagraph_mode not in CUDAGRAPH_MODES:
             raise ValueError(f"cudagraph_mode must be one of {CUDAGRAPH_MODES}")
         if self.NCCL_PROTO not in (*NCCL_PROTOS, None):
@@ -149,6 +218,8 @@ class Glm5Config:
         sizes = self.cudagraph_capture_sizes
         if sizes is None:
             sizes = tuple(s for s in DEFAULT_CAPTURE_SIZES if s <= max(2 * self.max_num_seqs, 1))
+            if self.performance_mode == "interactivity":
+                sizes = (*range(1, min(32, sizes[-1]) + 1), *sizes)
         return tuple(sorted(set(sizes)))
 
     @property
@@ -188,27 +259,71 @@ def _graph_replayable(config: Glm5Config, batch: int) -> int | None:
     return None
 
 
-def step_time_ms(config: Glm5Config, batch: int = 1) -> float:
-    """Noise-free decode step time in ms with ``batch`` running sequences (capped by max_num_seqs).
+def _async_off(config: Glm5Config) -> bool:
+    """Async scheduling is off: asked for, or vLLM's default turned off by the n-gram proposer."""
+    if config.async_scheduling is None:
+        return config.speculative_method == "ngram"
+    return not config.async_scheduling
 
-    Tokens per second of one stream is ``1000 / step_time_ms(config)``.
-    """
-    batch = max(1, min(batch, config.max_num_seqs))
-    padded = _graph_replayable(config, batch)
-    effective = padded or batch
+
+def _forward_ms(config: Glm5Config, tokens: int) -> float:
+    """One forward step over ``tokens`` tokens (sequences, or a sequence's verified drafts)."""
+    padded = _graph_replayable(config, tokens)
+    effective = padded or tokens
     kernels = GPU_KERNELS_MS * min(1.0 + 0.035 * (effective - 1), 4.0) + 0.02 * (effective - 1)
+    if config.kv_cache_dtype.startswith("fp8") and effective > 1:
+        kernels *= FP8_KV_KERNEL_FACTOR
     comm = N_ALLREDUCE * allreduce_us(config, effective) / 1000.0
+    if config.fuse_allreduce_rms and not config.enforce_eager:
+        comm -= (N_ALLREDUCE - 1) * ALLREDUCE_RMS_FUSION_US / 1000.0
+    host = ASYNC_OFF_MS if _async_off(config) else 0.0
     if padded is None:
         launch = EAGER_LAUNCH_MS if config.enforce_eager else COMPILED_LAUNCH_MS
         comm += N_ALLREDUCE * EAGER_ALLREDUCE_HOST_US / 1000.0
         if config.mla_path == "direct_call":
             launch -= DIRECT_CALL_SAVING_MS
-        return kernels + launch + comm
+        return kernels + launch + comm + host
     launch = PIECEWISE_ATTENTION_MS if config.cudagraph_mode == "PIECEWISE" else 0.0
     total = kernels + launch + comm
     if config.mla_path == "direct_call":
         total *= BROKEN_GRAPH_SPEEDUP  # the captured attention writes to a dead buffer
-    return total
+    return total + host
+
+
+def draft_tokens(config: Glm5Config) -> int:
+    """Draft tokens proposed per step (0 without speculation)."""
+    if config.speculative_method is None:
+        return 0
+    return max(1, min(config.num_speculative_tokens or 1, len(MTP_ACCEPTANCE)))
+
+
+def tokens_per_step(config: Glm5Config) -> float:
+    """Mean tokens one sequence emits per verification step (vLLM's mean accepted length)."""
+    k = draft_tokens(config)
+    rates = MTP_ACCEPTANCE if config.speculative_method == "mtp" else NGRAM_ACCEPTANCE
+    return 1.0 + sum(rates[:k])
+
+
+def step_time_ms(config: Glm5Config, batch: int = 1) -> float:
+    """Noise-free time per emitted token of each of ``batch`` running sequences, in ms (capped
+    by max_num_seqs): a decode step, or with speculation a verification step (``batch`` x
+    (k+1) tokens) plus the drafting, divided by the tokens it yields on average.
+
+    Tokens per second of one stream is ``1000 / step_time_ms(config)``.
+    """
+    batch = max(1, min(batch, config.max_num_seqs))
+    k = draft_tokens(config)
+    if k == 0:
+        return _forward_ms(config, batch)
+    if config.speculative_method == "mtp":
+        # the MTP layer: one of 78 layers' kernels (x batch growth) plus its two all-reduces
+        one = GPU_KERNELS_MS / N_LAYERS + 2 * allreduce_us(config, batch) / 1000.0
+        if not config.graphs_on:
+            one += 2 * EAGER_ALLREDUCE_HOST_US / 1000.0 + EAGER_LAUNCH_MS / N_LAYERS
+        drafting = k * one
+    else:
+        drafting = NGRAM_DRAFT_MS
+    return (_forward_ms(config, batch * (k + 1)) + drafting) / tokens_per_step(config)
 
 
 def decode_tok_s(config: Glm5Config, batch: int = 1) -> float:
@@ -234,6 +349,16 @@ def is_correct(config: Glm5Config) -> bool:
 
 def startup_failure(config: Glm5Config) -> StartupFailure | None:
     """The error the simulated server dies with at start, or ``None`` when it starts."""
+    if config.speculative_method == "mtp" and not MTP_IN_GGUF:
+        return StartupFailure(
+            "invalid", "ValueError: the checkpoint has no MTP (nextn) weights for method mtp"
+        )
+    if config.async_scheduling and config.speculative_method == "ngram":
+        return StartupFailure(
+            "invalid",
+            "ValueError: Currently, async scheduling is only supported with EAGLE/MTP/Draft "
+            "Model/NGram GPU/DSpark/DFlash kind of speculative decoding",
+        )
     if config.max_num_batched_tokens < config.max_num_seqs:
         return StartupFailure(
             "invalid",
@@ -253,7 +378,8 @@ def startup_failure(config: Glm5Config) -> StartupFailure | None:
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
             f"total capacity of {GPU_TOTAL_GIB:.2f} GiB of which {free:.2f} GiB is free.",
         )
-    activations = ACTIVATION_GIB_PER_1K_TOKENS * config.max_num_batched_tokens / 1024
+    tokens = config.max_num_batched_tokens * (2 if config.performance_mode == "throughput" else 1)
+    activations = ACTIVATION_GIB_PER_1K_TOKENS * tokens / 1024
     kv_cache = budget - WEIGHTS_GIB - activations
     if kv_cache < MIN_KV_CACHE_GIB:
         return StartupFailure(
