@@ -724,6 +724,24 @@ def _first_divergence(
     )
 
 
+def comparable_answers(
+    reference: Reference, answers: Sequence[Any], asked: Mapping[str, int], limit: int
+) -> list[Any]:
+    """The benchmark answers (``.prompt``) the reference can judge, at most ``limit``.
+
+    Only answers asked with the reference's own length compare with it: a workload prompt that
+    is also a check prompt was recorded at ``check.max_tokens``, and a longer benchmark answer
+    to it is not a divergence. ``asked`` is the workload's length per prompt
+    (``workload.reference_requests``).
+    """
+    return [
+        a
+        for a in answers
+        if a.prompt in reference.entries
+        and reference.max_tokens.get(a.prompt) == asked.get(a.prompt)
+    ][:limit]
+
+
 def compare_under_load(
     reference: Reference, prompt: str, token_ids: Sequence[int], text: str
 ) -> tuple[Divergence | None, str]:

@@ -38,6 +38,7 @@ from autotune.check import (
     CheckResult,
     Reference,
     collect_outputs,
+    comparable_answers,
     compare,
     compare_under_load,
     record_reference,
@@ -528,8 +529,12 @@ class TrialRunner:
         Each response is compared by token ids where it and the reference have them, else by
         its text. The stored count is of responses actually compared, never of responses seen.
         """
-        sample = [r for r in bench.samples if r.prompt in reference.entries]
-        sample = sample[: self.ctx.spec.check.under_load_sample]
+        sample = comparable_answers(
+            reference,
+            bench.samples,
+            reference_requests(self.ctx.spec.workload),
+            self.ctx.spec.check.under_load_sample,
+        )
         divergences = []
         methods: dict[str, int] = {}
         for record in sample:
@@ -545,7 +550,7 @@ class TrialRunner:
         check["under_load_divergent"] = len(divergences)
         if not sample:
             check["under_load_skipped"] = (
-                "no benchmark response used a reference prompt (workload.prompts)"
+                "no benchmark response used a reference prompt at its recorded length"
             )
         trial.set_user_attr(keys.CHECK, check)
         if divergences:

@@ -33,6 +33,7 @@ from autotune.check import (
     TeacherUnsupported,
     _detect_teacher_mode,
     _gather_completions,
+    comparable_answers,
     compare,
     compare_under_load,
     teacher_forced_logprobs,
@@ -40,8 +41,8 @@ from autotune.check import (
 from autotune.client import build_transport
 from autotune.errors import SpecError
 from autotune.server_metrics import MetricsMap, ServerMetricsRecorder
-from autotune.spec import StudySpec
-from autotune.workload import describe
+from autotune.spec import StudySpec, WorkloadSpec
+from autotune.workload import describe, reference_requests
 
 #: a benchmark with more failed requests than this fraction is reported failed (as a trial)
 MAX_FAILED_FRACTION = 0.02
@@ -162,9 +163,11 @@ async def run_gate(
     return compare(judged, completions, teacher, spec.check), notices
 
 
-def under_load(reference: Reference, bench: BenchResult, sample: int) -> dict[str, Any]:
+def under_load(
+    reference: Reference, bench: BenchResult, workload: WorkloadSpec, sample: int
+) -> dict[str, Any]:
     """Benchmark answers against the reference (as ``objective._check_under_load``)."""
-    records = [r for r in bench.samples if r.prompt in reference.entries][:sample]
+    records = comparable_answers(reference, bench.samples, reference_requests(workload), sample)
     divergences = []
     for record in records:
         divergence, _method = compare_under_load(
@@ -217,7 +220,7 @@ async def bench_remote(
                 f"failed: {bench.errors[0] if bench.errors else ''}"
             )
         if reference is not None and result.check is not None:
-            loaded = under_load(reference, bench, spec.check.under_load_sample)
+            loaded = under_load(reference, bench, spec.workload, spec.check.under_load_sample)
             result.check["under_load"] = loaded
             if loaded["divergent"] and result.failure is None:
                 first = loaded["first_divergence"]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 from optuna.trial import TrialState
 
 from autotune import storage as keys
@@ -127,3 +128,20 @@ def test_vllm_batch_corrupt_passes_quietly_and_fails_under_load(tmp_path: Path) 
     assert "AUTOTUNE_BATCH_CORRUPT" not in next(tmp_path.rglob("trial-00000.log")).read_text()
     divergence = assert_rejected_under_load(study, {"batch_corrupt": True}, spec_path)
     assert divergence["got_token"].startswith("id:")
+
+
+def test_prompt_shared_by_check_and_workload_is_judged_at_its_own_length(tmp_path: Path) -> None:
+    # "1 2 3" is a check prompt (8 tokens) and a workload prompt (16 tokens): its reference is
+    # the 8-token answer, so the 16-token benchmark answers to it are not compared (they would
+    # all "diverge" by length and fail a correct baseline); the other prompts still are.
+    spec_path = write_fake_spec(tmp_path, FAKE_SPACE, name="shared")
+    spec = load_spec(spec_path)
+    data = yaml.safe_load(spec_path.read_text())
+    data["check"]["prompts"] = ["1 2 3", *data["check"]["prompts"]]
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    study = run_baseline_then(spec_path, {"fault": None})
+    for trial in study.trials:
+        assert trial.state == TrialState.COMPLETE, trial.user_attrs
+        check = trial.user_attrs[keys.CHECK]
+        assert check["under_load_divergent"] == 0
+        assert 0 < check["under_load_checked"] < spec.workload.num_requests
