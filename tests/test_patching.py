@@ -37,6 +37,7 @@ SHIPPED = {
     "gguf_shard_order",
     "qkv_shard_swap",
     "batch_corrupt",
+    "spec_accept_all",
     "noop_example",
 }
 

@@ -11,12 +11,22 @@ import sys
 import time
 
 import httpx
+import psutil
 import pytest
 
-from autotune._proc import free_port
 from tests.conftest import DEMO_MODEL, autotune_cmd, write_demo_spec
 
 pytestmark = pytest.mark.e2e
+
+
+def listening_ports(pid: int) -> list[int]:
+    """The TCP ports process ``pid`` listens on at 127.0.0.1 (the HTTP one among them)."""
+    return sorted(
+        conn.laddr.port
+        for conn in psutil.Process(pid).net_connections(kind="tcp")
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.ip == "127.0.0.1"
+    )
+
 
 SPACE = """
 parameters:
@@ -29,10 +39,9 @@ parameters:
 
 def test_bench_url_measures_a_running_vllm_server(tmp_path) -> None:
     spec_path = write_demo_spec(tmp_path, SPACE, name="remote_e2e")
-    port = free_port("127.0.0.1")
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"]
     argv += [str(DEMO_MODEL), "--served-model-name", "demo", "--host", "127.0.0.1"]
-    argv += ["--port", str(port), "--max-model-len", "512", "--enforce-eager"]
+    argv += ["--port", "0", "--max-model-len", "512", "--enforce-eager"]
     argv += ["--kv-cache-memory-bytes", "268435456", "--dtype", "bfloat16"]
     env = {**os.environ, "VLLM_API_KEY": "e2e-key"}
     log = open(tmp_path / "server.log", "wb")  # noqa: SIM115
@@ -40,14 +49,19 @@ def test_bench_url_measures_a_running_vllm_server(tmp_path) -> None:
                             start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
+        port = None
+        while port is None and time.monotonic() < deadline and proc.poll() is None:
+            # --port 0: the kernel picks the port (no guessing); vLLM's API server process binds
+            # it before it starts the engine; the one that answers /health is the HTTP port.
+            for candidate in listening_ports(proc.pid):
+                try:
+                    url = f"http://127.0.0.1:{candidate}/health"
+                    if httpx.get(url, timeout=5).status_code == 200:
+                        port = candidate
+                except httpx.HTTPError:
+                    pass
             time.sleep(0.5)
-        assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+        assert port is not None, (tmp_path / "server.log").read_text()[-3000:]
         out = tmp_path / "bench.json"
         done = subprocess.run(
             autotune_cmd(
