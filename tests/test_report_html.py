@@ -22,10 +22,12 @@ from autotune import storage as keys
 from autotune.cli import app
 from tests.browser import CHROMIUM
 from tests.report_studies import add_synthetic_studies, build_broken_study, build_rich_study
+from tests.test_multiworker import IN_CI, needs_pg, pg_url  # noqa: F401 (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
+# In CI (.ci/run installs Debian's chromium) a missing browser fails the test, never skips it.
 NEEDS_BROWSER = pytest.mark.skipif(
-    not CHROMIUM.exists(),
+    not CHROMIUM.exists() and not IN_CI,
     reason=f"{CHROMIUM} is absent (apt-get install chromium; .ci/run installs it)",
 )
 
@@ -97,11 +99,9 @@ def test_bad_input_is_one_error_and_writes_nothing(studies, tmp_path) -> None:
     assert not out.exists()
 
 
-@pytest.mark.postgres
-def test_report_from_postgresql(studies, tmp_path) -> None:
-    pg = os.environ.get("AUTOTUNE_TEST_POSTGRES_URL")
-    if not pg:
-        pytest.skip("AUTOTUNE_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL)")
+@needs_pg
+def test_report_from_postgresql(studies, pg_url, tmp_path) -> None:  # noqa: F811
+    pg = pg_url
     name = f"report-{tmp_path.name}"[:60]
     rich_db = f"sqlite:///{studies['rich'].parent / 'rich.db'}"
     optuna.copy_study(
@@ -156,30 +156,3 @@ def test_report_renders_in_headless_chromium(studies, which, tmp_path) -> None:
     if keep:  # CI keeps the screenshots as artifacts
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, Path(keep) / shot.name)
-
-
-@NEEDS_BROWSER
-def test_readme_screenshot(tmp_path) -> None:
-    """AUTOTUNE_WRITE_SCREENSHOT=1 rewrites docs/report-screenshot.png from the study named by
-    AUTOTUNE_SCREENSHOT_STUDY (NAME@URL: the demo's), else from a fake-server study."""
-    if os.environ.get("AUTOTUNE_WRITE_SCREENSHOT") != "1":
-        pytest.skip("set AUTOTUNE_WRITE_SCREENSHOT=1 to rewrite docs/report-screenshot.png")
-    from tests.browser import visit
-
-    source = os.environ.get("AUTOTUNE_SCREENSHOT_STUDY")
-    if source:
-        name, _, url = source.partition("@")
-        args = ["--study", name, "--storage", url]
-    else:
-        args = ["--spec", str(build_rich_study(tmp_path / "demo"))]
-    page = tmp_path / "report.html"
-    _report(args, page)
-    full = tmp_path / "full.png"
-    seen = visit(page, tmp_path / "profile", screenshot=full)
-    assert seen.console_errors == [] and seen.outside_requests == []
-    from PIL import Image
-
-    with Image.open(full) as image:
-        image.crop((0, 0, image.width, min(image.height, 2600))).save(
-            ROOT / "docs" / "report-screenshot.png", optimize=True
-        )
