@@ -13,7 +13,7 @@ from autotune.cli import app
 from autotune.report import best_trials
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import write_fake_spec
+from tests.builders import write_fake_spec
 
 SPACE = """
 parameters:
