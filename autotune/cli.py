@@ -995,8 +995,8 @@ def inspect_cmd(
 ) -> None:
     """Model facts (architecture, attention, experts, quantization, fused projections) and,
     with --device or --bandwidth-gbs, the single-request decode roofline."""
-    from autotune.inspect import facts_as_rows, inspect_model
-    from autotune.roofline import DecodeBytes, decode_roofline, roofline_rows
+    from autotune.model.reader import facts_as_rows, inspect_model
+    from autotune.model.roofline import DecodeBytes, decode_roofline, roofline_rows
 
     try:
         facts = inspect_model(model)

@@ -21,7 +21,7 @@ from autotune.cli import app
 from autotune.profile import PROFILES_ATTR, sort_profiles, table_rows
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import write_demo_spec
+from tests.builders import write_demo_spec
 
 SPACE = """
 parameters:
