@@ -897,6 +897,8 @@ def profile(
     except AutotuneError as exc:
         raise _fail(exc) from None
     _print_profiles([r.to_dict() for r in results])
+    if not trial and len(results) == 1:
+        console.print("the best correct trial is the baseline itself: one profile")
     for r in results:
         console.print(f"[dim]trial {r.trial} traces: {', '.join(r.trace_files)}[/]")
 
