@@ -123,6 +123,19 @@ def machine_busy_s() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
+def renice_threads(pid: int, nice: int) -> int:
+    """Set the nice value of every thread of one process (not its children: the server is a
+    child of this process and keeps its priority). Threads created later inherit it."""
+    count = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+            count += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return count
+
+
 def pin_tree(root_pid: int, cpus: set[int]) -> int:
     """Set the affinity of every thread of a process tree (new threads inherit it)."""
     count = 0
@@ -391,6 +404,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default="autotune,vllm", help=f"comma list of {ARMS}")
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--pin", action="store_true", help="server on core 0, clients on core 1")
+    parser.add_argument(
+        "--client-nice",
+        type=int,
+        default=None,
+        help="nice value for both clients' processes (e.g. -10: a client that is never starved "
+        "of CPU by the rest of a busy machine; the server keeps its priority)",
+    )
     parser.add_argument("--spec", default=str(ROOT / "studies" / "demo.yaml"))
     parser.add_argument("--out", type=Path, default=RESULT_PATH)
     parser.add_argument("--autotune-worker", action="store_true", help=argparse.SUPPRESS)
@@ -443,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     blocks: list[dict[str, Any]] = []
     pinned: dict[str, Any] | None = None
+    reniced: dict[str, Any] | None = None
     server.start()
     try:
 
@@ -462,6 +483,13 @@ def main(argv: list[str] | None = None) -> int:
                 + (pin_tree(own.proc.pid, {1}) if own else 0),
             }
             print(f"pinned: {pinned}", flush=True)
+        if args.client_nice is not None:
+            pids = [os.getpid(), worker.proc.pid] + ([own.proc.pid] if own else [])
+            reniced = {
+                "nice": args.client_nice,
+                "threads": sum(renice_threads(pid, args.client_nice) for pid in pids),
+            }
+            print(f"clients reniced: {reniced}", flush=True)
 
         def one_round(arm: str) -> dict[str, float]:
             load0 = os.getloadavg()
@@ -537,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
             "argv": list(launch.redacted_argv()),
             "startup_s": round(startup_s, 2),
             "pinned": pinned,
+            "clients_reniced": reniced,
         },
         "workload": {
             "prompts": prompts,
@@ -568,7 +597,8 @@ def main(argv: list[str] | None = None) -> int:
 def print_summary(result: dict[str, Any], arms: list[str]) -> None:
     med, ratios = result["medians"], result["paired_ratios"]
     pinned = bool(result["server"]["pinned"])
-    print(f"\nmedians over {result['design']['blocks']} blocks (pinned: {pinned})")
+    nice = result["server"]["clients_reniced"]
+    print(f"\nmedians over {result['design']['blocks']} blocks (pinned: {pinned}; clients: {nice})")
     keys = (
         *METRICS,
         "client_cpu_us_per_token",
