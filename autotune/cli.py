@@ -122,6 +122,22 @@ def run(
     study: StudyOpt = None,
     storage: StorageOpt = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Sampler seed.")] = None,
+    sampler: Annotated[
+        str | None,
+        typer.Option(
+            "--sampler",
+            help="Search strategy: auto (default: model-based, autotune/strategy.py), tpe, "
+            "random, gp. A resumed study keeps its recorded one unless given.",
+        ),
+    ] = None,
+    warm_start: Annotated[
+        str | None,
+        typer.Option(
+            "--warm-start",
+            help="Another study in the same storage: its best verified configs are launched "
+            "first (and gated here).",
+        ),
+    ] = None,
     artifact_dir: ArtifactDirOpt = None,
     parallel: Annotated[
         int,
@@ -169,6 +185,10 @@ def run(
 
     try:
         study_spec = _load_spec(spec)
+        if sampler is not None:
+            from autotune.strategy import check_name
+
+            check_name(sampler)
         # Every name, URL and path is checked before anything is created.
         url, name = _target(study_spec, study, storage, existing=False)
         from autotune import storage as keys
@@ -185,6 +205,8 @@ def run(
             seed=seed,
             artifact_dir=artifact_dir,
             allow_workload_change=allow_workload_change,
+            sampler=sampler,
+            warm_start=warm_start,
         )
         if parallel > 1:
             from autotune.parallel import DevicePlanSpec, run_parallel

@@ -330,7 +330,14 @@ def run_parallel(
     shares = split_trials(options.trials, count)
     warn_conflicting_parameters(spec, devices, console)
     preflight(spec, build_engine(spec), validate=getattr(options, "validate", True))
-    study, _created = open_study(spec, url, study_name=options.study_name, seed=options.seed)
+    study, _created = open_study(
+        spec, url, study_name=options.study_name, seed=options.seed, sampler_name=options.sampler
+    )
+    if options.warm_start:
+        from autotune.strategy import warm_start_from
+
+        for line in warm_start_from(study, spec, url, options.warm_start):
+            console.print(line)
     from autotune.workload import check_workload  # the workers then find the hash stored
 
     changed = check_workload(study, spec, allow_change=options.allow_workload_change)
