@@ -19,8 +19,9 @@ from autotune.confirm import _precise
 from autotune.loadcurve import CLAIMED, Probe, _stop_reason, search_goodput, slo_verdict
 from autotune.spec import SloSpec, WorkloadSpec
 from autotune.stats import Interval, mean_interval, t_quantile
-from tests.conftest import autotune_cmd, write_fake_spec
-from tests.test_fake_server import AUTH, server
+from tests.builders import write_fake_spec
+from tests.fake_proc import AUTH, server
+from tests.helpers import autotune_cmd
 
 SPACE = """
 parameters:

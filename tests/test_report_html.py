@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from autotune import storage as keys
 from autotune.cli import app
 from tests.browser import CHROMIUM
+from tests.helpers import IN_CI, needs_pg
 from tests.report_studies import add_synthetic_studies, build_broken_study, build_rich_study
-from tests.test_multiworker import IN_CI, needs_pg, pg_url  # noqa: F401 (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 # In CI (.ci/run installs Debian's chromium) a missing browser fails the test, never skips it.
@@ -59,6 +59,9 @@ def test_report_is_self_contained_and_has_every_section(studies) -> None:
         assert f"<section id='{section}'" in page
     assert "<section id='ablation'><h2>" in page and "noise band" in page
     assert "<section id='roofline'>" in page and "of the roofline" in page
+    # where the step time goes: baseline and best side by side, with the measured figure
+    assert "<section id='step-time'>" in page and "trial 0 (baseline)" in page
+    assert "coverage (trace / measured)" in page and "model compute" in page
     # the winner: a diff from the baseline, the confirmed gain with its interval, the checks
     assert "max_num_seqs" in page and "&larr; changed" in page
     assert re.search(r"Confirmation of trial \d+: [+-][\d.]+%</b> over the baseline \(95% CI", page)
@@ -100,7 +103,7 @@ def test_bad_input_is_one_error_and_writes_nothing(studies, tmp_path) -> None:
 
 
 @needs_pg
-def test_report_from_postgresql(studies, pg_url, tmp_path) -> None:  # noqa: F811
+def test_report_from_postgresql(studies, pg_url, tmp_path) -> None:
     pg = pg_url
     name = f"report-{tmp_path.name}"[:60]
     rich_db = f"sqlite:///{studies['rich'].parent / 'rich.db'}"
@@ -142,6 +145,7 @@ def test_report_renders_in_headless_chromium(studies, which, tmp_path) -> None:
             "parallel-coordinates",
             "ablation",
             "roofline",
+            "step-time",
         } <= set(seen.drawn)
         # the failure evidence is folded away until clicked, then shown
         assert seen.evidence_hidden_before is True and seen.evidence_visible_after is True
