@@ -36,7 +36,7 @@ from autotune.strategy import (
 )
 from autotune.study import open_study
 from benchmarks import search_efficiency as harness
-from tests.conftest import write_fake_spec
+from tests.builders import write_fake_spec
 
 SPACE = """
 parameters:
