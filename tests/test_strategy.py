@@ -80,7 +80,7 @@ constraints:
 
 #: a landscape the project has never seen: "broken" is fast and wrong, frac above 0.9 does not
 #: start, size has an interior optimum near 16
-TOY_LANDSCAPE = '''
+TOY_LANDSCAPE = """
 import math
 
 def f(params):
@@ -96,7 +96,7 @@ def f(params):
     if mode == "broken":
         out["correct"] = False
     return out
-'''
+"""
 
 
 def _toy(tmp_path):
@@ -224,9 +224,7 @@ def _source_study(storage, name):
             value=value if correct else None,
             state=TrialState.COMPLETE if correct else TrialState.PRUNED,
             user_attrs={keys.CORRECT: correct, keys.ROLE: role, keys.PARAMS_RESOLVED: params},
-            system_attrs={
-                f"constraints:{keys.CORRECTNESS_CONSTRAINT}": 0.0 if correct else 1.0
-            },
+            system_attrs={f"constraints:{keys.CORRECTNESS_CONSTRAINT}": 0.0 if correct else 1.0},
         )
         source.add_trial(trial)
 
