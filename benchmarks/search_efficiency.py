@@ -770,7 +770,7 @@ def _main(args: argparse.Namespace) -> int:
 
     result = {
         "label": "SIMULATION (a cost model), not a real server",
-        "space": str(args.space),
+        "space": _shown(args.space),
         "landscape": args.landscape,
         "noise": land.noise,
         "budget_launches": args.budget,
@@ -797,6 +797,14 @@ def _main(args: argparse.Namespace) -> int:
     tmp.replace(args.out)
     print(f"\nwrote {args.out} in {result['total_wall_s']} s")
     return 0
+
+
+def _shown(path: Path) -> str:
+    """A path as the README's command line spells it (relative to the repository)."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 def _print_set(seed_set: dict[str, Any], budget: int) -> None:
