@@ -45,12 +45,13 @@ from autotune.check import (
     sanity_problem,
 )
 from autotune.client import build_client
-from autotune.engines.base import Engine, ServerSettings
+from autotune.engines.base import Engine
 from autotune.errors import CandidateError, InfrastructureError, TrialFailure
 from autotune.loadcurve import record_curve
 from autotune.protocol import NoTokenWithin, StreamError
 from autotune.server import ServerProcess
 from autotune.server_metrics import SERVER_METRICS_ATTR, ServerMetricsRecorder
+from autotune.settings import ServerSettings
 from autotune.spec import StudySpec
 from autotune.workload import reference_requests
 

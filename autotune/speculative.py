@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from autotune import storage as keys
-from autotune.engines.base import ServerSettings
+from autotune.settings import ServerSettings
 
 #: the JSON flag that turns speculation on (absent = no speculation, nothing to scrape)
 FLAG = "--speculative-config"

@@ -51,8 +51,8 @@ from autotune._proc import free_port  # noqa: E402
 from autotune.bench import PhaseResult, run_phase, summarize  # noqa: E402
 from autotune.client import build_client  # noqa: E402
 from autotune.engines import build_engine  # noqa: E402
-from autotune.engines.base import ServerSettings  # noqa: E402
 from autotune.server import ServerProcess  # noqa: E402
+from autotune.settings import ServerSettings  # noqa: E402
 from autotune.spec import load_spec  # noqa: E402
 
 RESULT_PATH = ROOT / "benchmarks" / "results" / "client_accuracy.json"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune.engines.base import Engine, LaunchConfig, ServerSettings, ValidationIssue
+from autotune.engines.base import Engine, LaunchConfig, ValidationIssue
+from autotune.settings import ServerSettings
 
 if TYPE_CHECKING:
     from autotune.spec import StudySpec

@@ -12,8 +12,10 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from autotune.settings import ServerSettings
 
 #: env vars that select patches inside every engine process (read by autotune/plugin.py)
 PATCHES_ENV = "AUTOTUNE_PATCHES"
@@ -22,36 +24,6 @@ PATCH_DIRS_ENV = "AUTOTUNE_PATCH_DIRS"
 if TYPE_CHECKING:
     from autotune.space import SearchSpace
     from autotune.spec import StudySpec
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    """What a trial asks of the server, resolved from parameter values, still engine-neutral.
-
-    ``flags`` maps a flag to its value (``True`` for a bare flag), ``json_flags`` maps a flag
-    that takes a JSON object to that object, ``env`` holds variables, ``patches`` patch choices.
-    """
-
-    flags: Mapping[str, Any] = field(default_factory=dict)
-    json_flags: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-    patches: Mapping[str, Any] = field(default_factory=dict)
-
-    def flag_argv(self) -> list[str]:
-        """Flags as an argv fragment, in a stable order. Values are never shell-quoted."""
-        argv: list[str] = []
-        for flag, value in self.flags.items():
-            if value is True:
-                argv.append(flag)
-            elif value is None or value is False:
-                continue
-            elif isinstance(value, list | tuple):
-                argv += [flag, *(str(v) for v in value)]  # argparse nargs="+" style
-            else:
-                argv += [flag, str(value)]
-        for flag, obj in self.json_flags.items():
-            argv += [flag, json.dumps(obj, sort_keys=True, separators=(",", ":"))]
-        return argv
 
 
 @dataclass(frozen=True)
@@ -329,16 +301,3 @@ def pick_root_cause(errors: Sequence[LogError]) -> str | None:
 def clip(text: str, limit: int = ROOT_CAUSE_MAX_CHARS) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def merge_json_key(target: dict[str, Any], dotted_key: str, value: Any) -> None:
-    """Set ``a.b.c`` inside a nested dict, creating levels as needed."""
-    *parents, last = dotted_key.split(".")
-    node = target
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
-
-
-def argv_tail(argv: Sequence[str]) -> str:
-    return " ".join(argv)

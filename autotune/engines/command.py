@@ -23,7 +23,8 @@ import subprocess
 import sys
 from typing import Any
 
-from autotune.engines.base import Engine, LaunchConfig, ServerSettings, ValidationIssue
+from autotune.engines.base import Engine, LaunchConfig, ValidationIssue
+from autotune.settings import ServerSettings
 
 _PLACEHOLDERS = ("port", "host", "model", "served_name", "api_key", "python")
 KEY_ENV = "AUTOTUNE_API_KEY"

@@ -18,9 +18,9 @@ from autotune.engines.base import (
     DroppedChoice,
     Engine,
     LaunchConfig,
-    ServerSettings,
     ValidationIssue,
 )
+from autotune.settings import ServerSettings
 
 
 def installed_vllm_version() -> str | None:

@@ -45,7 +45,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from autotune.engines.base import ValidationIssue, merge_json_key
+from autotune.engines.base import ValidationIssue
+from autotune.settings import merge_json_key
 from autotune.space import Parameter, SearchSpace
 
 #: placeholder model for parsing; parsing never opens it
