@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 #: trial user attribute holding the record built here
 SERVER_METRICS_ATTR = "server_metrics"
@@ -48,6 +47,8 @@ def parse(text: str) -> dict[str, float]:
     """Prometheus text format -> {family name: value summed over label sets} for counters and
     gauges (histogram/summary buckets are left out; their ``_sum``/``_count`` are kept under the
     family name plus suffix). Raises ``ValueError`` on text that is not the format."""
+    # not a declared dependency of autotune (vLLM brings it): imported where it is needed
+    from prometheus_client.parser import text_string_to_metric_families
 
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):

@@ -49,6 +49,7 @@ LAZY_OK = frozenset(
         "starlette",
         "uvicorn",
         "numpy",
+        "prometheus_client",  # comes with vLLM; not a declared dependency of autotune
     }
 )
 
