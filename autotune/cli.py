@@ -487,6 +487,10 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
         _print_confirmation(report.attrs["confirmation"])
     if report.attrs.get("ablation"):
         _print_ablation(report.attrs["ablation"])
+    if report.attrs.get("profiles"):
+        from autotune.profile import PROFILES_ATTR, sort_profiles
+
+        _print_profiles(sort_profiles(report.attrs[PROFILES_ATTR]))
     if report.best:
         console.print(f"best (verified correct): trial {', '.join(map(str, report.best))}")
         for number in report.best:
@@ -851,6 +855,76 @@ def _print_ablation(report: dict) -> None:
                 else "does NOT keep the gain (interactions between changes)"
             )
         )
+
+
+@app.command()
+def profile(
+    spec: SpecOpt = DEFAULT_SPEC,
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+    trial: Annotated[
+        list[int] | None,
+        typer.Option("--trial", help="Trial to profile (repeatable; default: baseline and best)."),
+    ] = None,
+    tokens: Annotated[
+        int, typer.Option("--tokens", min=8, help="Output tokens in the profiled decode window.")
+    ] = 128,
+    artifact_dir: ArtifactDirOpt = None,
+) -> None:
+    """Where the step time goes: launch configs with the engine's profiler, ms per token by
+    category (baseline and best side by side), stored in the study."""
+    import optuna
+
+    from autotune import storage as keys
+    from autotune.profile import run_profiles
+
+    try:
+        study_spec = _load_spec(spec)
+        url, name = _study_target(spec, study, storage)
+        directory = keys.artifact_dir(url, name, artifact_dir)
+        try:
+            loaded = optuna.load_study(storage=keys.open_storage(url), study_name=name)
+        except KeyError:
+            raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
+        results = run_profiles(
+            study_spec,
+            loaded,
+            directory,
+            trials=trial or (),
+            tokens=tokens,
+            on_phase=lambda n, p: console.print(f"[dim]trial {n}: {p}[/]"),
+        )
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    _print_profiles([r.to_dict() for r in results])
+    for r in results:
+        console.print(f"[dim]trial {r.trial} traces: {', '.join(r.trace_files)}[/]")
+
+
+def _print_profiles(profiles: list[dict]) -> None:
+    from autotune.profile import COVERAGE_BAND, table_rows
+
+    header, rows = table_rows(profiles)
+    table = Table(title="Where the step time goes (ms per output token, decode)")
+    for i, column in enumerate(header):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    low, high = COVERAGE_BAND
+    for p in profiles:
+        if not p["consistent"]:
+            console.print(
+                f"[yellow]trial {p['trial']}: the trace accounts for {p['coverage']:.0%} of the "
+                f"time the client measured per token (outside {low:.0%}-{high:.0%}): read its "
+                "categories with care[/]"
+            )
+        ratio = p["profiled_ms_per_token"] / max(p["unprofiled_ms_per_token"], 1e-9)
+        if ratio > 1.2:
+            console.print(
+                f"[yellow]trial {p['trial']}: profiling slowed decode {ratio:.1f}x; shares are "
+                "of the profiled step[/]"
+            )
 
 
 @app.command()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.engines.base import (
@@ -22,6 +23,7 @@ from autotune.engines.base import (
 from autotune.engines.vllm import logs, machine, validate
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.engines.vllm.metrics import VLLM_METRICS
+from autotune.engines.vllm.profile import VllmProfiler
 from autotune.engines.vllm.version import installed_vllm_version
 from autotune.patching import APPLIED_MARKER, PatchError, discover_patches
 from autotune.server_metrics import MetricsMap
@@ -78,6 +80,9 @@ class VllmEngine(Engine):
     def classify_failure(self, log_tail: str) -> str | None:
         """vLLM's own memory checks are OOM (see ``logs.py``), then the shared markers."""
         return logs.classify(log_tail)
+
+    def profiler(self, trace_dir: Path) -> VllmProfiler:
+        return VllmProfiler(Path(trace_dir))
 
     def root_cause(self, log_text: str) -> str | None:
         return logs.root_cause(log_text)
