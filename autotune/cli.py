@@ -897,6 +897,8 @@ def profile(
     except AutotuneError as exc:
         raise _fail(exc) from None
     _print_profiles([r.to_dict() for r in results])
+    if not trial and len(results) == 1:
+        console.print("the best correct trial is the baseline itself: one profile")
     for r in results:
         console.print(f"[dim]trial {r.trial} traces: {', '.join(r.trace_files)}[/]")
 
@@ -995,8 +997,8 @@ def inspect_cmd(
 ) -> None:
     """Model facts (architecture, attention, experts, quantization, fused projections) and,
     with --device or --bandwidth-gbs, the single-request decode roofline."""
-    from autotune.inspect import facts_as_rows, inspect_model
-    from autotune.roofline import DecodeBytes, decode_roofline, roofline_rows
+    from autotune.model.reader import facts_as_rows, inspect_model
+    from autotune.model.roofline import DecodeBytes, decode_roofline, roofline_rows
 
     try:
         facts = inspect_model(model)

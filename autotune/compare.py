@@ -28,13 +28,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotune import storage as keys
-from autotune.confirm import _gain_with_ci, _t975
+from autotune.confirm import gain_with_ci, t975
 from autotune.engines import build_engine
 from autotune.errors import SpecError
 from autotune.export import API_KEY
 from autotune.remeasure import Variant, measure_variants
 from autotune.report import best_trials, is_verified_feasible, load_report, report_of
-from autotune.report_html import ReportSource, _objective_names, _safe_url
+from autotune.report_format import ReportSource, objective_names, safe_url
 from autotune.spec import METRICS, StudySpec, load_spec
 from autotune.study import RunOptions, open_study, run_study, storage_url_for
 
@@ -164,7 +164,7 @@ def compare_studies(a: str, b: str) -> StudyComparison:
         sign = 1.0 if METRICS.get(metric, "maximize") == "maximize" else -1.0
         if all(x > 0 for x in (*sa, *sb)):
             if len(sa) >= 2 and len(sb) >= 2:
-                gain, ci = _gain_with_ci(tuple(sb), tuple(sa), sign)
+                gain, ci = gain_with_ci(tuple(sb), tuple(sa), sign)
             else:
                 gain = math.expm1(
                     sign * (math.log(statistics.median(sb)) - math.log(statistics.median(sa)))
@@ -180,7 +180,7 @@ def _side(ref: StudyRef) -> StudySide:
     report = report_of(study)
     objective = tuple(study.metric_names or ())
     if not objective:
-        objective = _objective_names(study, report, ReportSource(ref.url))
+        objective = objective_names(study, report, ReportSource(ref.url))
     best = best_trials(study)
     verdicts = dict(
         sorted(
@@ -219,7 +219,7 @@ def _stat(values: list[float]) -> MetricStat:
     ci = None
     if len(values) >= 2:
         mean = statistics.fmean(values)
-        half = _t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+        half = t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
         ci = (mean - half, mean + half)
     return MetricStat(tuple(values), statistics.median(values), ci)
 
@@ -398,7 +398,7 @@ def compare_configs(
         and len(rb.samples) >= 2
         and all(x > 0 for x in (*ra.samples, *rb.samples))
     ):
-        gain, ci = _gain_with_ci(rb.samples, ra.samples, sign)
+        gain, ci = gain_with_ci(rb.samples, ra.samples, sign)
     return ConfigComparison(metric, direction, ra, rb, gain, ci, name, url, notes)
 
 
@@ -527,5 +527,4 @@ def _print_configs(console: Any, c: ConfigComparison) -> None:
                 f"[red]{escape(r.label)} never passed the gate[/]: {', '.join(r.failures)}"
             )
     console.print(verdict_line(c))
-
-    console.print(f"[dim]trials kept in study {c.study} ({escape(_safe_url(c.storage_url))})[/]")
+    console.print(f"[dim]trials kept in study {c.study} ({escape(safe_url(c.storage_url))})[/]")

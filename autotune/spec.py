@@ -153,7 +153,7 @@ class StudySpec:
     startup_timeout_s: float = 300.0
     max_consecutive_infra_failures: int = 3
     storage: str | None = None
-    #: decode roofline inputs, optional (see roofline.py)
+    #: decode roofline inputs, optional (see model/roofline.py)
     roofline: dict[str, Any] = field(default_factory=dict)
 
     @property

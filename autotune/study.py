@@ -497,7 +497,7 @@ def run_study(
 
 def _roofline(spec: StudySpec) -> dict[str, Any]:
     """The spec's decode roofline, stored once so `show` can say how far each config is."""
-    from autotune.roofline import roofline_from_spec
+    from autotune.model.roofline import roofline_from_spec
 
     try:
         return roofline_from_spec(spec.roofline, spec.model.path).to_dict()

@@ -14,7 +14,7 @@ from autotune import storage as keys
 from autotune.errors import PreflightError
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import write_fake_spec
+from tests.builders import write_fake_spec
 
 SPACE = """
 parameters:

@@ -14,7 +14,7 @@ from autotune.engines.base import DroppedChoice
 from autotune.guide import EARLY_PROPOSAL, EARLY_PROPOSALS, early_neighbours, record_plan
 from autotune.spec import load_spec
 from autotune.study import open_study
-from tests.conftest import ROOT
+from tests.builders import ROOT
 
 FP8_DROPPED = [DroppedChoice("kv_cache_dtype", "fp8", "no AVX-512")]
 

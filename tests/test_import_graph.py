@@ -15,9 +15,8 @@ layout issue (#11) as tests.
 * **No module over :data:`MAX_LINES` lines.**
 
 Entries of the ``*_PENDING`` tables name modules another branch of issue #11 is reshaping
-(h-11b: cli.py, objective.py, space.py, storage.py, study.py, spec.py; h-11c: inspect.py,
-roofline.py, report_html.py, demo_model.py, testing/); they are strict xfails, so an entry that
-is no longer needed fails the test until it is removed.
+(h-11b: cli.py, objective.py, space.py, storage.py, study.py, spec.py); they are strict xfails,
+so an entry that is no longer needed fails the test until it is removed.
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ VOCABULARY_ALLOWED = {
     # the workload hash's fixed sampling fields: renaming them changes every study's hash
     ("autotune/workload.py", "ignore_eos"),
 }
-#: the test double speaks vLLM's dialect on purpose (h-11c moves it out of the package)
+#: the test doubles (the ``testing`` extra) speak vLLM's dialect on purpose
 VOCABULARY_EXEMPT_DIRS = ("autotune/engines/vllm/", "autotune/testing/")
 
 #: modules other branches of #11 reshape: in-function imports still there (module -> reason)
@@ -74,9 +73,6 @@ IN_FUNCTION_PENDING = {
     "autotune/study.py": "h-11b (roofline via cli/trial)",
     "autotune/spec.py": "h-11b: config/ package",
     "autotune/objective.py": "h-11b: trial.py",
-    "autotune/report_html.py": "h-11c: report/ split",
-    "autotune/roofline.py": "h-11c: model/ package",
-    "autotune/demo_model.py": "h-11c: out of the runtime package",
 }
 #: import cycles still there, as the sorted module names of the cycle -> reason
 CYCLES_PENDING = {
@@ -87,9 +83,6 @@ SIZE_PENDING = {
     "autotune/cli.py": "h-11b: thin cli.py + render.py",
     "autotune/objective.py": "h-11b: trial.py + record.py",
     "autotune/space.py": "h-11b: space.py + space_yaml.py + constraints.py",
-    "autotune/inspect.py": "h-11c: autotune/model/",
-    "autotune/report_html.py": "h-11c: report/ split",
-    "autotune/testing/fake_server.py": "h-11c: fake_server split",
 }
 
 

@@ -26,8 +26,9 @@ from autotune.loadcurve import (
 )
 from autotune.spec import SloSpec, WorkloadSpec
 from autotune.stats import Interval, mean_interval, t_quantile
-from tests.conftest import autotune_cmd, write_fake_spec
-from tests.test_fake_server import AUTH, server
+from tests.builders import write_fake_spec
+from tests.fake_proc import AUTH, server
+from tests.helpers import autotune_cmd
 
 SPACE = """
 parameters:

@@ -15,15 +15,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-import glob
 import os
-import pwd
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -47,8 +43,7 @@ from autotune.parallel import (
     parse_ids,
     split_trials,
 )
-
-PG_ENV = "AUTOTUNE_TEST_POSTGRES_URL"
+from tests.helpers import needs_pg  # the pg_url fixture is conftest.py's
 
 
 def plan_for(*args: Any, **kwargs: Any) -> list[Any]:
@@ -56,101 +51,9 @@ def plan_for(*args: Any, **kwargs: Any) -> list[Any]:
     return build_plan(*args, bind_cpus=VllmEngine.cpu_binding_env, **kwargs)
 
 
-IN_CI = bool(os.environ.get("CI"))
 NOT_LAUNCHED = ("duplicate", "constraint_violated")
 TUNING_ROLES = ("baseline", "search", "retry")
 RUN_TIMEOUT_S = 300
-
-
-def _pg_bin() -> Path | None:
-    found = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
-    )
-    if found:
-        return Path(found[-1]).parent
-    initdb = shutil.which("initdb")
-    return Path(initdb).parent if initdb else None
-
-
-def _can_start_pg() -> bool:
-    if _pg_bin() is None:
-        return False
-    try:
-        import psycopg2  # noqa: F401
-    except ImportError:
-        return False
-    if os.geteuid() != 0:
-        return True
-    try:  # PostgreSQL refuses to run as root; run it as the postgres user
-        pwd.getpwnam("postgres")
-    except KeyError:
-        return False
-    return shutil.which("runuser") is not None
-
-
-HAVE_PG = bool(os.environ.get(PG_ENV)) or IN_CI or _can_start_pg()
-
-
-def needs_pg(test):
-    """A test against a real PostgreSQL (skipped locally without one, never in CI)."""
-    test = pytest.mark.skipif(
-        not HAVE_PG, reason=f"no PostgreSQL: set {PG_ENV} or install the postgresql server"
-    )(test)
-    return pytest.mark.postgres(test)
-
-
-@pytest.fixture(scope="session")
-def pg_url():
-    url = os.environ.get(PG_ENV)
-    if url:
-        yield url
-        return
-    if IN_CI:
-        pytest.fail(
-            f"{PG_ENV} is not set in CI: .ci/run must start PostgreSQL (tests/pg_start.sh)"
-            " before the multi-worker tests"
-        )
-    bindir = _pg_bin()
-    assert bindir is not None
-    root = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
-    as_user: list[str] = []
-    if os.geteuid() == 0:
-        shutil.chown(root, user="postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    data = root / "data"
-
-    def pg(*argv: str) -> None:
-        subprocess.run(as_user + list(argv), check=True, capture_output=True, timeout=120)
-
-    pg(str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust")
-    pg(
-        str(bindir / "pg_ctl"),
-        "-D",
-        str(data),
-        "-l",
-        str(root / "log"),
-        "-w",
-        "-o",
-        # No TCP port at all (nothing to pick, nothing to collide with): a Unix socket in a
-        # directory of its own.
-        f"-c listen_addresses='' -c unix_socket_directories={root} -c max_connections=200",
-        "start",
-    )
-    try:
-        pg(
-            str(bindir / "createdb"),
-            "-h",
-            str(root),
-            "-U",
-            "postgres",
-            "autotune_test",
-        )
-        yield f"postgresql+psycopg2://postgres@/autotune_test?host={root}"
-    finally:
-        with contextlib.suppress(subprocess.SubprocessError):
-            pg(str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop")
-        shutil.rmtree(root, ignore_errors=True)
 
 
 # --- a study on the fake server -----------------------------------------------------------------

@@ -15,7 +15,7 @@ from autotune.export import export_values
 from autotune.recheck import Measured, blame_slower, blame_wrong, judge, read_record
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import write_fake_spec
+from tests.builders import write_fake_spec
 
 SPACE = """
 parameters:

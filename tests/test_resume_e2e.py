@@ -37,7 +37,7 @@ from optuna.trial import TrialState
 from autotune import _proc
 from autotune import storage as keys
 from autotune.errors import CANDIDATE_REASONS
-from tests.conftest import FAKE_SERVER_COMMAND
+from tests.builders import fake_spec, save_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 HEARTBEAT_ENV = {
@@ -87,10 +87,11 @@ def vllm_spec(tmp: Path, tag: str) -> Path:
     return path
 
 
-def fake_spec(tmp: Path, tag: str, *, decode_ms: float = 2.0, extra: tuple[str, ...] = ()) -> Path:
+def write_resume_spec(
+    tmp: Path, tag: str, *, decode_ms: float = 2.0, extra: tuple[str, ...] = ()
+) -> Path:
     """The fake server (a test double) through the command engine; ``--spawn-child`` so the
     leftover server has a child to be found too; ``extra`` more fake server arguments."""
-    (tmp / "model").mkdir(exist_ok=True)
     space = {
         "parameters": {
             "max_num_seqs": {
@@ -100,25 +101,19 @@ def fake_spec(tmp: Path, tag: str, *, decode_ms: float = 2.0, extra: tuple[str, 
             }
         }
     }
-    (tmp / "space.yaml").write_text(yaml.safe_dump(space))
-    spec = {
-        "study": "resume",
-        "engine": {
-            "kind": "command",
-            "command": list(FAKE_SERVER_COMMAND),
-            "args": [
-                "--spawn-child",
-                "--child-title",
-                f"FAKE::EngineCore-{tag}",
-                "--decode-ms",
-                str(decode_ms),
-                *extra,
-            ],
-        },
-        "model": {"path": "model", "served_name": tag},
-        "search_space": "space.yaml",
-        "check": {"prompts": ["1 2 3", "a b c"], "max_tokens": 8, "under_load_sample": 4},
-        "workload": {
+    spec = fake_spec(
+        "resume",
+        args=[
+            "--spawn-child",
+            "--child-title",
+            f"FAKE::EngineCore-{tag}",
+            "--decode-ms",
+            str(decode_ms),
+            *extra,
+        ],
+        served_name=tag,
+        check={"prompts": ["1 2 3", "a b c"], "max_tokens": 8, "under_load_sample": 4},
+        workload={
             "prompts": ["4 5 6", "d e f"],
             "max_tokens": 16,
             "concurrency": 2,
@@ -128,12 +123,9 @@ def fake_spec(tmp: Path, tag: str, *, decode_ms: float = 2.0, extra: tuple[str, 
             "repeats": 1,
             "request_timeout_s": 30,
         },
-        "timeouts": {"startup_s": 20},
-        "storage": f"sqlite:///{tmp / 'resume.db'}",
-    }
-    path = tmp / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
+        storage=f"sqlite:///{tmp / 'resume.db'}",
+    )
+    return save_spec(tmp, spec, space, file="spec.yaml")
 
 
 def tagged(tag: str) -> list[psutil.Process]:
@@ -342,14 +334,14 @@ def test_kill9_then_resume_fake_server(tmp_path: Path) -> None:
     # the server has a child in its group and a detached (setsid, double-forked) helper
     # slow decode: on a loaded machine a 2 ms/token trial ended before its detached helper
     # was recorded (three CI runs); the trial must still be running when the test looks
-    spec = fake_spec(tmp_path, tag, decode_ms=50, extra=("--spawn-detached",))
+    spec = write_resume_spec(tmp_path, tag, decode_ms=50, extra=("--spawn-detached",))
     kill9_then_resume(tmp_path, spec, tag, startup_wait=60, run_timeout=120, descendants=2)
 
 
 def test_kill9_during_baseline_startup_then_rerun_at_once(tmp_path: Path) -> None:
     tag = f"basekill{uuid.uuid4().hex[:10]}"
     # /health answers 503 for a while: the baseline's server is up but not ready yet
-    spec = fake_spec(tmp_path, tag, extra=("--ready-delay-s", "4"))
+    spec = write_resume_spec(tmp_path, tag, extra=("--ready-delay-s", "4"))
     log = tmp_path / "run1.log"
     first = start_run(spec, 2, log)
     second = None
@@ -406,7 +398,7 @@ def test_kill9_then_resume_vllm(tmp_path: Path) -> None:
 
 def test_ctrl_c_exits_130_and_records_interrupted(tmp_path: Path) -> None:
     tag = f"sigint{uuid.uuid4().hex[:10]}"
-    spec = fake_spec(tmp_path, tag, decode_ms=25)  # slow decode: the trial is still running
+    spec = write_resume_spec(tmp_path, tag, decode_ms=25)  # slow decode: the trial is still running
     log = tmp_path / "run.log"
     proc = start_run(spec, 5, log)
     try:

@@ -27,7 +27,7 @@ from autotune.engines.vllm import speculative
 from autotune.space import load_space
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import ROOT, write_demo_spec
+from tests.builders import ROOT, write_demo_spec
 
 METRICS_TEXT = """\
 # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
