@@ -431,13 +431,13 @@ def _short(value: object) -> str:
 
 
 def _gate_notices(capabilities: dict | None) -> list[str]:
-    from autotune.check import Capabilities
+    from autotune.gate_reference import Capabilities
 
     return Capabilities.from_dict(capabilities).notices() if capabilities else []
 
 
 def _print_report(storage_url: str, study_name: str, *, limit: int | None = None) -> None:
-    from autotune.check import describe_checks
+    from autotune.gate_reference import describe_checks
     from autotune.report import load_report
 
     report = load_report(storage_url, study_name)
@@ -479,7 +479,7 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
             + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
         )
         _print_failure_details(rows)
-    from autotune.speculative import study_lines
+    from autotune.engines.vllm.speculative import study_lines
 
     for line in study_lines(storage_url, study_name):  # speculative trials: acceptance
         console.print(f"speculative decoding: {escape(line)}", soft_wrap=True)
