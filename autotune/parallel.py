@@ -43,6 +43,7 @@ from autotune.engines import build_engine
 from autotune.errors import SpecError
 from autotune.spec import load_spec
 from autotune.storage import is_sqlite, resolve_url
+from autotune.strategy import warm_start_from
 from autotune.study import open_study, preflight, storage_url_for
 from autotune.workload import check_workload
 
@@ -346,8 +347,6 @@ def run_parallel(
         spec, url, study_name=options.study_name, seed=options.seed, sampler_name=options.sampler
     )
     if options.warm_start:
-        from autotune.strategy import warm_start_from
-
         for line in warm_start_from(study, spec, url, options.warm_start):
             console.print(line)
 

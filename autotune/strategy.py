@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import storage as keys
 from autotune.errors import SpecError
+from autotune.report import is_verified_feasible
 from autotune.space import Parameter, SearchSpace
 
 #: names accepted by ``autotune run --sampler``
@@ -369,8 +371,6 @@ class AutoSampler(optuna.samplers.BaseSampler):
 
     def propose(self, study: optuna.Study, number: int) -> dict[str, Any]:
         """The next config to launch (Optuna form)."""
-        import time
-
         sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
         history = _history(study, sign)
         sampled = sum(
@@ -506,8 +506,6 @@ def warm_start_configs(
 ) -> list[tuple[int, dict[str, Any]]]:
     """The source study's best verified configs that this space can express: ``(trial number,
     parameter values)``, best first, duplicates and the baseline left out."""
-    from autotune.report import is_verified_feasible
-
     sign = 1.0 if source.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
     ranked = sorted(
         (t for t in source.get_trials(deepcopy=False) if is_verified_feasible(t)),

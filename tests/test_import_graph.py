@@ -48,6 +48,7 @@ LAZY_OK = frozenset(
         "starlette",
         "uvicorn",
         "numpy",
+        "scipy",  # only for --sampler gp (Optuna's GPSampler)
         "prometheus_client",  # comes with vLLM; not a declared dependency of autotune
     }
 )
