@@ -122,6 +122,22 @@ def run(
     study: StudyOpt = None,
     storage: StorageOpt = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Sampler seed.")] = None,
+    sampler: Annotated[
+        str | None,
+        typer.Option(
+            "--sampler",
+            help="Search strategy: auto (default: model-based, autotune/strategy.py), tpe, "
+            "random, gp. A resumed study keeps its recorded one unless given.",
+        ),
+    ] = None,
+    warm_start: Annotated[
+        str | None,
+        typer.Option(
+            "--warm-start",
+            help="Another study in the same storage: its best verified configs are launched "
+            "first (and gated here).",
+        ),
+    ] = None,
     artifact_dir: ArtifactDirOpt = None,
     parallel: Annotated[
         int,
@@ -169,6 +185,10 @@ def run(
 
     try:
         study_spec = _load_spec(spec)
+        if sampler is not None:
+            from autotune.strategy import check_name
+
+            check_name(sampler)
         # Every name, URL and path is checked before anything is created.
         url, name = _target(study_spec, study, storage, existing=False)
         from autotune import storage as keys
@@ -185,6 +205,8 @@ def run(
             seed=seed,
             artifact_dir=artifact_dir,
             allow_workload_change=allow_workload_change,
+            sampler=sampler,
+            warm_start=warm_start,
         )
         if parallel > 1:
             from autotune.parallel import DevicePlanSpec, run_parallel
@@ -409,13 +431,13 @@ def _short(value: object) -> str:
 
 
 def _gate_notices(capabilities: dict | None) -> list[str]:
-    from autotune.check import Capabilities
+    from autotune.gate_reference import Capabilities
 
     return Capabilities.from_dict(capabilities).notices() if capabilities else []
 
 
 def _print_report(storage_url: str, study_name: str, *, limit: int | None = None) -> None:
-    from autotune.check import describe_checks
+    from autotune.gate_reference import describe_checks
     from autotune.report import load_report
 
     report = load_report(storage_url, study_name)
@@ -457,7 +479,7 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
             + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
         )
         _print_failure_details(rows)
-    from autotune.speculative import study_lines
+    from autotune.engines.vllm.speculative import study_lines
 
     for line in study_lines(storage_url, study_name):  # speculative trials: acceptance
         console.print(f"speculative decoding: {escape(line)}", soft_wrap=True)

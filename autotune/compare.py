@@ -24,13 +24,19 @@ from typing import Any
 
 import optuna
 import yaml
+from rich.markup import escape
+from rich.table import Table
 
 from autotune import storage as keys
 from autotune.confirm import gain_with_ci, t975
+from autotune.engines import build_engine
 from autotune.errors import SpecError
-from autotune.report import best_trials, is_verified_feasible, report_of
+from autotune.export import API_KEY
+from autotune.remeasure import Variant, measure_variants
+from autotune.report import best_trials, is_verified_feasible, load_report, report_of
 from autotune.report_format import ReportSource, objective_names, safe_url
-from autotune.spec import METRICS, StudySpec
+from autotune.spec import METRICS, StudySpec, load_spec
+from autotune.study import RunOptions, open_study, run_study, storage_url_for
 
 
 @dataclass(frozen=True)
@@ -130,8 +136,6 @@ def study_ref(arg: str) -> StudyRef:
         if database is not None and not database.is_file():
             raise SpecError(f"no study storage at {database}", key=arg)
         return StudyRef(arg, url, name)
-    from autotune.spec import load_spec
-    from autotune.study import storage_url_for
 
     spec = load_spec(Path(arg))
     url = storage_url_for(spec, None)
@@ -169,8 +173,6 @@ def compare_studies(a: str, b: str) -> StudyComparison:
 
 
 def _side(ref: StudyRef) -> StudySide:
-    from autotune.report import load_report
-
     load_report(ref.url, ref.name)  # a clear error for a missing study
     study = optuna.load_study(
         storage=keys.open_storage(ref.url, heartbeat=False), study_name=ref.name
@@ -228,7 +230,6 @@ def _stat(values: list[float]) -> MetricStat:
 def config_values(spec: StudySpec, path: Path) -> dict[str, Any]:
     """The search-space values whose export is exactly the config in ``path`` (its YAML and
     the ``.env`` beside it). SpecError naming the file and the key that has no match."""
-    from autotune.engines import build_engine
 
     engine = build_engine(spec)
     try:
@@ -276,7 +277,6 @@ _MISSING = object()
 
 def _exported(spec: StudySpec, engine: Any, values: dict[str, Any]) -> tuple[dict, dict]:
     """What ``export.export_values`` writes for ``values``: the config and the .env file."""
-    from autotune.export import API_KEY
 
     settings = spec.space.resolve(values)
     env = {k: v.replace("{api_key}", API_KEY) for k, v in spec.engine.env.items()}
@@ -339,8 +339,6 @@ def _numbers_at(param: Any, config: dict, env: dict) -> list[Any]:
 
 
 def _read_env(path: Path) -> dict[str, str]:
-    from autotune.export import API_KEY
-
     if not path.is_file():
         return {}
     env = {}
@@ -361,8 +359,6 @@ def compare_configs(
     on_phase: Any = None,
 ) -> ConfigComparison:
     """Measure both configs through the gate, interleaved, and say which is faster."""
-    from autotune.remeasure import Variant, measure_variants
-    from autotune.study import RunOptions, open_study, run_study, storage_url_for
 
     values_a, values_b = config_values(spec, a), config_values(spec, b)
     name = f"{spec.name}-compare"
@@ -444,7 +440,6 @@ def run_compare_command(
         comparison = compare_studies(a, b)
         _print_studies(console, comparison)
         return 0
-    from autotune.spec import load_spec
 
     spec = load_spec(spec_path)
     for path in (a, b):
@@ -464,9 +459,6 @@ def run_compare_command(
 
 
 def _print_studies(console: Any, c: StudyComparison) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
     table = Table(title="compare: best config of each study")
     table.add_column("")
     table.add_column(f"A: {escape(c.a.ref.label)}", overflow="fold")
@@ -515,9 +507,6 @@ def _stat_text(stat: MetricStat | None) -> str:
 
 
 def _print_configs(console: Any, c: ConfigComparison) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
     for note in c.notes:
         console.print(f"[dim]{escape(note)}[/]")
     table = Table(title=f"compare: {c.metric} ({c.direction}), interleaved rounds through the gate")

@@ -30,11 +30,14 @@ import optuna
 import psutil
 from optuna.artifacts import upload_artifact
 
-from autotune import speculative
 from autotune import storage as keys
 from autotune._proc import free_port, machine_id
-from autotune.bench import BenchResult, bench_summary, run_benchmark
-from autotune.check import (
+from autotune.bench import BenchResult, bench_summary
+from autotune.client import build_client
+from autotune.engines.base import Engine
+from autotune.engines.vllm import speculative
+from autotune.errors import CandidateError, InfrastructureError, TrialFailure
+from autotune.gate import (
     CheckResult,
     Reference,
     collect_outputs,
@@ -44,13 +47,11 @@ from autotune.check import (
     record_reference,
     sanity_problem,
 )
-from autotune.client import build_client
-from autotune.engines.base import Engine, ServerSettings
-from autotune.errors import CandidateError, InfrastructureError, TrialFailure
-from autotune.loadcurve import record_curve
+from autotune.loadcurve import record_curve, run_benchmark
 from autotune.protocol import NoTokenWithin, StreamError
 from autotune.server import ServerProcess
 from autotune.server_metrics import SERVER_METRICS_ATTR, ServerMetricsRecorder
+from autotune.settings import ServerSettings
 from autotune.spec import StudySpec
 from autotune.workload import reference_requests
 
@@ -435,6 +436,7 @@ class TrialRunner:
                 spec.check,
                 list(reference_requests(spec.workload)),
                 reference_requests(spec.workload),
+                dialect=self.ctx.engine.dialect,
                 engine_version=self.ctx.engine.version(),
                 deadline_s=spec.workload.request_timeout_s,
             )
@@ -465,6 +467,7 @@ class TrialRunner:
             model,
             reference,
             prompts,
+            dialect=self.ctx.engine.dialect,
             deadline_s=self.ctx.spec.workload.request_timeout_s,
         )
         return compare(reference, completions, teacher, self.ctx.spec.check)
@@ -493,6 +496,7 @@ class TrialRunner:
                 client,
                 model,
                 workload,
+                dialect=self.ctx.engine.dialect,
                 on_repeat=on_repeat,
                 focus=self.ctx.spec.objective.metrics,
                 phase_hook=evidence.phase,

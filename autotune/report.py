@@ -17,6 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import storage as keys
+from autotune.errors import SpecError
 
 
 @dataclass(frozen=True)
@@ -176,8 +177,6 @@ def load_report(storage_url: str, study_name: str) -> StudyReport:
     try:
         study = optuna.load_study(storage=storage, study_name=study_name)
     except KeyError:
-        from autotune.errors import SpecError
-
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
         raise SpecError(
             f"no study named {study_name!r} in this storage "

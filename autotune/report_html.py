@@ -29,7 +29,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune import storage as keys
-from autotune.check import describe_checks
+from autotune.gate_reference import describe_checks
 from autotune.report import (
     StudyReport,
     TrialRow,

@@ -20,8 +20,8 @@ from typing import Any
 import optuna
 
 from autotune._yaml import YamlDoc, check_keys, load_yaml
-from autotune.engines.base import ServerSettings, merge_json_key
 from autotune.errors import SpecError
+from autotune.settings import ServerSettings, merge_json_key
 
 TYPES = ("int", "float", "categorical", "bool", "int_list")
 _PARAM_KEYS = {

@@ -29,7 +29,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune import _proc
+from autotune import _proc, strategy
 from autotune import storage as keys
 from autotune.engines import build_engine
 from autotune.engines.base import DroppedChoice, Engine
@@ -57,6 +57,10 @@ class RunOptions:
     validate: bool = True
     #: resume a study whose workload hash changed (workload.check_workload)
     allow_workload_change: bool = False
+    #: search strategy (``autotune/strategy.py``); None: the study's recorded one, else auto
+    sampler: str | None = None
+    #: another study (same storage) whose best verified configs are launched first
+    warm_start: str | None = None
 
 
 @dataclass
@@ -105,6 +109,7 @@ def open_study(
     seed: int | None = None,
     dropped: Sequence[DroppedChoice] = (),
     neighbours: Sequence[Neighbour] = (),
+    sampler_name: str | None = None,
 ) -> tuple[optuna.Study, bool]:
     """Load the study or create it. Exactly one worker creates it, even when several start
     together: creation is an INSERT guarded by the database's unique study name.
@@ -113,11 +118,17 @@ def open_study(
     (``autotune/guide.py``)."""
     storage = _open_storage(url)
     name = study_name or spec.name
-    sampler = build_sampler(spec, seed)
-    if dropped or neighbours:
-        sampler = GuidedSampler(
-            sampler, spec.space, dropped=dropped, neighbours=neighbours, seed=seed
-        )
+
+    def make_sampler(chosen: str) -> optuna.samplers.BaseSampler:
+        sampler = build_sampler(spec, seed, chosen)
+        if dropped or neighbours:
+            sampler = GuidedSampler(
+                sampler, spec.space, dropped=dropped, neighbours=neighbours, seed=seed
+            )
+        return sampler
+
+    first_choice = sampler_name or strategy.DEFAULT_SAMPLER
+    sampler = make_sampler(first_choice)
     try:
         study = optuna.create_study(
             storage=storage,
@@ -140,6 +151,9 @@ def open_study(
                 file=str(spec.path),
                 key="objective",
             ) from None
+    chosen = strategy.record_sampler(study, sampler_name)
+    if chosen != first_choice:  # resumed without --sampler: the study's own strategy
+        study.sampler = make_sampler(chosen)
     if created:
         study.set_user_attr(keys.SPEC_PATH, str(spec.path))
         study.set_metric_names(list(spec.objective.metrics))  # `show` reads each one's interval
@@ -168,19 +182,16 @@ def build_pruner() -> optuna.pruners.BasePruner:
     return optuna.pruners.PercentilePruner(75.0, n_startup_trials=5, n_warmup_steps=0)
 
 
-def build_sampler(spec: StudySpec, seed: int | None) -> optuna.samplers.BaseSampler:
-    """TPE, multivariate with groups (conditional spaces), constant liar for parallel workers.
+def build_sampler(
+    spec: StudySpec, seed: int | None, name: str = strategy.DEFAULT_SAMPLER
+) -> optuna.samplers.BaseSampler:
+    """The search strategy ``name`` (``autotune/strategy.py``; default ``auto``).
 
-    Trials of config faults carry a positive ``correct`` constraint, which TPE ranks below all
-    feasible trials, so regions that crash or print garbage are learned as bad.
+    Trials of config faults carry a positive ``correct`` constraint: every strategy learns the
+    regions that crash or print garbage as bad.
     """
-    n_params = max(1, len(spec.space.parameters))
-    return optuna.samplers.TPESampler(
-        seed=seed,
-        multivariate=True,
-        group=True,
-        constant_liar=True,
-        n_startup_trials=min(10, max(4, n_params)),
+    return strategy.build_sampler(
+        name, spec.space, seed, n_objectives=len(spec.objective.directions)
     )
 
 
@@ -404,7 +415,11 @@ def run_study(
         seed=options.seed,
         dropped=dropped,
         neighbours=neighbours,
+        sampler_name=options.sampler,
     )
+    if options.warm_start:
+        for line in strategy.warm_start_from(study, spec, url, options.warm_start):
+            (on_notice or (lambda _line: None))(line)
     changed = check_workload(study, spec, allow_change=options.allow_workload_change)
     if changed:
         (on_notice or (lambda _line: None))(changed)

@@ -71,8 +71,9 @@ from autotune._proc import free_port  # noqa: E402
 from autotune.bench import PhaseResult, percentile, run_phase, summarize  # noqa: E402
 from autotune.client import build_client  # noqa: E402
 from autotune.engines import build_engine  # noqa: E402
-from autotune.engines.base import ServerSettings  # noqa: E402
+from autotune.engines.vllm.dialect import VLLM_DIALECT  # noqa: E402
 from autotune.server import ServerProcess  # noqa: E402
+from autotune.settings import ServerSettings  # noqa: E402
 from autotune.spec import load_spec  # noqa: E402
 from autotune.stats import t_quantile  # noqa: E402
 
@@ -87,7 +88,7 @@ REFERENCE = "vllm"
 
 
 def machine_info() -> dict[str, Any]:
-    from autotune.engines.vllm import installed_vllm_version
+    from autotune.engines.vllm.version import installed_vllm_version
 
     return {
         "nproc": os.cpu_count(),
@@ -189,6 +190,7 @@ async def autotune_round(
             n,
             concurrency,
             max_tokens,
+            dialect=VLLM_DIALECT,
             read_timeout_s=60.0,
         )
         metrics = summarize(PhaseResult(records=(), wall_s=0.0), load)

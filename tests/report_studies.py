@@ -82,7 +82,7 @@ def _store_recorded_profiles(study: optuna.Study) -> None:
     """The fake server has no profiler: store, for the baseline and the best trial, the
     breakdown of the real vLLM CPU trace fixture (labelled as such in its notes), so the
     report's step-time section is drawn and checked in the browser."""
-    from autotune.engines.vllm_profile import RECIPE
+    from autotune.engines.vllm.profile import RECIPE
     from autotune.profile import PROFILES_ATTR, result_from_traces
     from autotune.report import best_trials
 

@@ -18,10 +18,12 @@ from typer.testing import CliRunner
 
 from autotune import storage as keys
 from autotune.cli import app
-from autotune.profile import PROFILES_ATTR, sort_profiles, table_rows
+from autotune.errors import PreflightError
+from autotune.profile import PROFILES_ATTR, default_trials, sort_profiles, table_rows
+from autotune.report import best_trials
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.builders import write_demo_spec
+from tests.builders import write_demo_spec, write_fake_spec
 
 SPACE = """
 parameters:
@@ -30,6 +32,16 @@ parameters:
     choices: [4, 64]
     baseline: 4
     target: {flag: --max-num-seqs}
+"""
+
+
+FAKE_SPACE = """
+parameters:
+  decode_ms:
+    type: categorical
+    choices: [10, 2, 30]
+    baseline: 10
+    target: {flag: --decode-ms}
 """
 
 
@@ -74,13 +86,18 @@ def test_profile_baseline_and_best_on_real_vllm(tmp_path: Path) -> None:
     summary = run_study(spec, RunOptions(trials=2, seed=0, validate=False))
     assert summary.stopped_because is None, summary.stopped_because
 
-    ran = CliRunner().invoke(app, ["profile", "--spec", str(spec_path), "--tokens", "64"])
+    # both trials by number: which of them is best depends on a timing at concurrency 4 (the
+    # default choice, baseline and best, is tested without a launch below)
+    ran = CliRunner().invoke(
+        app,
+        ["profile", "--spec", str(spec_path), "--tokens", "64", "--trial", "0", "--trial", "1"],
+    )
     assert ran.exit_code == 0, ran.output
     assert "Where the step time goes" in ran.output
 
     study = optuna.load_study(study_name="prof", storage=spec.default_storage())
     profiles = study.user_attrs[PROFILES_ATTR]
-    assert set(profiles) == {"0", "1"}  # the baseline and the best (the only other trial)
+    assert set(profiles) == {"0", "1"}
     assert profiles["0"]["role"] == "baseline"
     for profile in profiles.values():
         assert profile["breakdown"]["device"] == "cpu"
@@ -97,6 +114,26 @@ def test_profile_baseline_and_best_on_real_vllm(tmp_path: Path) -> None:
     shown = CliRunner().invoke(app, ["show", "--spec", str(spec_path)])
     assert shown.exit_code == 0, shown.output
     assert "trial 0 (baseline)" in shown.output and "trial 1 (search)" in shown.output
+
+
+def test_default_choice_is_the_baseline_and_the_best(tmp_path: Path) -> None:
+    """Without --trial: the verified baseline and the best correct trial; one when the best
+    is the baseline; a study with neither is refused (fake server: no launch needed)."""
+    spec_path = write_fake_spec(tmp_path, FAKE_SPACE, name="pick")
+    spec = load_spec(spec_path)
+    study, _ = open_study(spec, spec.default_storage())
+    with pytest.raises(PreflightError, match="no verified baseline"):
+        default_trials(study)
+    study.enqueue_trial({"decode_ms": 2}, user_attrs={keys.ROLE: "search"})
+    study.enqueue_trial({"decode_ms": 30}, user_attrs={keys.ROLE: "search"})
+    summary = run_study(spec, RunOptions(trials=3, seed=0, validate=False))
+    assert summary.stopped_because is None, summary.stopped_because
+    study = optuna.load_study(study_name="pick", storage=spec.default_storage())
+    best = best_trials(study)[0].number
+    chosen = default_trials(study)
+    assert chosen[0] == (0, "baseline")
+    assert chosen[1:] == ([] if best == 0 else [(best, "best")])
+    assert best != 2  # 30 ms per token is never the fastest
 
 
 def test_profile_refuses_unknown_trial_with_exit_2(tmp_path: Path) -> None:

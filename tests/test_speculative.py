@@ -22,8 +22,8 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from autotune import speculative
 from autotune import storage as keys
+from autotune.engines.vllm import speculative
 from autotune.space import load_space
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study

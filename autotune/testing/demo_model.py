@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -378,8 +379,6 @@ def build(
     threads: int | None = None,
     log=print,
 ) -> dict[str, Any]:
-    import os
-
     import tokenizers
     import torch
     import transformers

@@ -33,9 +33,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
+import optuna
 
 from autotune import storage as keys
-from autotune.engines.base import ServerSettings
+from autotune.settings import ServerSettings
 
 #: the JSON flag that turns speculation on (absent = no speculation, nothing to scrape)
 FLAG = "--speculative-config"
@@ -182,8 +183,6 @@ def show_lines(trials: Iterable[Any]) -> list[str]:
 
 def study_lines(storage_url: str, study_name: str) -> list[str]:
     """:func:`show_lines` for a stored study (``autotune show``)."""
-    import optuna
-
     study = optuna.load_study(
         storage=keys.open_storage(storage_url, heartbeat=False), study_name=study_name
     )

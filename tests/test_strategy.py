@@ -1,0 +1,322 @@
+"""The search strategy (autotune/strategy.py) and its benchmark harness.
+
+* the default strategy is recorded in the study, kept on resume, replaced when asked for;
+* ``--sampler`` with an unknown name is bad input (exit code 2);
+* ``AutoSampler`` never asks for a constraint-violating or already launched config, plans
+  its first trials from a balanced design, then the model; it learns a wrong region;
+* ``--warm-start``: the source's best verified configs are queued first, pinned, once;
+* the harness runs a landscape it has never seen (written here) and writes the JSON keys.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import TrialState, create_trial
+from typer.testing import CliRunner
+
+from autotune import storage as keys
+from autotune.cli import app
+from autotune.errors import SpecError
+from autotune.space import load_space
+from autotune.spec import load_spec
+from autotune.strategy import (
+    N_DESIGN,
+    SAMPLER_ATTR,
+    WARM_START_FROM,
+    AutoSampler,
+    build_sampler,
+    config_key,
+    warm_start,
+)
+from autotune.study import open_study
+from benchmarks import search_efficiency as harness
+from tests.builders import write_fake_spec
+
+SPACE = """
+parameters:
+  decode_ms:
+    type: categorical
+    choices: [20, 10, 5]
+    baseline: 20
+    target: {flag: --decode-ms}
+  fault:
+    type: categorical
+    choices: [null, corrupt_words]
+    baseline: null
+    target: {flag: --fault}
+"""
+
+TOY_SPACE = """
+parameters:
+  mode:
+    type: categorical
+    choices: [slow, fast, broken]
+    baseline: slow
+    target: {flag: --mode}
+  size:
+    type: int
+    low: 1
+    high: 64
+    log: true
+    target: {flag: --size}
+  frac:
+    type: float
+    low: 0.5
+    high: 1.0
+    step: 0.05
+    target: {flag: --frac}
+  flag:
+    type: bool
+    target: {flag: --flag}
+constraints:
+  - size * frac <= 60
+"""
+
+#: a landscape the project has never seen: "broken" is fast and wrong, frac above 0.9 does not
+#: start, size has an interior optimum near 16
+TOY_LANDSCAPE = """
+import math
+
+def f(params):
+    mode = params.get("mode", "slow")
+    size = params.get("size", 4)
+    frac = params.get("frac", 0.7)
+    if frac > 0.9:
+        return {"failure": "oom"}
+    speed = {"slow": 10.0, "fast": 20.0, "broken": 30.0}[mode]
+    speed *= 1.0 - 0.1 * math.log2(size / 16.0) ** 2 / 4
+    speed *= 1.0 + frac - 0.5 + (0.05 if params.get("flag") else 0.0)
+    out = {"tok_s": max(speed, 0.1)}
+    if mode == "broken":
+        out["correct"] = False
+    return out
+"""
+
+
+def _toy(tmp_path):
+    space_path = tmp_path / "toy.yaml"
+    space_path.write_text(textwrap.dedent(TOY_SPACE))
+    land_path = tmp_path / "toy_landscape.py"
+    land_path.write_text(TOY_LANDSCAPE)
+    return space_path, land_path
+
+
+# --- the study records its strategy -------------------------------------------------------
+
+
+def test_default_strategy_is_recorded_kept_on_resume_and_replaced_when_asked(tmp_path):
+    spec = load_spec(write_fake_spec(tmp_path, SPACE, name="strat"))
+    url = spec.default_storage()
+    study, created = open_study(spec, url)
+    assert created
+    assert study.user_attrs[SAMPLER_ATTR] == "auto"
+    assert isinstance(study.sampler, AutoSampler)
+
+    study, created = open_study(spec, url, sampler_name="random")
+    assert not created
+    assert study.user_attrs[SAMPLER_ATTR] == "random"
+    assert isinstance(study.sampler, optuna.samplers.RandomSampler)
+
+    # resumed without --sampler: the study's own (recorded) strategy, not the default
+    study, _ = open_study(spec, url)
+    assert study.user_attrs[SAMPLER_ATTR] == "random"
+    assert isinstance(study.sampler, optuna.samplers.RandomSampler)
+
+
+def test_unknown_sampler_is_bad_input(tmp_path):
+    spec_path = write_fake_spec(tmp_path, SPACE, name="badsampler")
+    ran = CliRunner().invoke(
+        app, ["run", "--spec", str(spec_path), "--trials", "1", "--sampler", "bayes"]
+    )
+    assert ran.exit_code == 2, ran.output
+    assert "--sampler" in ran.output and "bayes" in ran.output
+    assert not list(tmp_path.glob("*.db")), "nothing may be created on bad input"
+    with pytest.raises(SpecError):
+        build_sampler("bayes", load_spec(spec_path).space, 0)
+
+
+# --- AutoSampler on its own ---------------------------------------------------------------
+
+
+def _drive(space, land, sampler, launches):
+    """The harness's loop, without noise: (config, outcome) per launch, plus the study."""
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.enqueue_trial(space.baseline_optuna_params(), user_attrs={keys.ROLE: "baseline"})
+    seen = []
+    while len(seen) < launches:
+        trial = study.ask()
+        role = trial.user_attrs.get(keys.ROLE, "search")
+        values = space.suggest_baseline(trial) if role == "baseline" else space.suggest(trial)
+        assert not space.violated(values), f"asked for a constraint-violating config {values}"
+        out = land(values)
+        seen.append((dict(trial.params), out))
+        if not out.started or not out.correct:
+            trial.set_user_attr(keys.CORRECT, out.started and out.correct)
+            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 1.0)
+            study.tell(trial, state=TrialState.PRUNED)
+        else:
+            trial.set_user_attr(keys.CORRECT, True)
+            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
+            study.tell(trial, out.true)
+    return seen, study
+
+
+def test_auto_sampler_designs_first_never_repeats_and_learns_the_wrong_region(tmp_path):
+    space_path, land_path = _toy(tmp_path)
+    space = load_space(space_path)
+    land = harness.load_landscape(f"{land_path}:f", noise=0.0)
+    sampler = AutoSampler(space, seed=3)
+    seen, _study = _drive(space, land, sampler, 30)
+    keys_seen = [config_key(params) for params, _ in seen]
+    assert len(set(keys_seen)) == len(keys_seen), "a launched config was asked for again"
+    phases = [sampler.phase_of[n] for n in sorted(sampler.phase_of)]
+    assert phases[:N_DESIGN] == ["design"] * N_DESIGN
+    assert phases[-1] == "model" and len(sampler.ask_seconds) == phases.count("model")
+    # the balanced design: each mode value within one of an equal share
+    modes = [params["mode"] for params, _ in seen[1 : 1 + N_DESIGN]]
+    assert max(modes.count(m) for m in ("slow", "fast", "broken")) <= math.ceil(N_DESIGN / 3)
+    # the wrong region ("broken", fastest of all) and the OOM cliff are learned as bad: the
+    # model phase's last ten launches avoid them far more than a uniform draw would (1/3)
+    late = [params for params, _ in seen[-10:]]
+    assert sum(p["mode"] == "broken" for p in late) <= 2
+    assert sum(p["frac"] > 0.9 for p in late) <= 2
+
+
+def test_auto_sampler_leaves_enqueued_trials_alone():
+    space = load_space_text(TOY_SPACE)
+    study = optuna.create_study(direction="maximize", sampler=AutoSampler(space, seed=0))
+    study.enqueue_trial({"mode": "fast", "size": 7, "frac": 0.55, "flag": True})
+    trial = study.ask()
+    assert space.suggest(trial) == {"mode": "fast", "size": 7, "frac": 0.55, "flag": True}
+
+
+def load_space_text(text, _cache={}):  # noqa: B006 - a tiny memo for the tests
+    import tempfile
+    from pathlib import Path
+
+    if text not in _cache:
+        path = Path(tempfile.mkdtemp()) / "space.yaml"
+        path.write_text(textwrap.dedent(text))
+        _cache[text] = load_space(path)
+    return _cache[text]
+
+
+# --- warm start ---------------------------------------------------------------------------
+
+
+def _source_study(storage, name):
+    source = optuna.create_study(storage=storage, study_name=name, direction="maximize")
+    dists = {
+        "mode": CategoricalDistribution(["slow", "fast", "broken"]),
+        "frac": FloatDistribution(0.5, 1.0, step=0.05),
+    }
+
+    def add(params, value, correct, role="search"):
+        trial = create_trial(
+            params=params,
+            distributions={k: dists[k] for k in params},
+            value=value if correct else None,
+            state=TrialState.COMPLETE if correct else TrialState.PRUNED,
+            user_attrs={keys.CORRECT: correct, keys.ROLE: role, keys.PARAMS_RESOLVED: params},
+            system_attrs={f"constraints:{keys.CORRECTNESS_CONSTRAINT}": 0.0 if correct else 1.0},
+        )
+        source.add_trial(trial)
+
+    add({"mode": "slow"}, 10.0, True, role="baseline")
+    add({"mode": "broken", "frac": 0.9}, None, False)  # wrong: never warm-starts anything
+    add({"mode": "fast", "frac": 0.6}, 20.0, True)
+    add({"mode": "fast", "frac": 0.8}, 25.0, True)
+    add({"mode": "slow", "frac": 0.8}, 12.0, True)
+    return source
+
+
+def test_warm_start_queues_the_sources_best_verified_configs_once(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'ws.db'}"
+    space = load_space_text(TOY_SPACE)
+    source = _source_study(storage, "older-vllm")
+    study = optuna.create_study(storage=storage, study_name="new", direction="maximize")
+    lines = warm_start(study, source, space, top=2)
+    assert lines == ["warm start: queued older-vllm#3", "warm start: queued older-vllm#2"]
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert [t.user_attrs[keys.PINNED] for t in waiting] == [
+        {"mode": "fast", "frac": 0.8},
+        {"mode": "fast", "frac": 0.6},
+    ]
+    assert all(t.user_attrs[keys.ROLE] == "search" for t in waiting)
+    assert study.user_attrs[WARM_START_FROM] == "older-vllm"
+    assert warm_start(study, source, space) == []  # once per study
+    assert len(study.get_trials(states=(TrialState.WAITING,))) == 2
+
+
+def test_warm_start_from_a_missing_study_is_bad_input(tmp_path):
+    spec_path = write_fake_spec(tmp_path, SPACE, name="wsmissing")
+    spec = load_spec(spec_path)
+    study, _ = open_study(spec, spec.default_storage())
+    from autotune.strategy import warm_start_from
+
+    with pytest.raises(SpecError, match="no study named 'nope'"):
+        warm_start_from(study, spec, spec.default_storage(), "nope")
+
+
+# --- the harness on a landscape it has never seen -----------------------------------------
+
+
+def test_harness_runs_an_unseen_landscape_and_writes_the_keys(tmp_path, capsys):
+    space_path, land_path = _toy(tmp_path)
+    out = tmp_path / "result.json"
+    code = harness.main(
+        [
+            "--space",
+            str(space_path),
+            "--landscape",
+            f"{land_path}:f",
+            "--noise",
+            "0.05",
+            "--seeds",
+            "3",
+            "--seed-sets",
+            "2",
+            "--budget",
+            "12",
+            "--strategies",
+            "auto,random,grid-random,grid-sweep-nogate",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    result = json.loads(out.read_text())
+    # the true best: "fast", size 16, frac 0.9, flag on (exhaustive over the small dims, then
+    # polished); "broken" is faster but wrong and never the best
+    assert result["true_best_config"]["mode"] == "fast"
+    assert result["true_best"] == pytest.approx(20.0 * (1 + 0.9 - 0.5 + 0.05))
+    assert len(result["seed_sets"]) == 2
+    assert result["seed_sets"][1]["seeds"] == "100-102"
+    for name in ("auto", "random", "grid-random", "grid-sweep-nogate"):
+        figures = result["strategies"][name]
+        assert "trials_to_95pct_median" in figures
+        assert "not_reached_within_budget" in figures
+        assert figures["incorrect_reported_as_best"] == 0 or name.endswith("nogate")
+    assert "p_mann_whitney_vs_random" in result["strategies"]["auto"]
+    assert result["strategies"]["auto"]["ask_ms"]["n"] > 0
+    assert "auto" in capsys.readouterr().out
+
+
+def test_harness_rejects_a_landscape_that_breaks_the_protocol(tmp_path, capsys):
+    space_path, _ = _toy(tmp_path)
+    bad = tmp_path / "bad_landscape.py"
+    bad.write_text("def f(params):\n    return 3.0\n")
+    code = harness.main(
+        ["--space", str(space_path), "--landscape", f"{bad}:f", "--seeds", "1",
+         "--seed-sets", "1", "--out", str(tmp_path / "r.json")]
+    )  # fmt: skip
+    assert code == 2
+    assert "bad_landscape.py:f" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+    assert harness.main(["--landscape", f"{tmp_path / 'none.py'}:f"]) == 2
