@@ -413,6 +413,14 @@ def main(argv: list[str] | None = None) -> int:
         help="nice value for both clients' processes (e.g. -10: a client that is never starved "
         "of CPU by the rest of a busy machine; the server keeps its priority)",
     )
+    parser.add_argument(
+        "--client-autogroup-nice",
+        type=int,
+        default=None,
+        help="nice value of this session's scheduler autogroup (Linux with autogroups: CPU is "
+        "shared between sessions, so thread nice values do not reach across them); the server "
+        "runs in a session of its own and keeps its priority",
+    )
     parser.add_argument("--spec", default=str(ROOT / "studies" / "demo.yaml"))
     parser.add_argument("--out", type=Path, default=RESULT_PATH)
     parser.add_argument("--autotune-worker", action="store_true", help=argparse.SUPPRESS)
@@ -492,6 +500,14 @@ def main(argv: list[str] | None = None) -> int:
                 "threads": sum(renice_threads(pid, args.client_nice) for pid in pids),
             }
             print(f"clients reniced: {reniced}", flush=True)
+        if args.client_autogroup_nice is not None:
+            Path("/proc/self/autogroup").write_text(str(args.client_autogroup_nice))
+            reniced = {
+                **(reniced or {}),
+                "autogroup": Path("/proc/self/autogroup").read_text().strip(),
+                "server_autogroup": Path(f"/proc/{server.pid}/autogroup").read_text().strip(),
+            }
+            print(f"client session's autogroup: {reniced}", flush=True)
 
         def one_round(arm: str) -> dict[str, float]:
             load0 = os.getloadavg()
