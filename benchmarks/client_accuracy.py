@@ -40,7 +40,9 @@ on a shared machine) took; the load average before and after.
 
 ``--pin`` sets the CPU affinity of every thread of the server's processes to core 0 and of both
 clients to core 1 (a client then cannot take CPU from the server; the rest of the machine still
-can).
+can). ``--client-nice`` renices the clients' threads; ``--client-autogroup-nice`` renices this
+session's scheduler autogroup (with ``kernel.sched_autogroup_enabled`` CPU is shared between
+sessions, so thread nice values do not reach across them; the server has a session of its own).
 """
 
 from __future__ import annotations
