@@ -19,6 +19,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from autotune import names
 from autotune.errors import AutotuneError, PreflightError, SpecError
 
 app = typer.Typer(
@@ -83,16 +84,16 @@ def _target(spec, study: str | None, storage: str | None, *, existing: bool) -> 
     directory there), and either that the SQLite file exists (``existing``: commands that read
     a study never create an empty database) or that a database server answers (``run``: a bad
     URL is refused before the artifact directory is made)."""
-    from autotune import storage as keys
+    from autotune.storage import check_reachable, check_study_name, resolve_url, sqlite_file
     from autotune.study import storage_url_for
 
-    name = keys.check_study_name(study) if study is not None else spec.name
+    name = check_study_name(study) if study is not None else spec.name
     url = storage_url_for(spec, storage)
     where = {"key": "--storage"}
     if storage is None and spec.storage is not None:
         where = {"key": "storage", "file": str(spec.path)}
-    keys.resolve_url(url, **where)
-    database = keys.sqlite_file(url)
+    resolve_url(url, **where)
+    database = sqlite_file(url)
     if existing:
         if database is not None and not database.is_file():
             raise SpecError(
@@ -100,7 +101,7 @@ def _target(spec, study: str | None, storage: str | None, *, existing: bool) -> 
                 **where,
             )
     else:
-        keys.check_reachable(url, **where)
+        check_reachable(url, **where)
     return url, name
 
 
@@ -108,9 +109,9 @@ def _require_study(url: str, name: str) -> None:
     """A command that works on an existing study must not create one under a mistyped name."""
     import optuna
 
-    from autotune import storage as keys
+    from autotune.storage import open_storage
 
-    storage = keys.open_storage(url, heartbeat=False)
+    storage = open_storage(url, heartbeat=False)
     if name not in optuna.study.get_all_study_names(storage=storage):
         raise SpecError(f"no study named {name!r} in {url}", key="--study")
 
@@ -171,9 +172,9 @@ def run(
         study_spec = _load_spec(spec)
         # Every name, URL and path is checked before anything is created.
         url, name = _target(study_spec, study, storage, existing=False)
-        from autotune import storage as keys
+        from autotune.storage import artifact_dir_for
 
-        keys.artifact_dir(url, name, artifact_dir)
+        artifact_dir_for(url, name, artifact_dir)
         try:
             extra_env = json.loads(worker_env) if worker_env else None
         except json.JSONDecodeError as exc:
@@ -251,10 +252,10 @@ def _say_if_baseline_is_best(url: str, name: str) -> None:
     """One line when no configuration beat the baseline (what `export` will then write)."""
     import optuna
 
-    from autotune import storage as keys
     from autotune.report import baseline_reason
+    from autotune.storage import open_storage
 
-    loaded = optuna.load_study(storage=keys.open_storage(url, heartbeat=False), study_name=name)
+    loaded = optuna.load_study(storage=open_storage(url, heartbeat=False), study_name=name)
     reason = baseline_reason(loaded)
     if reason is not None:
         console.print(
@@ -276,13 +277,13 @@ def _confirm(
     """The confirmation phase (see confirm.py); skipped for multi-objective studies."""
     import optuna
 
-    from autotune import storage as keys
     from autotune.confirm import run_confirmation, top_candidates
+    from autotune.storage import open_storage
 
     if len(study_spec.objective.metrics) != 1:
         return
     try:
-        loaded = optuna.load_study(storage=keys.open_storage(url), study_name=name)
+        loaded = optuna.load_study(storage=open_storage(url), study_name=name)
     except KeyError:
         raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
     if not top_candidates(study_spec, loaded, top):
@@ -392,10 +393,8 @@ class _LiveView:
         self.phase = "done"
         self.refresh()
         console.print(f"trial {outcome.number} \\[{outcome.role}]: {outcome.verdict} {values}")
-        if outcome.role == "baseline" and outcome.verdict == "correct":
-            from autotune import storage as keys
-
-            reference = study.user_attrs.get(keys.REFERENCE) or {}
+        if outcome.role == names.BASELINE and outcome.verdict == "correct":
+            reference = study.user_attrs.get(names.REFERENCE) or {}
             for notice in _gate_notices(reference.get("capabilities")):
                 console.print(f"[yellow]gate:[/] {notice}")
 
@@ -483,10 +482,10 @@ def _print_report(storage_url: str, study_name: str, *, limit: int | None = None
                 f"decode roofline: {bound:.1f} tok/s; best measured {measured:.1f} "
                 f"tok/s = {measured / bound:.1%} of it"
             )
-    if report.attrs.get("confirmation"):
-        _print_confirmation(report.attrs["confirmation"])
-    if report.attrs.get("ablation"):
-        _print_ablation(report.attrs["ablation"])
+    if report.attrs.get(names.CONFIRMATION):
+        _print_confirmation(report.attrs[names.CONFIRMATION])
+    if report.attrs.get(names.ABLATION_REPORT):
+        _print_ablation(report.attrs[names.ABLATION_REPORT])
     if report.best:
         console.print(f"best (verified correct): trial {', '.join(map(str, report.best))}")
         for number in report.best:
@@ -592,16 +591,14 @@ def export(
     """Write the best verified config as YAML for `vllm serve --config FILE`."""
     import optuna
 
-    from autotune import storage as keys
     from autotune.export import export_best
+    from autotune.storage import open_storage
 
     try:
         study_spec = _load_spec(spec)
         url, name = _study_target(spec, study, storage)
         try:
-            loaded = optuna.load_study(
-                storage=keys.open_storage(url, heartbeat=False), study_name=name
-            )
+            loaded = optuna.load_study(storage=open_storage(url, heartbeat=False), study_name=name)
         except KeyError:
             raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
         results = export_best(
@@ -679,11 +676,11 @@ def dashboard(
     artifact_dir: ArtifactDirOpt = None,
 ) -> None:
     """Open optuna-dashboard on the study's storage (with its artifacts)."""
-    from autotune import storage as keys
+    from autotune.storage import artifact_dir_for
 
     try:
         url, name = _study_target(spec, study, storage)
-        artifacts = keys.artifact_dir(url, name, artifact_dir)
+        artifacts = artifact_dir_for(url, name, artifact_dir)
     except AutotuneError as exc:
         raise _fail(exc) from None
     exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
@@ -741,14 +738,14 @@ def confirm(
     try:
         study_spec = _load_spec(spec)
         url, name = _study_target(spec, study, storage)
-        from autotune import storage as keys
+        from autotune.storage import artifact_dir_for
 
-        keys.artifact_dir(url, name, artifact_dir)
+        artifact_dir_for(url, name, artifact_dir)
         _require_study(url, name)
         _confirm(study_spec, url, name, top, repeats, artifact_dir=artifact_dir)
         from autotune.report import load_report
 
-        data = load_report(url, name).attrs.get("confirmation")
+        data = load_report(url, name).attrs.get(names.CONFIRMATION)
         if data:
             _print_confirmation(data)
     except AutotuneError as exc:
@@ -782,15 +779,15 @@ def ablate(
     """Revert each change of the best config one at a time: what really helped?"""
     import optuna
 
-    from autotune import storage as keys
     from autotune.ablation import run_ablation
+    from autotune.storage import artifact_dir_for, open_storage
 
     try:
         study_spec = _load_spec(spec)
         url, name = _study_target(spec, study, storage)
-        keys.artifact_dir(url, name, artifact_dir)
+        artifact_dir_for(url, name, artifact_dir)
         try:
-            loaded = optuna.load_study(storage=keys.open_storage(url), study_name=name)
+            loaded = optuna.load_study(storage=open_storage(url), study_name=name)
         except KeyError:
             raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
         report = run_ablation(

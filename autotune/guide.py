@@ -31,7 +31,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial
 
-from autotune import storage as keys
+from autotune import names
 from autotune.engines.base import DroppedChoice, Engine
 from autotune.space import Parameter, SearchSpace
 
@@ -145,7 +145,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self._base.before_trial(study, trial)
-        if "fixed_params" in trial.system_attrs or keys.ROLE in trial.user_attrs:
+        if "fixed_params" in trial.system_attrs or names.ROLE in trial.user_attrs:
             return  # enqueued: the baseline, a retry, a confirmation or ablation variant
         used = {
             t.user_attrs.get(EARLY_PROPOSAL)
@@ -157,8 +157,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             return
         neighbour = todo[0]
         attrs = {
-            keys.ROLE: "search",
-            keys.PINNED: neighbour.values,
+            names.ROLE: names.SEARCH,
+            names.PINNED: neighbour.values,
             EARLY_PROPOSAL: neighbour.label,
         }
         for key, value in attrs.items():

@@ -30,8 +30,7 @@ import optuna
 import psutil
 from optuna.artifacts import upload_artifact
 
-from autotune import speculative
-from autotune import storage as keys
+from autotune import names, speculative
 from autotune._proc import free_port, machine_id
 from autotune.bench import BenchResult, bench_summary, run_benchmark
 from autotune.check import (
@@ -50,7 +49,7 @@ from autotune.errors import CandidateError, InfrastructureError, TrialFailure
 from autotune.loadcurve import record_curve
 from autotune.protocol import NoTokenWithin, StreamError
 from autotune.server import ServerProcess
-from autotune.server_metrics import SERVER_METRICS_ATTR, ServerMetricsRecorder
+from autotune.server_metrics import ServerMetricsRecorder
 from autotune.spec import StudySpec
 from autotune.workload import reference_requests
 
@@ -108,7 +107,7 @@ class TrialRunner:
         self.notes: list[str] = []
 
     def __call__(self, trial: optuna.Trial) -> float | list[float]:
-        role = trial.user_attrs.get(keys.ROLE, "search")
+        role = trial.user_attrs.get(names.ROLE, names.SEARCH)
         try:
             return self._run(trial, role)
         except (KeyboardInterrupt, asyncio.CancelledError):
@@ -126,17 +125,17 @@ class TrialRunner:
         spec = self.ctx.spec
         # Before anything else: who runs this trial, so that its death is known at once on
         # this machine (study.dead_reason), not only when its heartbeat goes stale.
-        trial.set_user_attr(keys.WORKER, worker_record())
-        pinned = trial.user_attrs.get(keys.PINNED)
+        trial.set_user_attr(names.WORKER, worker_record())
+        pinned = trial.user_attrs.get(names.PINNED)
         if pinned is not None:
             # ablation and confirmation variants: exactly these values, the rest left out
             values = spec.space.suggest_pinned(trial, pinned)
-        elif role == "baseline":
+        elif role == names.BASELINE:
             values = spec.space.suggest_baseline(trial)
         else:
             values = spec.space.suggest(trial)
-        trial.set_user_attr(keys.PARAMS_RESOLVED, values)
-        trial.set_user_attr(keys.ROLE, role)
+        trial.set_user_attr(names.PARAMS_RESOLVED, values)
+        trial.set_user_attr(names.ROLE, role)
         holder = _running_duplicate(trial, values)
         if holder is not None:
             role = self._settle_duplicate(trial, role, holder)
@@ -151,7 +150,7 @@ class TrialRunner:
             raise optuna.TrialPruned(f"constraint_violated: {violated[0]}")
         settings = self._with_worker_settings(spec.space.resolve(values))
         try:
-            if role != "baseline":
+            if role != names.BASELINE:
                 self._await_reference(trial)
             metrics = asyncio.run(self._run_server_trial(trial, role, settings))
         except CandidateError as exc:
@@ -159,10 +158,10 @@ class TrialRunner:
             raise optuna.TrialPruned(f"{exc.reason}: {exc.detail}") from None
         except EarlyStop as stop:
             # Verified correct and measured, just clearly slower: no correctness constraint.
-            trial.set_user_attr(keys.METRICS, {k: round(v, 4) for k, v in stop.metrics.items()})
-            trial.set_user_attr(keys.CORRECT, True)
-            trial.set_user_attr(keys.FAIL_REASON, "pruned_early")
-            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
+            trial.set_user_attr(names.METRICS, {k: round(v, 4) for k, v in stop.metrics.items()})
+            trial.set_user_attr(names.CORRECT, True)
+            trial.set_user_attr(names.FAIL_REASON, "pruned_early")
+            trial.set_constraint(names.CORRECTNESS_CONSTRAINT, 0.0)
             self.last = TrialOutcome(trial.number, role, "pruned_early")
             raise optuna.TrialPruned("pruned_early") from None
         except InfrastructureError as exc:
@@ -184,11 +183,11 @@ class TrialRunner:
         study = self.ctx.study
         if study is None:
             return
-        while study.user_attrs.get(keys.REFERENCE) is None:
+        while study.user_attrs.get(names.REFERENCE) is None:
             holders = [
                 t
                 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-                if t.number != trial.number and t.user_attrs.get(keys.ROLE) == "baseline"
+                if t.number != trial.number and t.user_attrs.get(names.ROLE) == names.BASELINE
             ]
             if not holders:
                 return
@@ -230,24 +229,24 @@ class TrialRunner:
 
         study = trial.study
         storage = study._storage  # noqa: SLF001
-        takes_over = role in ("search", "retry")
-        trial.set_user_attr(keys.DUPLICATE_OF, holder.number)  # a waiter, never a holder
+        takes_over = role in (names.SEARCH, names.RETRY)
+        trial.set_user_attr(names.DUPLICATE_OF, holder.number)  # a waiter, never a holder
         while True:
             current = storage.get_trial(holder._trial_id)  # noqa: SLF001
             if current.state != optuna.trial.TrialState.RUNNING:
                 if takes_over:
                     self._take_outcome(trial, role, current)  # raises TrialPruned
-                trial.set_user_attr(keys.DUPLICATE_OF, None)
+                trial.set_user_attr(names.DUPLICATE_OF, None)
                 return role  # a baseline/ablation/confirmation trial measures for itself
             why = trial_dead_reason(study, current)
             if (
                 why is None
-                and current.user_attrs.get(keys.DUPLICATE_OF) == trial.number
+                and current.user_attrs.get(names.DUPLICATE_OF) == trial.number
                 and trial.number < current.number
             ):
                 # Two workers checked at the same moment and each found the other: both would
                 # wait forever. The lower trial number runs; the other keeps waiting on it.
-                trial.set_user_attr(keys.DUPLICATE_OF, None)
+                trial.set_user_attr(names.DUPLICATE_OF, None)
                 return role
             if why is None:
                 self._phase(trial, f"waiting for trial {current.number} (same parameters)")
@@ -259,12 +258,16 @@ class TrialRunner:
             self.notes += lines
             if not marked:
                 continue  # another worker reclaimed it first: its state is final now
-            trial.set_user_attr(keys.DUPLICATE_OF, None)
+            trial.set_user_attr(names.DUPLICATE_OF, None)
             if not takes_over:
                 return role
-            role = "baseline" if current.user_attrs.get(keys.ROLE) == "baseline" else "retry"
-            trial.set_user_attr(keys.ROLE, role)
-            trial.set_user_attr(keys.RETRY_OF, current.number)
+            role = (
+                names.BASELINE
+                if current.user_attrs.get(names.ROLE) == names.BASELINE
+                else names.RETRY
+            )
+            trial.set_user_attr(names.ROLE, role)
+            trial.set_user_attr(names.RETRY_OF, current.number)
             return role
 
     def _take_outcome(
@@ -275,28 +278,28 @@ class TrialRunner:
         storage = study._storage  # noqa: SLF001
         source = holder
         for _ in range(16):  # a holder that itself took an outcome points further
-            further = source.user_attrs.get(keys.DUPLICATE_OF)
-            if source.user_attrs.get(keys.FAIL_REASON) != "duplicate" or further is None:
+            further = source.user_attrs.get(names.DUPLICATE_OF)
+            if source.user_attrs.get(names.FAIL_REASON) != "duplicate" or further is None:
                 break
             source = storage.get_trial(
                 storage.get_trial_id_from_study_id_trial_number(study._study_id, further)  # noqa: SLF001
             )
-        verdict = source.user_attrs.get(keys.FAIL_REASON) or (
+        verdict = source.user_attrs.get(names.FAIL_REASON) or (
             "correct" if source.state == optuna.trial.TrialState.COMPLETE else source.state.name
         )
-        trial.set_user_attr(keys.FAIL_REASON, "duplicate")
+        trial.set_user_attr(names.FAIL_REASON, "duplicate")
         trial.set_user_attr(
-            keys.FAIL_DETAIL,
+            names.FAIL_DETAIL,
             f"the sampler proposed the parameters of trial {holder.number} while it ran; "
             f"waited for it instead of launching a second server; its outcome: {verdict}",
         )
         trial.set_user_attr(
-            keys.EVIDENCE,
+            names.EVIDENCE,
             {"duplicate_of": source.number, "outcome": verdict, "values": source.values},
         )
-        constraint = source.system_attrs.get(f"constraints:{keys.CORRECTNESS_CONSTRAINT}")
+        constraint = source.system_attrs.get(names.constraint_attr(names.CORRECTNESS_CONSTRAINT))
         if constraint is not None:
-            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, float(constraint))
+            trial.set_constraint(names.CORRECTNESS_CONSTRAINT, float(constraint))
         self.last = TrialOutcome(trial.number, role, "duplicate")
         raise optuna.TrialPruned(f"duplicate of trial {holder.number}: {verdict}")
 
@@ -320,7 +323,7 @@ class TrialRunner:
         }
         if ctx.extra_env:  # a parallel worker's device set (CUDA_VISIBLE_DEVICES, core binding)
             server_attrs["devices"] = dict(ctx.extra_env)
-        trial.set_user_attr(keys.SERVER, server_attrs)
+        trial.set_user_attr(names.SERVER, server_attrs)
         log_path = ctx.log_dir / f"trial-{trial.number:05d}.log"
 
         def on_spawn(pid: int, pgid: int) -> None:
@@ -329,13 +332,13 @@ class TrialRunner:
                 pid=pid, pgid=pgid, create_time=_create_time(pid), machine=machine_id()
             )
             server_attrs["descendants"] = []  # the key exists before the tracking thread runs
-            trial.set_user_attr(keys.SERVER, server_attrs)
+            trial.set_user_attr(names.SERVER, server_attrs)
 
         def on_record(record: dict[str, Any]) -> None:
             # Descendants as they appear (tracking thread), then the teardown record: a later
             # run stops them too if autotune is killed (study._stop_leftovers).
             server_attrs.update(record)
-            trial.set_user_attr(keys.SERVER, dict(server_attrs))
+            trial.set_user_attr(names.SERVER, dict(server_attrs))
 
         server = ServerProcess(
             launch,
@@ -356,7 +359,7 @@ class TrialRunner:
             ) as client:
                 started = await server.wait_ready(client)
                 server_attrs["startup_s"] = round(started.startup_s, 3)
-                trial.set_user_attr(keys.SERVER, server_attrs)
+                trial.set_user_attr(names.SERVER, server_attrs)
                 problem = ctx.engine.verify_started(settings, server.log_text())
                 if problem:
                     raise CandidateError(
@@ -366,7 +369,7 @@ class TrialRunner:
                 self._phase(trial, "verifying")
                 reference = await self._reference(client, launch.served_model, role, server)
                 check = await self._verify(client, launch.served_model, reference, server)
-                trial.set_user_attr(keys.CHECK, _trim(check.to_dict()))
+                trial.set_user_attr(names.CHECK, _trim(check.to_dict()))
                 if not check.passed:
                     evidence = {"first_divergence": asdict(check.first_divergence)}
                     await speculative.record(client, trial, settings, evidence)
@@ -419,15 +422,15 @@ class TrialRunner:
                 server.stop()
             finally:
                 server_attrs["stopped_cleanly"] = server.stopped_cleanly
-                trial.set_user_attr(keys.SERVER, server_attrs)
+                trial.set_user_attr(names.SERVER, server_attrs)
                 self._upload(trial, log_path)
 
     async def _reference(
         self, client: httpx.AsyncClient, model: str, role: str, server: ServerProcess
     ) -> Reference:
         study = self.ctx.study
-        stored = study.user_attrs.get(keys.REFERENCE) if study is not None else None
-        if role == "baseline" and stored is None:
+        stored = study.user_attrs.get(names.REFERENCE) if study is not None else None
+        if role == names.BASELINE and stored is None:
             spec = self.ctx.spec
             reference = await record_reference(
                 client,
@@ -450,7 +453,7 @@ class TrialRunner:
                         f"baseline output fails sanity for {prompt!r}: {problem}",
                     )
             if study is not None:
-                study.set_user_attr(keys.REFERENCE, reference.to_dict())
+                study.set_user_attr(names.REFERENCE, reference.to_dict())
             return reference
         if stored is None:
             raise InfrastructureError("interrupted", "no reference recorded yet for this study")
@@ -498,8 +501,8 @@ class TrialRunner:
                 phase_hook=evidence.phase,
             )
         finally:  # stored whatever the benchmark's outcome; never fails the trial
-            trial.set_user_attr(SERVER_METRICS_ATTR, await evidence.stop())
-        trial.set_user_attr(keys.BENCH, bench_summary(bench))
+            trial.set_user_attr(names.SERVER_METRICS, await evidence.stop())
+        trial.set_user_attr(names.BENCH, bench_summary(bench))
         record_curve(trial, bench)
         if bench.hang:
             if not server.alive():
@@ -544,7 +547,7 @@ class TrialRunner:
             methods[method] = methods.get(method, 0) + 1
             if divergence is not None:
                 divergences.append(divergence)
-        check = dict(trial.user_attrs.get(keys.CHECK) or {})
+        check = dict(trial.user_attrs.get(names.CHECK) or {})
         check["under_load_checked"] = len(sample)
         check["under_load_compared_by"] = methods
         check["under_load_divergent"] = len(divergences)
@@ -552,7 +555,7 @@ class TrialRunner:
             check["under_load_skipped"] = (
                 "no benchmark response used a reference prompt at its recorded length"
             )
-        trial.set_user_attr(keys.CHECK, check)
+        trial.set_user_attr(names.CHECK, check)
         if divergences:
             first = divergences[0]
             raise CandidateError(
@@ -568,8 +571,8 @@ class TrialRunner:
         self, trial: optuna.Trial, role: str, metrics: dict[str, float]
     ) -> float | list[float]:
         spec = self.ctx.spec
-        trial.set_user_attr(keys.METRICS, {k: round(v, 4) for k, v in metrics.items()})
-        trial.set_user_attr(keys.CORRECT, True)
+        trial.set_user_attr(names.METRICS, {k: round(v, 4) for k, v in metrics.items()})
+        trial.set_user_attr(names.CORRECT, True)
         missing = [m for m in spec.objective.metrics if m not in metrics]
         if missing:
             self._record_failure(
@@ -579,10 +582,10 @@ class TrialRunner:
                 launched=True,
             )
             raise optuna.TrialPruned("request_errors")
-        trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
+        trial.set_constraint(names.CORRECTNESS_CONSTRAINT, 0.0)
         for slo in spec.objective.slos:
             trial.set_constraint(
-                f"slo:{slo.metric}",
+                names.slo_constraint(slo.metric),
                 slo.violation(metrics[slo.metric]) if slo.metric in metrics else 1.0,
             )
         values = tuple(metrics[m] for m in spec.objective.metrics)
@@ -596,13 +599,13 @@ class TrialRunner:
         evidence = dict(exc.evidence)
         if "log_tail" in evidence:
             evidence["log_tail"] = str(evidence["log_tail"])[-_LOG_TAIL_CHARS:]
-        trial.set_user_attr(keys.FAIL_REASON, exc.reason)
-        trial.set_user_attr(keys.FAIL_DETAIL, exc.detail[:2000])
-        trial.set_user_attr(keys.EVIDENCE, _trim(evidence))
+        trial.set_user_attr(names.FAIL_REASON, exc.reason)
+        trial.set_user_attr(names.FAIL_DETAIL, exc.detail[:2000])
+        trial.set_user_attr(names.EVIDENCE, _trim(evidence))
         if exc.reason == "incorrect_output":
-            trial.set_user_attr(keys.CORRECT, False)
+            trial.set_user_attr(names.CORRECT, False)
         if not infra:
-            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 1.0)
+            trial.set_constraint(names.CORRECTNESS_CONSTRAINT, 1.0)
         self.last = TrialOutcome(trial.number, role, exc.reason, None, infrastructure=infra)
 
     def _phase(self, trial: optuna.Trial, phase: str) -> None:
@@ -619,7 +622,7 @@ class TrialRunner:
                 mimetype="text/plain",
                 encoding="utf-8",
             )
-            outputs = {k: trial.user_attrs.get(k) for k in (keys.CHECK, keys.EVIDENCE)}
+            outputs = {k: trial.user_attrs.get(k) for k in (names.CHECK, names.EVIDENCE)}
             with tempfile.NamedTemporaryFile(
                 "w", suffix=f"-trial{trial.number}-outputs.json", delete=False
             ) as handle:
@@ -655,8 +658,8 @@ def _running_duplicate(
     for other in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         if (
             other.number != trial.number
-            and other.user_attrs.get(keys.PARAMS_RESOLVED) == values
-            and other.user_attrs.get(keys.DUPLICATE_OF) is None
+            and other.user_attrs.get(names.PARAMS_RESOLVED) == values
+            and other.user_attrs.get(names.DUPLICATE_OF) is None
         ):
             return other
     return None

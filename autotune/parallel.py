@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from autotune import names
 from autotune.errors import SpecError
 
 #: env var naming the GPUs a worker's servers see
@@ -42,7 +43,6 @@ GPU_ENV = "CUDA_VISIBLE_DEVICES"
 #: env var naming the cores vLLM's CPU worker binds its OpenMP threads to
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 #: study user attribute recording that trials ran in parallel (numbers not comparable)
-CONTENTION_ATTR = "parallel_contention_warning"
 CONTENTION_WARNING = (
     "parallel trials contend for shared resources (PCIe, memory bandwidth, host CPU, caches), "
     "so their measurements are comparable with each other only roughly and not with solo runs; "
@@ -316,9 +316,9 @@ def run_parallel(
     """
     from rich.console import Console
 
-    from autotune import storage as keys
     from autotune.engines import build_engine
     from autotune.spec import load_spec
+    from autotune.storage import artifact_dir_for
     from autotune.study import open_study, preflight, storage_url_for
 
     console = console or Console()
@@ -338,7 +338,7 @@ def run_parallel(
         console.print(f"[yellow]workload:[/] {changed}")
     name = study.study_name
     study.set_user_attr(
-        CONTENTION_ATTR,
+        names.PARALLEL_CONTENTION,
         {
             "message": CONTENTION_WARNING,
             "workers": count,
@@ -351,7 +351,7 @@ def run_parallel(
         console.print(
             f"[yellow]only {count} workers: --trials {options.trials} < --parallel {workers}[/]"
         )
-    log_dir = keys.artifact_dir(url, name, options.artifact_dir) / "workers"
+    log_dir = artifact_dir_for(url, name, options.artifact_dir) / "workers"
     log_dir.mkdir(parents=True, exist_ok=True)
     child_env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="160")
 

@@ -236,13 +236,14 @@ def study_reference(url: str, name: str) -> Reference:
     """The study's pinned reference (recorded by its baseline trial), or a SpecError."""
     import optuna
 
-    from autotune import storage as keys
+    from autotune import names
+    from autotune.storage import open_storage
 
     try:
-        study = optuna.load_study(storage=keys.open_storage(url, heartbeat=False), study_name=name)
+        study = optuna.load_study(storage=open_storage(url, heartbeat=False), study_name=name)
     except KeyError:
         raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
-    stored = study.user_attrs.get(keys.REFERENCE)
+    stored = study.user_attrs.get(names.REFERENCE)
     if stored is None:
         raise SpecError(
             f"study {name!r} has no reference yet (its baseline trial never completed); "

@@ -29,7 +29,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune import storage as keys
+from autotune import names
 from autotune.check import describe_checks
 from autotune.report import (
     StudyReport,
@@ -40,6 +40,7 @@ from autotune.report import (
     report_of,
     verified_baseline,
 )
+from autotune.storage import open_storage
 
 #: one colour per verdict, shared by every plot and the tables (failure reasons not listed
 #: here get the fallback)
@@ -102,7 +103,7 @@ def write_report(
     from autotune.report import load_report  # raises SpecError for an unknown study
 
     load_report(storage_url, study_name)
-    storage = keys.open_storage(storage_url, heartbeat=False)
+    storage = open_storage(storage_url, heartbeat=False)
     study = optuna.load_study(storage=storage, study_name=study_name)
     page = build_report(study, ReportSource(storage_url, spec_path))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +181,7 @@ def _header(
         f"<span class='chip' style='background:{_colour(v)}'>{_e(v)}: {n}</span>"
         for v, n in counts.most_common()
     )
-    servers = [t.user_attrs.get(keys.SERVER) or {} for t in trials]
+    servers = [t.user_attrs.get(names.SERVER) or {} for t in trials]
     hosts = sorted({s.get("hostname") for s in servers if s.get("hostname")})
     devices = sorted(
         {
@@ -189,7 +190,7 @@ def _header(
             if s.get("devices")
         }
     )
-    roofline = report.attrs.get(keys.ROOFLINE) or {}
+    roofline = report.attrs.get(names.ROOFLINE) or {}
     hardware = ", ".join(hosts) or "unknown"
     if devices:
         hardware += f"; devices {'; '.join(devices)}"
@@ -242,7 +243,7 @@ def _winner(
             "why each one was rejected.</div></section>"
         )
     baseline = verified_baseline(study)
-    base_params = dict((baseline.user_attrs.get(keys.PARAMS_RESOLVED) or {}) if baseline else {})
+    base_params = dict((baseline.user_attrs.get(names.PARAMS_RESOLVED) or {}) if baseline else {})
     reason = baseline_reason(study)
     parts = [head]
     if reason is not None:
@@ -261,18 +262,18 @@ def _winner(
         parts.append(_diff_table(base_params, row.params, ("baseline", f"trial {number}")))
         parts.append(_metrics_line(report, row, baseline))
         parts.append(f"<p><b>checks passed</b>: {_e(describe_checks(row.checks))}</p>")
-    parts.append(_confirmation_html(report.attrs.get(keys.CONFIRMATION)))
+    parts.append(_confirmation_html(report.attrs.get(names.CONFIRMATION)))
     parts.append(_export_html(study, report, source))
     parts.append("</section>")
     return "".join(parts)
 
 
 def _metrics_line(report: StudyReport, row: TrialRow, baseline: FrozenTrial | None) -> str:
-    base_metrics = (baseline.user_attrs.get(keys.METRICS) or {}) if baseline else {}
-    names = list(report.metric_names) or sorted(row.metrics)
-    names += [m for m in sorted(row.metrics) if m not in names]
+    base_metrics = (baseline.user_attrs.get(names.METRICS) or {}) if baseline else {}
+    shown = list(report.metric_names) or sorted(row.metrics)
+    shown += [m for m in sorted(row.metrics) if m not in shown]
     cells = []
-    for name in names:
+    for name in shown:
         if name not in row.metrics:
             continue
         value = row.metrics[name]
@@ -322,14 +323,14 @@ def _confirmation_html(data: dict | None) -> str:
 
 
 def _export_html(study: optuna.Study, report: StudyReport, source: ReportSource) -> str:
-    spec = source.spec_path or report.attrs.get(keys.SPEC_PATH) or "SPEC.yaml"
+    spec = source.spec_path or report.attrs.get(names.SPEC_PATH) or "SPEC.yaml"
     words = ["autotune", "export", "--spec", spec]
     if source.spec_path is None:
         words += ["--study", report.name, "--storage", _safe_url(source.storage_url)]
     words += ["-o", "best.yaml"]
     if len(report.best) > 1:
         words.append("--pareto")
-    elif report.attrs.get(keys.CONFIRMATION) is None and baseline_reason(study) is None:
+    elif report.attrs.get(names.CONFIRMATION) is None and baseline_reason(study) is None:
         words.append("--allow-unconfirmed")
     import shlex
 
@@ -592,7 +593,7 @@ def _failures(report: StudyReport, trials: list[FrozenTrial]) -> str:
 
 
 def _evidence_html(row: TrialRow, trial: FrozenTrial) -> str:
-    evidence = trial.user_attrs.get(keys.EVIDENCE) or {}
+    evidence = trial.user_attrs.get(names.EVIDENCE) or {}
     parts = [f"<p><b>detail</b>: {_e(row.detail) or '(none recorded)'}</p>"]
     params = ", ".join(f"{k}={v}" for k, v in row.params.items())
     parts.append(f"<p><b>config</b>: <code>{_e(params) or '(baseline)'}</code></p>")
@@ -726,7 +727,7 @@ def _pareto(
 
 
 def _ablation(report: StudyReport, figures: _Figures) -> str:
-    data = report.attrs.get(keys.ABLATION)
+    data = report.attrs.get(names.ABLATION_REPORT)
     head = "<section id='ablation'><h2>Which change bought what (ablation)</h2>"
     if not data:
         return (
@@ -793,7 +794,7 @@ def _ablation(report: StudyReport, figures: _Figures) -> str:
 
 
 def _roofline(report: StudyReport, figures: _Figures) -> str:
-    data = report.attrs.get(keys.ROOFLINE)
+    data = report.attrs.get(names.ROOFLINE)
     head = "<section id='roofline'><h2>How far from the hardware</h2>"
     if not data or not data.get("tokens_per_s"):
         return (
@@ -891,7 +892,7 @@ def _row(report: StudyReport, number: int) -> TrialRow:
 
 def _model_of(trials: list[FrozenTrial], source: ReportSource) -> str:
     for trial in trials:
-        argv = (trial.user_attrs.get(keys.SERVER) or {}).get("argv") or []
+        argv = (trial.user_attrs.get(names.SERVER) or {}).get("argv") or []
         for flag in ("--model", "--served-model-name"):
             if flag in argv and argv.index(flag) + 1 < len(argv):
                 return str(argv[argv.index(flag) + 1])
@@ -903,13 +904,13 @@ def _model_of(trials: list[FrozenTrial], source: ReportSource) -> str:
 
 def _engine_of(trials: list[FrozenTrial], report: StudyReport, source: ReportSource) -> str:
     versions = {
-        (t.user_attrs.get(keys.SERVER) or {}).get("engine_version")
+        (t.user_attrs.get(names.SERVER) or {}).get("engine_version")
         for t in trials
-        if (t.user_attrs.get(keys.SERVER) or {}).get("engine_version")
+        if (t.user_attrs.get(names.SERVER) or {}).get("engine_version")
     }
     if report.engine_version:
         versions.add(report.engine_version)
-    kind = _spec_kind(source.spec_path or report.attrs.get(keys.SPEC_PATH))
+    kind = _spec_kind(source.spec_path or report.attrs.get(names.SPEC_PATH))
     text = ", ".join(sorted(map(str, versions))) or "version unknown"
     return f"{kind} {text}" if kind else text
 
@@ -934,7 +935,7 @@ def _objective_names(
     its spec's path), else what the confirmation or ablation measured."""
     if study.metric_names:
         return tuple(study.metric_names)
-    path = source.spec_path or report.attrs.get(keys.SPEC_PATH)
+    path = source.spec_path or report.attrs.get(names.SPEC_PATH)
     if path:
         from autotune.errors import AutotuneError
         from autotune.spec import load_spec
@@ -945,7 +946,7 @@ def _objective_names(
             metrics = ()
         if len(metrics) == len(report.directions):
             return metrics
-    for key in (keys.CONFIRMATION, keys.ABLATION):
+    for key in (names.CONFIRMATION, names.ABLATION_REPORT):
         data = report.attrs.get(key)
         if data and len(report.directions) == 1:
             return (data["metric"],)

@@ -34,13 +34,14 @@ from typing import Any
 
 import httpx
 
-from autotune import storage as keys
+from autotune import names
 from autotune.engines.base import ServerSettings
+from autotune.storage import open_storage
 
 #: the JSON flag that turns speculation on (absent = no speculation, nothing to scrape)
 FLAG = "--speculative-config"
 #: trial user attribute holding :meth:`SpecDecodeStats.to_dict`
-ATTR = keys.SPECULATIVE
+ATTR = names.SPECULATIVE
 SCRAPE_TIMEOUT_S = 10.0
 
 _DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -173,8 +174,8 @@ def show_lines(trials: Iterable[Any]) -> list[str]:
             continue
         config = stats.get("config") or {}
         shown = ",".join(f"{k}={v}" for k, v in config.items())
-        verdict = trial.user_attrs.get(keys.FAIL_REASON) or (
-            "correct" if trial.user_attrs.get(keys.CORRECT) else trial.state.name.lower()
+        verdict = trial.user_attrs.get(names.FAIL_REASON) or (
+            "correct" if trial.user_attrs.get(names.CORRECT) else trial.state.name.lower()
         )
         lines.append(f"trial {trial.number} ({verdict}; {shown}): {describe(stats)}")
     return lines
@@ -185,6 +186,6 @@ def study_lines(storage_url: str, study_name: str) -> list[str]:
     import optuna
 
     study = optuna.load_study(
-        storage=keys.open_storage(storage_url, heartbeat=False), study_name=study_name
+        storage=open_storage(storage_url, heartbeat=False), study_name=study_name
     )
     return show_lines(study.get_trials(deepcopy=False))

@@ -1,8 +1,8 @@
-"""Where a study lives: the storage URL, its engine options, the attribute keys, the artifacts.
+"""Where a study lives: the storage URL, its engine options, opening a study, the artifacts.
 
 Nothing here adds tables of its own: trial values, constraints and namespaced ``user_attrs`` go
 into Optuna's RDB storage, so ``optuna-dashboard`` and plain ``optuna.load_study`` read
-everything autotune writes. This is the only module that knows the key names.
+everything autotune writes. The attribute keys live in :mod:`autotune.names`.
 """
 
 from __future__ import annotations
@@ -20,38 +20,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from autotune.errors import SpecError
-
-# --- trial attribute keys (user_attrs) ---------------------------------------------------------
-CORRECT = "correct"  # True, False, or None when never verified
-FAIL_REASON = "fail_reason"
-FAIL_DETAIL = "fail_detail"
-EVIDENCE = "evidence"  # log tail, exit code, signal, first divergence ...
-METRICS = "metrics"
-BENCH = "bench"  # spread, repeats, request counts
-SERVER = "server"  # argv, env (redacted), startup_s, engine_version, pid/pgid, host, worker
-CHECK = "check"
-PARAMS_RESOLVED = "params_resolved"  # values as the engine got them (int_list as lists)
-PINNED = "pinned_params"  # exact values of an ablation/confirmation variant
-VARIANT = "variant"  # label of an ablation/confirmation variant
-ROLE = "role"  # "baseline" | "search" | "retry" | "ablation" | "confirm"
-RETRY_OF = "retry_of"
-WORKER = "worker"  # the autotune process running the trial: machine, hostname, pid, create_time
-DUPLICATE_OF = "duplicate_of"  # set while a trial waits for a running trial with its parameters
-PHASE = "phase"
-SPECULATIVE = "speculative"  # spec-decode acceptance from /metrics (autotune.speculative)
-METRICS_CI = "metrics_ci"  # 95% t interval per metric: name -> [low, high, n]
-LOAD_CURVE = "load_curve"  # concurrency level -> that level's metrics
-GOODPUT = "goodput"  # the goodput search: value, SLOs, every level probed
-# --- study attribute keys ----------------------------------------------------------------------
-REFERENCE = "reference"
-SPEC_PATH = "spec_path"
-ENGINE_VERSION = "engine_version"
-ROOFLINE = "roofline"
-ABLATION = "ablation"
-CONFIRMATION = "confirmation"
-
-#: the constraint key that marks a trial whose configuration is bad (not measured, never best)
-CORRECTNESS_CONSTRAINT = "correct"
 
 HEARTBEAT_INTERVAL_S = 10
 HEARTBEAT_GRACE_S = 30
@@ -185,7 +153,7 @@ def open_storage(url: str, *, heartbeat: bool = True) -> optuna.storages.RDBStor
         raise SpecError(message, key="--storage") from None
 
 
-def artifact_dir(url: str, study_name: str, override: str | None = None) -> Path:
+def artifact_dir_for(url: str, study_name: str, override: str | None = None) -> Path:
     """Server logs and verified outputs live beside an SQLite file, or where the user says.
 
     The name is checked first: ``--study ../../x`` must not put artifacts outside the storage

@@ -29,14 +29,20 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune import _proc
-from autotune import storage as keys
+from autotune import _proc, names
 from autotune.engines import build_engine
 from autotune.engines.base import DroppedChoice, Engine
 from autotune.errors import AutotuneError, InfrastructureError, PreflightError, SpecError
 from autotune.guide import GuidedSampler, Neighbour, early_neighbours, record_plan
 from autotune.objective import TrialContext, TrialOutcome, TrialRunner
 from autotune.spec import StudySpec, spec_error_for_missing_model
+from autotune.storage import (
+    artifact_dir_for,
+    artifact_store,
+    check_reachable,
+    open_storage,
+    resolve_url,
+)
 from autotune.workload import check_workload
 
 #: trials whose parameters violate constraints are retried by the sampler up to this many
@@ -141,10 +147,12 @@ def open_study(
                 key="objective",
             ) from None
     if created:
-        study.set_user_attr(keys.SPEC_PATH, str(spec.path))
+        study.set_user_attr(names.SPEC_PATH, str(spec.path))
         study.set_metric_names(list(spec.objective.metrics))  # `show` reads each one's interval
         # The baseline is trial 0: engine defaults, no patches. It records the reference.
-        study.enqueue_trial(spec.space.baseline_optuna_params(), user_attrs={keys.ROLE: "baseline"})
+        study.enqueue_trial(
+            spec.space.baseline_optuna_params(), user_attrs={names.ROLE: names.BASELINE}
+        )
     return study, created
 
 
@@ -153,7 +161,7 @@ def _open_storage(url: str, attempts: int = 4) -> optuna.storages.RDBStorage:
     losers get IntegrityError/ProgrammingError ("already exists") once, then find them made."""
     for attempt in range(attempts):
         try:
-            return keys.open_storage(url)
+            return open_storage(url)
         except SpecError as exc:
             transient = "IntegrityError" in str(exc) or "ProgrammingError" in str(exc)
             if not transient or attempt == attempts - 1:
@@ -224,11 +232,11 @@ def trial_dead_reason(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> s
 
 
 def _worker_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
-    worker = trial.user_attrs.get(keys.WORKER)
+    worker = trial.user_attrs.get(names.WORKER)
     if isinstance(worker, dict):
         return worker
     # older records: only the server's "hostname:pid" worker string
-    server = trial.user_attrs.get(keys.SERVER) or {}
+    server = trial.user_attrs.get(names.SERVER) or {}
     host, _, pid = str(server.get("worker") or "").rpartition(":")
     if host and pid.isdigit():
         return {"hostname": host, "pid": int(pid)}
@@ -269,10 +277,10 @@ def reclaim(
     stopped = _stop_leftovers(trial, this_host_only=this_host_only)
     marked = False
     with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-        storage.set_trial_user_attr(trial._trial_id, keys.FAIL_REASON, "interrupted")  # noqa: SLF001
+        storage.set_trial_user_attr(trial._trial_id, names.FAIL_REASON, "interrupted")  # noqa: SLF001
         storage.set_trial_user_attr(
             trial._trial_id,  # noqa: SLF001
-            keys.FAIL_DETAIL,
+            names.FAIL_DETAIL,
             f"the run was killed while this trial ran ({why})",
         )
         marked = bool(storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL))  # noqa: SLF001
@@ -304,7 +312,7 @@ def _stop_leftovers(trial: optuna.trial.FrozenTrial, *, this_host_only: bool = T
     group is signalled unless its leader's pid now belongs to another process (then the group
     id cannot be the server's any more: Linux never reuses a pid that is still a group id).
     """
-    server = trial.user_attrs.get(keys.SERVER) or {}
+    server = trial.user_attrs.get(names.SERVER) or {}
     pid, pgid = server.get("pid"), server.get("pgid")
     tracked: dict[int, float | None] = {}
     for entry in server.get("descendants") or []:
@@ -361,12 +369,12 @@ def enqueue_retry(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     """Queue ``trial``'s exact configuration again. A pinned trial (an early one-change
     neighbour, an ablation or confirmation variant) leaves parameters out on purpose: its pin
     travels with the retry, or the sampler would fill the gaps with other values."""
-    role = trial.user_attrs.get(keys.ROLE, "search")
+    role = trial.user_attrs.get(names.ROLE, names.SEARCH)
     user_attrs = {
-        keys.ROLE: "baseline" if role == "baseline" else "retry",
-        keys.RETRY_OF: trial.number,
+        names.ROLE: names.BASELINE if role == names.BASELINE else names.RETRY,
+        names.RETRY_OF: trial.number,
     }
-    for key in (keys.PINNED, keys.VARIANT):
+    for key in (names.PINNED, names.VARIANT):
         if trial.user_attrs.get(key) is not None:
             user_attrs[key] = trial.user_attrs[key]
     study.enqueue_trial(dict(trial.params), user_attrs=user_attrs)
@@ -392,10 +400,10 @@ def run_study(
     url = storage_url_for(spec, options.storage_url)
     # A bad storage URL or an unwritable artifact directory is bad input: found before the
     # storage is touched.
-    keys.resolve_url(url)
-    keys.check_reachable(url)
-    artifacts = keys.artifact_store(
-        keys.artifact_dir(url, options.study_name or spec.name, options.artifact_dir)
+    resolve_url(url)
+    check_reachable(url)
+    artifacts = artifact_store(
+        artifact_dir_for(url, options.study_name or spec.name, options.artifact_dir)
     )
     study, _created = open_study(
         spec,
@@ -416,9 +424,11 @@ def run_study(
         backend.heartbeat_stale_trial_callback = _on_optuna_stale(summary.cleaned)
     if not _created:
         _wait_for_creator(study)
-    if study.user_attrs.get(keys.REFERENCE) is None and not _baseline_pending(study):
-        study.enqueue_trial(spec.space.baseline_optuna_params(), user_attrs={keys.ROLE: "baseline"})
-    artifacts_path = keys.artifact_dir(url, study.study_name, options.artifact_dir)
+    if study.user_attrs.get(names.REFERENCE) is None and not _baseline_pending(study):
+        study.enqueue_trial(
+            spec.space.baseline_optuna_params(), user_attrs={names.ROLE: names.BASELINE}
+        )
+    artifacts_path = artifact_dir_for(url, study.study_name, options.artifact_dir)
     ctx = TrialContext(
         spec=spec,
         engine=engine,
@@ -429,9 +439,9 @@ def run_study(
         extra_env=dict(extra_env or {}),
         extra_flags=dict(extra_flags or {}),
     )
-    study.set_user_attr(keys.ENGINE_VERSION, engine.version())
-    if spec.roofline and keys.ROOFLINE not in study.user_attrs:
-        study.set_user_attr(keys.ROOFLINE, _roofline(spec))
+    study.set_user_attr(names.ENGINE_VERSION, engine.version())
+    if spec.roofline and names.ROOFLINE not in study.user_attrs:
+        study.set_user_attr(names.ROOFLINE, _roofline(spec))
     runner = TrialRunner(ctx)
     launched = 0
     unlaunched = 0
@@ -474,7 +484,7 @@ def run_study(
         if outcome.infrastructure:
             infra_in_a_row += 1
             trial = study.trials[outcome.number]
-            if trial.user_attrs.get(keys.RETRY_OF) is None:
+            if trial.user_attrs.get(names.RETRY_OF) is None:
                 enqueue_retry(study, trial)
             if infra_in_a_row >= spec.max_consecutive_infra_failures:
                 summary.stopped_because = (
@@ -484,9 +494,9 @@ def run_study(
             continue
         infra_in_a_row = 0
         launched += 1
-        if outcome.role == "baseline" and outcome.verdict != "correct":
+        if outcome.role == names.BASELINE and outcome.verdict != "correct":
             trial = study.trials[outcome.number]
-            detail = trial.user_attrs.get(keys.FAIL_DETAIL, "")
+            detail = trial.user_attrs.get(names.FAIL_DETAIL, "")
             raise PreflightError(
                 f"the baseline (trial {outcome.number}) failed: "
                 f"{outcome.verdict}: {detail}. Nothing else can be judged "
@@ -510,7 +520,7 @@ def _roofline(spec: StudySpec) -> dict[str, Any]:
 def _baseline_pending(study: optuna.Study) -> bool:
     return any(
         t.state in (TrialState.WAITING, TrialState.RUNNING)
-        and t.user_attrs.get(keys.ROLE) == "baseline"
+        and t.user_attrs.get(names.ROLE) == names.BASELINE
         for t in study.get_trials(deepcopy=False)
     )
 
@@ -532,11 +542,11 @@ def _wait_for_reference(study: optuna.Study, notes: list[str], poll_s: float = 1
     gone, or its holder is found dead.
     """
     while True:
-        if study.user_attrs.get(keys.REFERENCE) is not None:
+        if study.user_attrs.get(names.REFERENCE) is not None:
             return
         trials = study.get_trials(deepcopy=False)
         waiting = any(
-            t.state == TrialState.WAITING and t.user_attrs.get(keys.ROLE) == "baseline"
+            t.state == TrialState.WAITING and t.user_attrs.get(names.ROLE) == names.BASELINE
             for t in trials
         )
         if waiting:
@@ -544,7 +554,7 @@ def _wait_for_reference(study: optuna.Study, notes: list[str], poll_s: float = 1
         running = [
             t
             for t in trials
-            if t.state == TrialState.RUNNING and t.user_attrs.get(keys.ROLE) == "baseline"
+            if t.state == TrialState.RUNNING and t.user_attrs.get(names.ROLE) == names.BASELINE
         ]
         if not running:
             return  # the caller's trial will fail visibly with "no reference"

@@ -521,13 +521,13 @@ def test_study_key_is_a_checked_name(tmp_path: Path, name: str) -> None:
 
 
 def test_artifact_dir_stays_under_the_storage_directory(tmp_path: Path) -> None:
-    from autotune import storage as keys
+    from autotune.storage import artifact_dir_for
 
     url = f"sqlite:///{tmp_path / 'db' / 's.db'}"
-    assert keys.artifact_dir(url, "my.study-1") == tmp_path / "db" / "my.study-1-artifacts"
+    assert artifact_dir_for(url, "my.study-1") == tmp_path / "db" / "my.study-1-artifacts"
     for name in ("../x", "..", "a/../../b"):
         with pytest.raises(SpecError):
-            keys.artifact_dir(url, name)
+            artifact_dir_for(url, name)
 
 
 @pytest.mark.parametrize("command", ["show", "export", "confirm", "ablate", "cleanup"])

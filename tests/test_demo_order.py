@@ -8,7 +8,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune import storage as keys
+from autotune import names
 from autotune.engines import build_engine
 from autotune.engines.base import DroppedChoice
 from autotune.guide import EARLY_PROPOSAL, EARLY_PROPOSALS, early_neighbours, record_plan
@@ -30,14 +30,14 @@ def first_trials(tmp_path, seed: int, dropped, n: int = 3) -> list[dict]:
     out = []
     for _ in range(n):
         trial = study.ask()
-        pinned = trial.user_attrs.get(keys.PINNED)
+        pinned = trial.user_attrs.get(names.PINNED)
         if pinned is not None:  # what TrialRunner._run does
             values = spec.space.suggest_pinned(trial, pinned)
-        elif trial.user_attrs.get(keys.ROLE) == "baseline":
+        elif trial.user_attrs.get(names.ROLE) == "baseline":
             values = spec.space.suggest_baseline(trial)
         else:
             values = spec.space.suggest(trial)
-        out.append({"role": trial.user_attrs.get(keys.ROLE, "search"), "values": values})
+        out.append({"role": trial.user_attrs.get(names.ROLE, "search"), "values": values})
         study.tell(trial, 100.0)
     return out, study, spec
 
@@ -84,7 +84,7 @@ def test_after_the_neighbours_the_sampler_takes_over(tmp_path):
         False,
         False,
     ]
-    assert all(keys.PINNED not in t.user_attrs for t in study.trials[3:])
+    assert all(names.PINNED not in t.user_attrs for t in study.trials[3:])
     assert len(trials[3]["values"]) == len(
         [p for p in load_spec(ROOT / "studies" / "demo.yaml").space.parameters]
     )
