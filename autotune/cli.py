@@ -107,13 +107,9 @@ def _target(spec, study: str | None, storage: str | None, *, existing: bool) -> 
 
 def _require_study(url: str, name: str) -> None:
     """A command that works on an existing study must not create one under a mistyped name."""
-    import optuna
+    from autotune.storage import load_study
 
-    from autotune.storage import open_storage
-
-    storage = open_storage(url, heartbeat=False)
-    if name not in optuna.study.get_all_study_names(storage=storage):
-        raise SpecError(f"no study named {name!r} in {url}", key="--study")
+    load_study(url, name)
 
 
 @app.command()
@@ -250,12 +246,10 @@ def run(
 
 def _say_if_baseline_is_best(url: str, name: str) -> None:
     """One line when no configuration beat the baseline (what `export` will then write)."""
-    import optuna
-
     from autotune.report import baseline_reason
-    from autotune.storage import open_storage
+    from autotune.storage import load_study
 
-    loaded = optuna.load_study(storage=open_storage(url, heartbeat=False), study_name=name)
+    loaded = load_study(url, name)
     reason = baseline_reason(loaded)
     if reason is not None:
         console.print(
@@ -275,17 +269,12 @@ def _confirm(
     quiet: bool = False,
 ) -> None:
     """The confirmation phase (see confirm.py); skipped for multi-objective studies."""
-    import optuna
-
     from autotune.confirm import run_confirmation, top_candidates
-    from autotune.storage import open_storage
+    from autotune.storage import load_study
 
     if len(study_spec.objective.metrics) != 1:
         return
-    try:
-        loaded = optuna.load_study(storage=open_storage(url), study_name=name)
-    except KeyError:
-        raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
+    loaded = load_study(url, name, heartbeat=True)
     if not top_candidates(study_spec, loaded, top):
         if not quiet:  # `run` says it once, at its end, with what export then writes
             console.print("[yellow]no verified correct config beyond the baseline to confirm[/]")
@@ -589,18 +578,13 @@ def export(
     ] = False,
 ) -> None:
     """Write the best verified config as YAML for `vllm serve --config FILE`."""
-    import optuna
-
     from autotune.export import export_best
-    from autotune.storage import open_storage
+    from autotune.storage import load_study
 
     try:
         study_spec = _load_spec(spec)
         url, name = _study_target(spec, study, storage)
-        try:
-            loaded = optuna.load_study(storage=open_storage(url, heartbeat=False), study_name=name)
-        except KeyError:
-            raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
+        loaded = load_study(url, name)
         results = export_best(
             study_spec, loaded, output, pareto=pareto, require_confirmed=not allow_unconfirmed
         )
@@ -777,19 +761,14 @@ def ablate(
     artifact_dir: ArtifactDirOpt = None,
 ) -> None:
     """Revert each change of the best config one at a time: what really helped?"""
-    import optuna
-
     from autotune.ablation import run_ablation
-    from autotune.storage import artifact_dir_for, open_storage
+    from autotune.storage import artifact_dir_for, load_study
 
     try:
         study_spec = _load_spec(spec)
         url, name = _study_target(spec, study, storage)
         artifact_dir_for(url, name, artifact_dir)
-        try:
-            loaded = optuna.load_study(storage=open_storage(url), study_name=name)
-        except KeyError:
-            raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
+        loaded = load_study(url, name, heartbeat=True)
         report = run_ablation(
             study_spec,
             loaded,
@@ -966,6 +945,9 @@ def cleanup(
 
 
 def main() -> None:
+    from autotune.study import quiet_optuna
+
+    quiet_optuna()
     try:
         app()
     except AutotuneError as exc:  # pragma: no cover - commands map their own errors

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import optuna
 import yaml
 
 from autotune import names
@@ -30,7 +29,7 @@ from autotune.confirm import _gain_with_ci, _t975
 from autotune.errors import SpecError
 from autotune.report import best_trials, is_verified_feasible, report_of
 from autotune.spec import StudySpec
-from autotune.storage import check_study_name, open_storage, resolve_url, sqlite_file
+from autotune.storage import check_study_name, load_study, resolve_url, sqlite_file
 
 
 @dataclass(frozen=True)
@@ -169,10 +168,7 @@ def compare_studies(a: str, b: str) -> StudyComparison:
 
 
 def _side(ref: StudyRef) -> StudySide:
-    from autotune.report import load_report
-
-    load_report(ref.url, ref.name)  # a clear error for a missing study
-    study = optuna.load_study(storage=open_storage(ref.url, heartbeat=False), study_name=ref.name)
+    study = load_study(ref.url, ref.name)
     report = report_of(study)
     objective = tuple(study.metric_names or ())
     if not objective:
@@ -373,7 +369,7 @@ def compare_configs(
     if names.REFERENCE not in study.user_attrs:
         notes.append("the baseline ran first to record the reference the gate checks against")
         run_study(spec, RunOptions(trials=1, storage_url=storage, study_name=name))
-        study = optuna.load_study(storage=open_storage(url), study_name=name)
+        study = load_study(url, name, heartbeat=True)
     label_a, label_b = f"A: {a.name}", f"B: {b.name}"
     if label_a == label_b:
         label_a, label_b = f"A: {a}", f"B: {b}"

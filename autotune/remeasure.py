@@ -22,6 +22,7 @@ from autotune.errors import InfrastructureError
 from autotune.objective import TrialContext, TrialOutcome, TrialRunner
 from autotune.spec import StudySpec
 from autotune.storage import artifact_dir_for, artifact_store
+from autotune.study import quiet_optuna
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ def measure_variants(
     With ``until``, ``repeats`` is the minimum: rounds go on, up to ``max_rounds``, until
     ``until(results)`` says the measurements are precise enough (confirmation's rule).
     """
+    quiet_optuna()
     engine = build_engine(spec)
     artifacts_path = artifact_dir_for(storage_url, study.study_name, artifact_dir)
     ctx = TrialContext(

@@ -234,15 +234,11 @@ async def bench_remote(
 
 def study_reference(url: str, name: str) -> Reference:
     """The study's pinned reference (recorded by its baseline trial), or a SpecError."""
-    import optuna
 
     from autotune import names
-    from autotune.storage import open_storage
+    from autotune.storage import load_study
 
-    try:
-        study = optuna.load_study(storage=open_storage(url, heartbeat=False), study_name=name)
-    except KeyError:
-        raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
+    study = load_study(url, name)
     stored = study.user_attrs.get(names.REFERENCE)
     if stored is None:
         raise SpecError(

@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import names
-from autotune.storage import open_storage
+from autotune.storage import load_study
 
 
 @dataclass(frozen=True)
@@ -175,19 +175,7 @@ def row_of(trial: FrozenTrial, best: set[int]) -> TrialRow:
 
 
 def load_report(storage_url: str, study_name: str) -> StudyReport:
-    storage = open_storage(storage_url, heartbeat=False)
-    try:
-        study = optuna.load_study(storage=storage, study_name=study_name)
-    except KeyError:
-        from autotune.errors import SpecError
-
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise SpecError(
-            f"no study named {study_name!r} in this storage "
-            f"(studies: {', '.join(names) or 'none'})",
-            key="--study",
-        ) from None
-    return report_of(study)
+    return report_of(load_study(storage_url, study_name))
 
 
 def report_of(study: optuna.Study) -> StudyReport:

@@ -40,7 +40,7 @@ from autotune.report import (
     report_of,
     verified_baseline,
 )
-from autotune.storage import open_storage
+from autotune.storage import load_study
 
 #: one colour per verdict, shared by every plot and the tables (failure reasons not listed
 #: here get the fallback)
@@ -100,11 +100,7 @@ def write_report(
     storage_url: str, study_name: str, out: Path, *, spec_path: str | None = None
 ) -> Path:
     """Load the study, build the page and write it atomically to ``out``."""
-    from autotune.report import load_report  # raises SpecError for an unknown study
-
-    load_report(storage_url, study_name)
-    storage = open_storage(storage_url, heartbeat=False)
-    study = optuna.load_study(storage=storage, study_name=study_name)
+    study = load_study(storage_url, study_name)  # a SpecError for an unknown study
     page = build_report(study, ReportSource(storage_url, spec_path))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

@@ -36,7 +36,7 @@ import httpx
 
 from autotune import names
 from autotune.engines.base import ServerSettings
-from autotune.storage import open_storage
+from autotune.storage import load_study
 
 #: the JSON flag that turns speculation on (absent = no speculation, nothing to scrape)
 FLAG = "--speculative-config"
@@ -183,9 +183,5 @@ def show_lines(trials: Iterable[Any]) -> list[str]:
 
 def study_lines(storage_url: str, study_name: str) -> list[str]:
     """:func:`show_lines` for a stored study (``autotune show``)."""
-    import optuna
-
-    study = optuna.load_study(
-        storage=open_storage(storage_url, heartbeat=False), study_name=study_name
-    )
+    study = load_study(storage_url, study_name)
     return show_lines(study.get_trials(deepcopy=False))

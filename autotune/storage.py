@@ -153,6 +153,34 @@ def open_storage(url: str, *, heartbeat: bool = True) -> optuna.storages.RDBStor
         raise SpecError(message, key="--storage") from None
 
 
+def load_study(
+    url: str,
+    name: str,
+    *,
+    heartbeat: bool = False,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
+) -> optuna.Study:
+    """The existing study ``name`` at ``url``: how every command that reads or extends a study
+    opens it. A missing study is a SpecError naming the studies that are there; nothing is
+    created, so a mistyped ``--study`` never leaves an empty study behind. ``heartbeat`` for
+    commands that run trials in it (a killed run's trials are then found and failed)."""
+    storage = open_storage(url, heartbeat=heartbeat)
+    try:
+        return optuna.load_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner)
+    except KeyError:
+        studies = optuna.study.get_all_study_names(storage=storage)
+        raise SpecError(
+            f"no study named {name!r} in {_shown(url)} (studies: {', '.join(studies) or 'none'})",
+            key="--study",
+        ) from None
+
+
+def _shown(url: str) -> str:
+    """The URL as an error message may print it: a database password stays out."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
 def artifact_dir_for(url: str, study_name: str, override: str | None = None) -> Path:
     """Server logs and verified outputs live beside an SQLite file, or where the user says.
 

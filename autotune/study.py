@@ -49,8 +49,13 @@ from autotune.workload import check_workload
 #: times per counted trial before the run gives up on the space
 MAX_UNLAUNCHED_PER_TRIAL = 50
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+def quiet_optuna() -> None:
+    """Optuna's per-trial INFO lines and experimental-API warnings would drown autotune's own
+    output. Called where a run starts (the CLI, :func:`run_study`, re-measurements), never at
+    import: importing autotune must not change a host program's logging."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 @dataclass(frozen=True)
@@ -392,6 +397,7 @@ def run_study(
     on_notice: Callable[[str], None] | None = None,
 ) -> RunSummary:
     """Run ``options.trials`` launched trials (resuming the study if it exists)."""
+    quiet_optuna()
     engine = build_engine(spec)
     dropped = preflight(spec, engine, validate=options.validate)
     for choice in dropped:
