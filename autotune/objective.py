@@ -129,9 +129,9 @@ class TrialRunner:
         pinned = trial.user_attrs.get(names.PINNED)
         if pinned is not None:
             # ablation and confirmation variants: exactly these values, the rest left out
-            values = spec.space.suggest_pinned(trial, pinned)
+            values = spec.space.suggest(trial, only=pinned)
         elif role == names.BASELINE:
-            values = spec.space.suggest_baseline(trial)
+            values = spec.space.suggest(trial, only=spec.space.baseline_names())
         else:
             values = spec.space.suggest(trial)
         trial.set_user_attr(names.PARAMS_RESOLVED, values)

@@ -16,7 +16,8 @@ from typing import Any
 from autotune._yaml import YamlDoc, check_keys, load_yaml
 from autotune.errors import SpecError
 from autotune.names import METRIC_DIRECTIONS, direction
-from autotune.space import SearchSpace, load_space
+from autotune.space import SearchSpace
+from autotune.space_yaml import load_space
 from autotune.storage import check_url, study_name_problem
 
 ENGINE_KINDS = ("vllm", "command")

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.errors import SpecError
-from autotune.space import load_space
+from autotune.space_yaml import load_space
 from autotune.spec import load_spec
 
 SPACE: dict[str, Any] = {

@@ -23,7 +23,7 @@ import yaml
 from optuna.trial import TrialState
 
 from autotune import names, speculative
-from autotune.space import load_space
+from autotune.space_yaml import load_space
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
 from tests.conftest import ROOT, write_demo_spec
