@@ -10,7 +10,7 @@
   OpenMP threads to; by default this process's allowed cores split evenly.
 
 The workers coordinate only through the study's storage (the baseline, the reference,
-heartbeats, the constant-liar TPE sampler and the duplicate-config guard of ``objective.py``),
+heartbeats, the constant-liar TPE sampler and the duplicate-config guard of ``trial.py``),
 exactly as workers on different machines do. That storage must serve concurrent writers
 safely, which SQLite does not (see :func:`check_storage`): ``--parallel`` needs PostgreSQL or
 MySQL.

@@ -19,10 +19,11 @@ import optuna
 from autotune import names
 from autotune.engines import build_engine
 from autotune.errors import InfrastructureError
-from autotune.objective import TrialContext, TrialOutcome, TrialRunner
+from autotune.record import TrialOutcome
 from autotune.spec import StudySpec
 from autotune.storage import artifact_dir_for, artifact_store
 from autotune.study import quiet_optuna
+from autotune.trial import TrialContext, TrialRunner
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,9 @@ duplicate), so no wait trusts a holder that is gone.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,20 +28,30 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune import _proc, names
+from autotune import names
+from autotune.cleanup import (
+    cleanup_stale,
+    enqueue_retry,
+    on_optuna_stale,
+    reclaim_trial,
+    trial_dead_reason,
+)
 from autotune.engines import build_engine
 from autotune.engines.base import DroppedChoice, Engine
 from autotune.errors import AutotuneError, InfrastructureError, PreflightError, SpecError
 from autotune.guide import GuidedSampler, Neighbour, early_neighbours, record_plan
-from autotune.objective import TrialContext, TrialOutcome, TrialRunner
+from autotune.record import TrialOutcome
 from autotune.spec import StudySpec, spec_error_for_missing_model
 from autotune.storage import (
     artifact_dir_for,
     artifact_store,
     check_reachable,
+    check_study_name,
     open_storage,
     resolve_url,
+    sqlite_file,
 )
+from autotune.trial import TrialContext, TrialRunner
 from autotune.workload import check_workload
 
 #: trials whose parameters violate constraints are retried by the sampler up to this many
@@ -81,6 +90,32 @@ class RunSummary:
 
 def storage_url_for(spec: StudySpec, override: str | None) -> str:
     return override or spec.storage or spec.default_storage()
+
+
+def study_target(
+    spec: StudySpec, study: str | None, storage: str | None, *, existing: bool
+) -> tuple[str, str]:
+    """(storage URL, study name), both checked before anything is written: the name (one
+    rule for ``--study`` and the spec's ``study:``), the URL (in-memory SQLite refused, the
+    directory there), and either that the SQLite file exists (``existing``: commands that read
+    a study never create an empty database) or that a database server answers (``run``: a bad
+    URL is refused before the artifact directory is made)."""
+    name = check_study_name(study) if study is not None else spec.name
+    url = storage_url_for(spec, storage)
+    where = {"key": "--storage"}
+    if storage is None and spec.storage is not None:
+        where = {"key": "storage", "file": str(spec.path)}
+    resolve_url(url, **where)
+    database = sqlite_file(url)
+    if existing:
+        if database is not None and not database.is_file():
+            raise SpecError(
+                f"no study storage at {database} (run `autotune run` first, or give --storage)",
+                **where,
+            )
+    else:
+        check_reachable(url, **where)
+    return url, name
 
 
 def preflight(spec: StudySpec, engine: Engine, *, validate: bool = True) -> list[DroppedChoice]:
@@ -197,194 +232,6 @@ def build_sampler(spec: StudySpec, seed: int | None) -> optuna.samplers.BaseSamp
     )
 
 
-def cleanup_stale(study: optuna.Study, *, this_host_only: bool = True) -> list[str]:
-    """Reclaim every RUNNING trial whose worker is dead; one line per trial reclaimed.
-
-    Dead means: the worker recorded on this machine is gone (no such pid, or the pid now
-    belongs to a process started at another time), or, for a worker elsewhere (or one that had
-    not recorded itself yet), Optuna's heartbeat is older than the grace. A trial whose worker
-    lives is never touched, however long it runs.
-    """
-    stale = _stale_ids(study)
-    messages: list[str] = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        why = dead_reason(trial, stale)
-        if why is not None:
-            messages += reclaim_trial(study, trial, why, this_host_only=this_host_only)
-    return messages
-
-
-def dead_reason(trial: optuna.trial.FrozenTrial, stale_ids: Collection[int]) -> str | None:
-    """Why a RUNNING trial's worker is known dead, or None while it may be alive."""
-    if trial.state != TrialState.RUNNING:
-        return None
-    worker = _worker_of(trial)
-    if worker is not None and worker.get("pid") and _proc.on_this_machine(worker):
-        if _proc.same_process(int(worker["pid"]), worker.get("create_time")):
-            return None
-        return f"its worker (pid {worker['pid']} on this machine) is gone"
-    if trial._trial_id in stale_ids:  # noqa: SLF001
-        return "its worker's heartbeat stopped"
-    return None
-
-
-def trial_dead_reason(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> str | None:
-    """:func:`dead_reason` for one trial, reading the heartbeats only when they decide."""
-    worker = _worker_of(trial)
-    if worker is not None and worker.get("pid") and _proc.on_this_machine(worker):
-        return dead_reason(trial, ())
-    return dead_reason(trial, _stale_ids(study))
-
-
-def _worker_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
-    worker = trial.user_attrs.get(names.WORKER)
-    if isinstance(worker, dict):
-        return worker
-    # older records: only the server's "hostname:pid" worker string
-    server = trial.user_attrs.get(names.SERVER) or {}
-    host, _, pid = str(server.get("worker") or "").rpartition(":")
-    if host and pid.isdigit():
-        return {"hostname": host, "pid": int(pid)}
-    return None
-
-
-def _stale_ids(study: optuna.Study) -> set[int]:
-    try:
-        return set(study._storage._get_stale_trial_ids(study._study_id))  # noqa: SLF001
-    except (AttributeError, NotImplementedError, AssertionError):
-        return set()
-
-
-def reclaim_trial(
-    study: optuna.Study,
-    trial: optuna.trial.FrozenTrial,
-    why: str,
-    *,
-    this_host_only: bool = True,
-) -> list[str]:
-    """Stop a dead trial's leftover processes, mark it ``interrupted`` (FAIL), queue its
-    parameters again; one line (none if another worker did it first, nothing left to stop)."""
-    return reclaim(study, trial, why, this_host_only=this_host_only)[1]
-
-
-def reclaim(
-    study: optuna.Study,
-    trial: optuna.trial.FrozenTrial,
-    why: str,
-    *,
-    taken_over_by: int | None = None,
-    this_host_only: bool = True,
-) -> tuple[bool, list[str]]:
-    """:func:`reclaim_trial`, also saying whether this call marked the trial (False: another
-    worker was first). With ``taken_over_by`` nothing is queued: that trial runs the
-    parameters instead (see ``TrialRunner._settle_duplicate``)."""
-    storage = study._storage  # noqa: SLF001
-    stopped = _stop_leftovers(trial, this_host_only=this_host_only)
-    marked = False
-    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-        storage.set_trial_user_attr(trial._trial_id, names.FAIL_REASON, "interrupted")  # noqa: SLF001
-        storage.set_trial_user_attr(
-            trial._trial_id,  # noqa: SLF001
-            names.FAIL_DETAIL,
-            f"the run was killed while this trial ran ({why})",
-        )
-        marked = bool(storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL))  # noqa: SLF001
-    parts = [stopped] if stopped else []
-    if marked:
-        parts.append("marked interrupted")
-        if taken_over_by is None:
-            enqueue_retry(study, trial)
-            parts.append("re-enqueued")
-        else:
-            parts.append(f"taken over by trial {taken_over_by}")
-    if not parts:
-        return marked, []
-    return marked, [f"trial {trial.number}: {why}: " + ", ".join(parts)]
-
-
-def stop_recorded_server(
-    trial: optuna.trial.FrozenTrial, *, this_host_only: bool = True
-) -> list[str]:
-    """Stop what a trial recorded (its server group and tracked descendants), if still there."""
-    stopped = _stop_leftovers(trial, this_host_only=this_host_only)
-    return [f"trial {trial.number}: {stopped}"] if stopped else []
-
-
-def _stop_leftovers(trial: optuna.trial.FrozenTrial, *, this_host_only: bool = True) -> str | None:
-    """Stop the server group and every descendant recorded for ``trial``.
-
-    Pids are reused, so each is signalled only while its create time matches the record. The
-    group is signalled unless its leader's pid now belongs to another process (then the group
-    id cannot be the server's any more: Linux never reuses a pid that is still a group id).
-    """
-    server = trial.user_attrs.get(names.SERVER) or {}
-    pid, pgid = server.get("pid"), server.get("pgid")
-    tracked: dict[int, float | None] = {}
-    for entry in server.get("descendants") or []:
-        with contextlib.suppress(TypeError, ValueError, IndexError):
-            tracked[int(entry[0])] = None if entry[1] is None else float(entry[1])
-    if not pid and not tracked:
-        return None
-    if this_host_only and not _proc.on_this_machine(server):
-        return "its server is on another machine (run `autotune cleanup` there)"
-    group = pgid
-    if pid:
-        if _proc.same_process(int(pid), server.get("create_time")):
-            tracked[int(pid)] = server.get("create_time")
-        elif _proc.create_time(int(pid)) is not None:
-            group = None  # the pid was reused: not our group
-    if not _proc.group_members(group, tracked=tracked):
-        return None
-    survivors = _proc.stop_group(group, tracked=tracked, grace_s=5.0)
-    if survivors:
-        return f"could not stop pids {survivors}"
-    escaped = len(set(tracked) - {pid})
-    extra = f" and {escaped} tracked descendant(s)" if escaped else ""
-    return f"stopped its leftover server (pgid {pgid}){extra}"
-
-
-def _on_optuna_stale(
-    messages: list[str],
-) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
-    """Optuna fails a stale trial itself at the start of ``optimize``; should that beat
-    :func:`cleanup_stale` to it, still stop its leftover server and queue it again, unless its
-    worker is alive on this machine (only its heartbeat was late): its server is left alone."""
-
-    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        worker = _worker_of(trial)
-        if (
-            worker is not None
-            and worker.get("pid")
-            and _proc.on_this_machine(worker)
-            and _proc.same_process(int(worker["pid"]), worker.get("create_time"))
-        ):
-            messages.append(
-                f"trial {trial.number}: failed by Optuna for a late heartbeat; its worker "
-                f"(pid {worker['pid']}) lives, so its server was left to it"
-            )
-            return
-        messages.extend(stop_recorded_server(trial))
-        enqueue_retry(study, trial)
-        messages.append(f"trial {trial.number}: heartbeat stopped: failed by Optuna, re-enqueued")
-
-    return callback
-
-
-def enqueue_retry(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-    """Queue ``trial``'s exact configuration again. A pinned trial (an early one-change
-    neighbour, an ablation or confirmation variant) leaves parameters out on purpose: its pin
-    travels with the retry, or the sampler would fill the gaps with other values."""
-    role = trial.user_attrs.get(names.ROLE, names.SEARCH)
-    user_attrs = {
-        names.ROLE: names.BASELINE if role == names.BASELINE else names.RETRY,
-        names.RETRY_OF: trial.number,
-    }
-    for key in (names.PINNED, names.VARIANT):
-        if trial.user_attrs.get(key) is not None:
-            user_attrs[key] = trial.user_attrs[key]
-    study.enqueue_trial(dict(trial.params), user_attrs=user_attrs)
-
-
 def run_study(
     spec: StudySpec,
     options: RunOptions,
@@ -393,7 +240,6 @@ def run_study(
     on_trial: Callable[[TrialOutcome, optuna.Study], None] | None = None,
     log_dir: Path | None = None,
     extra_env: dict[str, str] | None = None,
-    extra_flags: dict[str, Any] | None = None,
     on_notice: Callable[[str], None] | None = None,
 ) -> RunSummary:
     """Run ``options.trials`` launched trials (resuming the study if it exists)."""
@@ -427,7 +273,7 @@ def run_study(
     summary.cleaned = cleanup_stale(study)
     backend = getattr(study._storage, "_backend", study._storage)  # noqa: SLF001
     if hasattr(backend, "heartbeat_stale_trial_callback"):
-        backend.heartbeat_stale_trial_callback = _on_optuna_stale(summary.cleaned)
+        backend.heartbeat_stale_trial_callback = on_optuna_stale(summary.cleaned)
     if not _created:
         _wait_for_creator(study)
     if study.user_attrs.get(names.REFERENCE) is None and not _baseline_pending(study):
@@ -443,7 +289,6 @@ def run_study(
         on_phase=on_phase or (lambda _n, _p: None),
         study=study,
         extra_env=dict(extra_env or {}),
-        extra_flags=dict(extra_flags or {}),
     )
     study.set_user_attr(names.ENGINE_VERSION, engine.version())
     if spec.roofline and names.ROOFLINE not in study.user_attrs:

@@ -31,11 +31,13 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import _proc, names
+from autotune.cleanup import cleanup_stale, enqueue_retry
 from autotune.engines.base import LaunchConfig
-from autotune.objective import TrialRunner, _running_duplicate
+from autotune.record import running_duplicate
 from autotune.server import ServerProcess
 from autotune.storage import open_storage
-from autotune.study import _wait_for_reference, cleanup_stale
+from autotune.study import _wait_for_reference
+from autotune.trial import TrialRunner
 
 
 def launch_config(tag: str, *extra: str) -> LaunchConfig:
@@ -263,7 +265,7 @@ def test_a_duplicate_waits_for_its_live_holder_and_takes_its_outcome(tmp_path: P
         holder = holding(study, record_of(worker))
         runner = TrialRunner(_Ctx())  # type: ignore[arg-type]
         trial = proposing(study, holder)
-        assert _running_duplicate(trial, {"x": holder.params["x"]}).number == holder.number
+        assert running_duplicate(trial, {"x": holder.params["x"]}).number == holder.number
         thread, result = in_thread(
             lambda: runner._settle_duplicate(trial, "search", frozen(study, holder))
         )
@@ -273,7 +275,7 @@ def test_a_duplicate_waits_for_its_live_holder_and_takes_its_outcome(tmp_path: P
         )
         # a waiter is never taken for a holder by a third proposal
         third = proposing(study, holder)
-        assert _running_duplicate(third, {"x": holder.params["x"]}).number == holder.number
+        assert running_duplicate(third, {"x": holder.params["x"]}).number == holder.number
         study.tell(third, state=TrialState.FAIL)
         assert thread.is_alive(), result  # the holder lives and runs: keep waiting
         holder.set_constraint(names.CORRECTNESS_CONSTRAINT, 0.0)
@@ -398,7 +400,6 @@ def test_two_workers_that_found_each_other_do_not_wait_forever(tmp_path: Path) -
 def test_a_retry_of_a_pinned_trial_keeps_its_pin(tmp_path: Path) -> None:
     """An early one-change neighbour leaves parameters out on purpose; its retry (after a kill
     or an infrastructure fault) must be the same config, not the sampler's fill-in."""
-    from autotune.study import enqueue_retry
 
     study = new_study(tmp_path)
     trial = study.ask()
