@@ -37,11 +37,6 @@ from autotune.space import Parameter, SearchSpace
 
 #: how many sampled trials after the baseline are one-change neighbours
 EARLY_NEIGHBOURS = 2
-#: study attribute: the choices dropped on this machine, with why
-MACHINE_LIMITS = "machine_limits"
-#: study attribute: the early neighbours planned; trial attribute: which one a trial is
-EARLY_PROPOSALS = "early_proposals"
-EARLY_PROPOSAL = "early_proposal"
 
 _SAFE_PATCH_KINDS = ("optimization", "fix")
 
@@ -148,7 +143,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         if "fixed_params" in trial.system_attrs or names.ROLE in trial.user_attrs:
             return  # enqueued: the baseline, a retry, a confirmation or ablation variant
         used = {
-            t.user_attrs.get(EARLY_PROPOSAL)
+            t.user_attrs.get(names.EARLY_PROPOSAL)
             for t in study.get_trials(deepcopy=False)
             if t.number != trial.number
         }
@@ -159,7 +154,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         attrs = {
             names.ROLE: names.SEARCH,
             names.PINNED: neighbour.values,
-            EARLY_PROPOSAL: neighbour.label,
+            names.EARLY_PROPOSAL: neighbour.label,
         }
         for key, value in attrs.items():
             study._storage.set_trial_user_attr(trial._trial_id, key, value)  # noqa: SLF001
@@ -225,8 +220,8 @@ def record_plan(
 ) -> None:
     """What was dropped on this machine and why, and the early neighbours planned."""
     study.set_user_attr(
-        MACHINE_LIMITS,
+        names.MACHINE_LIMITS,
         [{"parameter": d.parameter, "value": d.value, "reason": d.reason} for d in dropped],
     )
-    if EARLY_PROPOSALS not in study.user_attrs:
-        study.set_user_attr(EARLY_PROPOSALS, [n.label for n in neighbours])
+    if names.EARLY_PROPOSALS not in study.user_attrs:
+        study.set_user_attr(names.EARLY_PROPOSALS, [n.label for n in neighbours])

@@ -32,6 +32,7 @@ METRICS_CI = "metrics_ci"  # 95% t interval per metric: name -> [low, high, n]
 LOAD_CURVE = "load_curve"  # concurrency level -> that level's metrics
 GOODPUT = "goodput"  # the goodput search: value, SLOs, every level probed
 SERVER_METRICS = "server_metrics"  # the server's own /metrics over the benchmark
+EARLY_PROPOSAL = "early_proposal"  # label of the one-change neighbour this trial runs (guide.py)
 ROUND = "round"  # which interleaved round of a re-measurement a variant's trial belongs to
 # --- study attribute keys ----------------------------------------------------------------------
 REFERENCE = "reference"
@@ -41,6 +42,11 @@ ROOFLINE = "roofline"
 ABLATION_REPORT = "ablation"
 CONFIRMATION = "confirmation"
 RECHECK = "recheck"
+WORKLOAD = "workload"  # the pinned workload: its hash and what it is made of (workload.py)
+WORKLOAD_CHANGES = "workload_changes"  # each accepted workload change on resume
+MACHINE_LIMITS = "machine_limits"  # choices this machine cannot run, and why (guide.py)
+EARLY_PROPOSALS = "early_proposals"  # the one-change neighbours planned first (guide.py)
+RECHECK_OF = "recheck_of"  # the exported file a recheck study checks
 #: trials ran in parallel, so their numbers compare with each other only roughly
 PARALLEL_CONTENTION = "parallel_contention_warning"
 

@@ -246,7 +246,7 @@ def run_recheck(
         storage=open_storage(url), study_name=name, directions=spec.objective.directions
     )
     study.set_user_attr(names.SPEC_PATH, str(spec.path))
-    study.set_user_attr("recheck_of", {"file": str(best_path.resolve()), **record})
+    study.set_user_attr(names.RECHECK_OF, {"file": str(best_path.resolve()), **record})
     baseline_values = spec.space.baseline_values()
     variants = [
         Variant("baseline", baseline_values, role=names.BASELINE),

@@ -169,7 +169,7 @@ def row_of(trial: FrozenTrial, best: set[int]) -> TrialRow:
         feasible=is_verified_feasible(trial),
         is_best=trial.number in best,
         checks=dict(trial.user_attrs.get(names.CHECK) or {}),
-        server_metrics=dict(trial.user_attrs.get("server_metrics") or {}),
+        server_metrics=dict(trial.user_attrs.get(names.SERVER_METRICS) or {}),
         ci=dict(trial.user_attrs.get(names.METRICS_CI) or {}),
     )
 

@@ -41,7 +41,6 @@ from autotune.storage import load_study
 #: the JSON flag that turns speculation on (absent = no speculation, nothing to scrape)
 FLAG = "--speculative-config"
 #: trial user attribute holding :meth:`SpecDecodeStats.to_dict`
-ATTR = names.SPECULATIVE
 SCRAPE_TIMEOUT_S = 10.0
 
 _DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -143,9 +142,9 @@ async def record(
         return None
     stats = await scrape(client)
     stats["config"] = dict(settings.json_flags[FLAG])
-    trial.set_user_attr(ATTR, stats)
+    trial.set_user_attr(names.SPECULATIVE, stats)
     if evidence is not None:
-        evidence[ATTR] = stats
+        evidence[names.SPECULATIVE] = stats
     return stats
 
 
@@ -169,7 +168,7 @@ def show_lines(trials: Iterable[Any]) -> list[str]:
     """``trial N (verdict): <describe>`` for every trial that speculated."""
     lines = []
     for trial in trials:
-        stats = trial.user_attrs.get(ATTR)
+        stats = trial.user_attrs.get(names.SPECULATIVE)
         if not stats:
             continue
         config = stats.get("config") or {}
