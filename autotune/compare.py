@@ -145,8 +145,8 @@ def study_ref(arg: str) -> StudyRef:
 
 def compare_studies(a: str, b: str) -> StudyComparison:
     side_a, side_b = _side(study_ref(a)), _side(study_ref(b))
-    names = list(dict.fromkeys([*side_a.params, *side_b.params]))
-    changed = tuple(n for n in names if side_a.params.get(n) != side_b.params.get(n))
+    param_names = list(dict.fromkeys([*side_a.params, *side_b.params]))
+    changed = tuple(n for n in param_names if side_a.params.get(n) != side_b.params.get(n))
     metric = side_a.objective[0] if side_a.objective else None
     gain, ci = None, None
     if (
@@ -476,8 +476,8 @@ def _print_studies(console: Any, c: StudyComparison) -> None:
     )
     table.add_row("verdicts", _verdicts(c.a.verdicts), _verdicts(c.b.verdicts))
     table.add_section()
-    names = list(dict.fromkeys([*c.a.params, *c.b.params]))
-    for name in names:
+    param_names = list(dict.fromkeys([*c.a.params, *c.b.params]))
+    for name in param_names:
         style = "yellow" if name in c.changed else ""
         table.add_row(
             f"param {escape(name)}",
