@@ -55,6 +55,7 @@ from autotune.record import (
 )
 from autotune.server import ServerProcess
 from autotune.server_metrics import ServerMetricsRecorder
+from autotune.space import SearchSpace
 from autotune.spec import StudySpec
 from autotune.workload import reference_requests
 
@@ -120,14 +121,7 @@ class TrialRunner:
         # Before anything else: who runs this trial, so that its death is known at once on
         # this machine (cleanup.dead_reason), not only when its heartbeat goes stale.
         trial.set_user_attr(names.WORKER, worker_record())
-        pinned = trial.user_attrs.get(names.PINNED)
-        if pinned is not None:
-            # ablation and confirmation variants: exactly these values, the rest left out
-            values = spec.space.suggest(trial, only=pinned)
-        elif role == names.BASELINE:
-            values = spec.space.suggest(trial, only=spec.space.baseline_names())
-        else:
-            values = spec.space.suggest(trial)
+        values = suggest_values(spec.space, trial, role)
         trial.set_user_attr(names.PARAMS_RESOLVED, values)
         trial.set_user_attr(names.ROLE, role)
         holder = running_duplicate(trial, values)
@@ -530,6 +524,18 @@ class TrialRunner:
         return ServerSettings(
             flags=settings.flags, json_flags=settings.json_flags, env=env, patches=settings.patches
         )
+
+
+def suggest_values(space: SearchSpace, trial: optuna.Trial, role: str) -> dict[str, Any]:
+    """The trial's parameter values: a pinned variant (ablation, confirmation, an early
+    neighbour) gets exactly its values, the baseline its ``baseline:`` values, and every other
+    trial what the sampler proposes; whatever is left out runs at the engine's default."""
+    pinned = trial.user_attrs.get(names.PINNED)
+    if pinned is not None:
+        return space.suggest(trial, only=pinned)
+    if role == names.BASELINE:
+        return space.suggest(trial, only=space.baseline_names())
+    return space.suggest(trial)
 
 
 def _api_key() -> str:

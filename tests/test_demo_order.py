@@ -14,6 +14,7 @@ from autotune.engines.base import DroppedChoice
 from autotune.guide import early_neighbours, record_plan
 from autotune.spec import load_spec
 from autotune.study import open_study
+from autotune.trial import suggest_values
 from tests.conftest import ROOT
 
 FP8_DROPPED = [DroppedChoice("kv_cache_dtype", "fp8", "no AVX-512")]
@@ -30,13 +31,8 @@ def first_trials(tmp_path, seed: int, dropped, n: int = 3) -> list[dict]:
     out = []
     for _ in range(n):
         trial = study.ask()
-        pinned = trial.user_attrs.get(names.PINNED)
-        if pinned is not None:  # what TrialRunner._run does
-            values = spec.space.suggest_pinned(trial, pinned)
-        elif trial.user_attrs.get(names.ROLE) == "baseline":
-            values = spec.space.suggest_baseline(trial)
-        else:
-            values = spec.space.suggest(trial)
+        role = trial.user_attrs.get(names.ROLE, names.SEARCH)
+        values = suggest_values(spec.space, trial, role)  # what TrialRunner._run does
         out.append({"role": trial.user_attrs.get(names.ROLE, "search"), "values": values})
         study.tell(trial, 100.0)
     return out, study, spec
