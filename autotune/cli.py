@@ -7,9 +7,9 @@ storage URL), 3 preflight failed (engine missing, baseline broken), 130 interrup
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -21,17 +21,18 @@ from autotune import names, render
 from autotune.ablation import run_ablation
 from autotune.cleanup import cleanup_stale
 from autotune.compare import run_compare_command, study_ref
-from autotune.confirm import run_confirmation, top_candidates
+from autotune.confirm import confirm_study
 from autotune.engines import build_engine
 from autotune.errors import AutotuneError, PreflightError, SpecError
 from autotune.export import export_best, export_values
 from autotune.parallel import DevicePlanSpec, run_parallel
+from autotune.profile import run_profiles
 from autotune.recheck import run_recheck
 from autotune.remote import check_url, run_command, study_reference
 from autotune.report import load_report
 from autotune.report_html import write_report
-from autotune.spec import load_spec
-from autotune.storage import artifact_dir_for, load_study
+from autotune.spec import StudySpec, load_spec
+from autotune.storage import artifact_dir_for, dashboard_command, load_study
 from autotune.study import RunOptions, open_study, quiet_optuna, run_study, study_target
 
 app = typer.Typer(
@@ -69,32 +70,20 @@ ArtifactDirOpt = Annotated[
 
 
 def _fail(exc: AutotuneError) -> typer.Exit:
-    # One line, never wrapped (grep-able, copy-pastable), and the message is text, not markup:
-    # a key such as ``constraints[0]`` must not be read as a rich tag.
-    text = escape(str(exc))
-    if isinstance(exc, SpecError):
-        err.print(f"[bold red]error:[/] {text}", soft_wrap=True)
-        return typer.Exit(code=2)
-    if isinstance(exc, PreflightError):
-        err.print(f"[bold red]preflight failed:[/] {text}", soft_wrap=True)
-        return typer.Exit(code=3)
-    err.print(f"[bold red]error:[/] {text}", soft_wrap=True)
-    return typer.Exit(code=1)
+    """Bad input exits 2, a failed preflight 3, anything else 1 (see the module docstring)."""
+    render.print_error(exc)
+    return typer.Exit(
+        code=2 if isinstance(exc, SpecError) else 3 if isinstance(exc, PreflightError) else 1
+    )
 
 
-def _load_spec(path: Path):
-    return load_spec(path)
-
-
-def _target(spec, study: str | None, storage: str | None, *, existing: bool) -> tuple[str, str]:
-    return study_target(spec, study, storage, existing=existing)
-
-
-def _study_target(
+def _open(
     spec_path: Path, study: str | None, storage: str | None, *, existing: bool = True
-) -> tuple[str, str]:
-    """(storage URL, study name) from the options, falling back to the spec's defaults."""
-    return _target(_load_spec(spec_path), study, storage, existing=existing)
+) -> tuple[StudySpec, str, str]:
+    """The spec, the storage URL and the study name from the options (the spec's defaults
+    otherwise), every one checked before anything is written (``study.study_target``)."""
+    study_spec = load_spec(spec_path)
+    return (study_spec, *study_target(study_spec, study, storage, existing=existing))
 
 
 @app.command()
@@ -146,9 +135,8 @@ def run(
 ) -> None:
     """Tune: run N trials of the study (resuming it if it exists), then confirm the best."""
     try:
-        study_spec = _load_spec(spec)
         # Every name, URL and path is checked before anything is created.
-        url, name = _target(study_spec, study, storage, existing=False)
+        study_spec, url, name = _open(spec, study, storage, existing=False)
         artifact_dir_for(url, name, artifact_dir)
         try:
             extra_env = json.loads(worker_env) if worker_env else None
@@ -162,21 +150,21 @@ def run(
             artifact_dir=artifact_dir,
             allow_workload_change=allow_workload_change,
         )
+        confirm = partial(  # the confirmation after the search (quiet: `run` ends with a line)
+            _confirm,
+            study_spec,
+            top=confirm_top,
+            repeats=confirm_repeats,
+            artifact_dir=artifact_dir,
+            quiet=True,
+        )
         if parallel > 1:
             plan = DevicePlanSpec(
                 gpus=gpus, gpus_per_trial=gpus_per_trial, cpus=cpus, cpus_per_trial=cpus_per_trial
             )
             code = run_parallel(spec, options, workers=parallel, plan=plan, console=console)
             if code == 0 and confirm_top:
-                _confirm(
-                    study_spec,
-                    url,
-                    name,
-                    confirm_top,
-                    confirm_repeats,
-                    artifact_dir=artifact_dir,
-                    quiet=True,
-                )
+                confirm(url, name)
             render.print_report(url, name)
             if code == 0:
                 _say_if_baseline_is_best(url, name)
@@ -193,15 +181,7 @@ def run(
                 on_notice=lambda line: console.print(f"[yellow]machine:[/] {escape(line)}"),
             )
         if confirm_top and not worker_env and not summary.stopped_because:
-            _confirm(
-                study_spec,
-                summary.storage_url,
-                summary.study_name,
-                confirm_top,
-                confirm_repeats,
-                artifact_dir=artifact_dir,
-                quiet=True,
-            )
+            confirm(summary.storage_url, summary.study_name)
     except AutotuneError as exc:
         raise _fail(exc) from None
     except KeyboardInterrupt:
@@ -222,35 +202,24 @@ def _say_if_baseline_is_best(url: str, name: str) -> None:
 
 
 def _confirm(
-    study_spec,
-    url: str,
-    name: str,
-    top: int,
-    repeats: int,
-    *,
-    artifact_dir: str | None = None,
-    quiet: bool = False,
+    spec, url: str, name: str, *, top: int, repeats: int, artifact_dir=None, quiet=False
 ) -> None:
-    """The confirmation phase (see confirm.py); skipped for multi-objective studies."""
-    if len(study_spec.objective.metrics) != 1:
-        return
-    loaded = load_study(url, name, heartbeat=True)
-    if not top_candidates(study_spec, loaded, top):
-        if not quiet:  # `run` says it once, at its end, with what export then writes
-            console.print("[yellow]no verified correct config beyond the baseline to confirm[/]")
-        return
-    console.print(
-        f"confirming the top {top} configs against the baseline ({repeats} interleaved rounds)..."
-    )
-    run_confirmation(
-        study_spec,
-        loaded,
+    """The confirmation phase (confirm.py); ``run`` is ``quiet`` (it says it at its end)."""
+    done = confirm_study(
+        spec,
         url,
+        name,
         top_k=top,
         repeats=repeats,
-        artifact_dir=artifact_dir,
+        on_start=lambda: console.print(
+            f"confirming the top {top} configs against the baseline ({repeats} interleaved "
+            "rounds)..."
+        ),
         on_phase=lambda n, p: render.print_trial_phase(n, p) if p == "launching" else None,
+        artifact_dir=artifact_dir,
     )
+    if done is None and not quiet and len(spec.objective.metrics) == 1:
+        console.print("[yellow]no verified correct config beyond the baseline to confirm[/]")
 
 
 @app.command()
@@ -270,10 +239,12 @@ def bench(
 ) -> None:
     """Benchmark a server autotune did not start with the spec's client and workload."""
     try:
-        study_spec = _load_spec(spec)
+        study_spec = load_spec(spec)
         check_url(url)
         reference = (
-            study_reference(*_target(study_spec, study, storage, existing=True)) if check else None
+            study_reference(*study_target(study_spec, study, storage, existing=True))
+            if check
+            else None
         )
         code = run_command(
             study_spec,
@@ -294,7 +265,7 @@ def bench(
 def show(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None, storage: StorageOpt = None) -> None:
     """A table of trials: state, verdict, key params, metrics, reason; best marked with *."""
     try:
-        url, name = _study_target(spec, study, storage)
+        _, url, name = _open(spec, study, storage)
         render.print_report(url, name)
     except AutotuneError as exc:
         raise _fail(exc) from None
@@ -321,8 +292,7 @@ def export(
 ) -> None:
     """Write the best verified config as YAML for `vllm serve --config FILE`."""
     try:
-        study_spec = _load_spec(spec)
-        url, name = _study_target(spec, study, storage)
+        study_spec, url, name = _open(spec, study, storage)
         loaded = load_study(url, name)
         results = export_best(
             study_spec, loaded, output, pareto=pareto, require_confirmed=not allow_unconfirmed
@@ -376,21 +346,11 @@ def dashboard(
 ) -> None:
     """Open optuna-dashboard on the study's storage (with its artifacts)."""
     try:
-        url, name = _study_target(spec, study, storage)
+        _, url, name = _open(spec, study, storage)
         artifacts = artifact_dir_for(url, name, artifact_dir)
     except AutotuneError as exc:
         raise _fail(exc) from None
-    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
-    argv = [
-        exe,
-        url,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--artifact-dir",
-        str(artifacts),
-    ]
+    argv = dashboard_command(url, artifacts, port)
     console.print(f"optuna-dashboard on http://127.0.0.1:{port} (study {name})")
     raise typer.Exit(code=subprocess.call(argv))
 
@@ -399,7 +359,7 @@ def dashboard(
 def validate(spec: Annotated[Path, typer.Argument(help="Study spec YAML.")]) -> None:
     """Check every parameter against the installed engine; exit 2 on any error."""
     try:
-        study_spec = _load_spec(spec)
+        study_spec = load_spec(spec)
         issues = build_engine(study_spec).validate_space(study_spec.space)
     except AutotuneError as exc:
         raise _fail(exc) from None
@@ -425,11 +385,10 @@ def confirm(
     """Re-measure the top configs interleaved with the baseline; declare the winner with its
     gain and a 95% confidence interval."""
     try:
-        study_spec = _load_spec(spec)
-        url, name = _study_target(spec, study, storage)
+        study_spec, url, name = _open(spec, study, storage)
         artifact_dir_for(url, name, artifact_dir)
         load_study(url, name)  # a mistyped --study is an error, never a new study
-        _confirm(study_spec, url, name, top, repeats, artifact_dir=artifact_dir)
+        _confirm(study_spec, url, name, top=top, repeats=repeats, artifact_dir=artifact_dir)
         data = load_report(url, name).attrs.get(names.CONFIRMATION)
         if data:
             render.print_confirmation(data)
@@ -463,8 +422,7 @@ def ablate(
 ) -> None:
     """Revert each change of the best config one at a time: what really helped?"""
     try:
-        study_spec = _load_spec(spec)
-        url, name = _study_target(spec, study, storage)
+        study_spec, url, name = _open(spec, study, storage)
         artifact_dir_for(url, name, artifact_dir)
         loaded = load_study(url, name, heartbeat=True)
         report = run_ablation(
@@ -491,6 +449,41 @@ def ablate(
 
 
 @app.command()
+def profile(
+    spec: SpecOpt = DEFAULT_SPEC,
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+    trial: Annotated[
+        list[int] | None,
+        typer.Option("--trial", help="Trial to profile (repeatable; default: baseline and best)."),
+    ] = None,
+    tokens: Annotated[
+        int, typer.Option("--tokens", min=8, help="Output tokens in the profiled decode window.")
+    ] = 128,
+    artifact_dir: ArtifactDirOpt = None,
+) -> None:
+    """Where the step time goes: launch configs with the engine's profiler, ms per token by
+    category (baseline and best side by side), stored in the study."""
+    try:
+        study_spec, url, name = _open(spec, study, storage)
+        directory = artifact_dir_for(url, name, artifact_dir)
+        loaded = load_study(url, name, heartbeat=True)
+        results = run_profiles(
+            study_spec,
+            loaded,
+            directory,
+            trials=trial or (),
+            tokens=tokens,
+            on_phase=render.print_trial_phase,
+        )
+    except AutotuneError as exc:
+        raise _fail(exc) from None
+    render.print_profiles([r.to_dict() for r in results])
+    for r in results:
+        console.print(f"[dim]trial {r.trial} traces: {', '.join(r.trace_files)}[/]")
+
+
+@app.command()
 def report(
     spec: Annotated[Path | None, typer.Option("--spec", help="Study spec YAML.")] = None,
     study: StudyOpt = None,
@@ -505,7 +498,7 @@ def report(
             ref = study_ref(f"{study}@{storage}")
             url, name = ref.url, ref.name
         else:
-            url, name = _study_target(spec or DEFAULT_SPEC, study, storage)
+            _, url, name = _open(spec or DEFAULT_SPEC, study, storage)
         path = write_report(url, name, output, spec_path=str(spec) if spec else None)
     except AutotuneError as exc:
         raise _fail(exc) from None
@@ -582,8 +575,7 @@ def cleanup(
 ) -> None:
     """Stop servers left by killed runs and mark their trials interrupted (re-enqueued)."""
     try:
-        study_spec = _load_spec(spec)
-        url, name = _study_target(spec, study, storage)
+        study_spec, url, name = _open(spec, study, storage)
         load_study(url, name)  # a mistyped --study is an error, never a new study
         loaded, _ = open_study(study_spec, url, study_name=name)
         messages = cleanup_stale(loaded)

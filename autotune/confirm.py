@@ -29,6 +29,7 @@ from autotune.remeasure import Variant, measure_variants
 from autotune.report import is_verified_feasible
 from autotune.spec import StudySpec
 from autotune.stats import t_quantile
+from autotune.storage import load_study
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,38 @@ def top_candidates(spec: StudySpec, study: optuna.Study, k: int) -> list[optuna.
         if len(out) == k:
             break
     return out
+
+
+def confirm_study(
+    spec: StudySpec,
+    storage_url: str,
+    study_name: str,
+    *,
+    top_k: int,
+    repeats: int,
+    artifact_dir: str | None = None,
+    on_start: Callable[[], None] | None = None,
+    on_phase: Callable[[int, str], None] | None = None,
+) -> Confirmation | None:
+    """Open the stored study and confirm its top ``top_k`` configs; None when there is nothing
+    to confirm: a multi-objective study (its Pareto front is the answer) or no verified config
+    beyond the baseline. ``on_start`` is called once, just before the first launch."""
+    if len(spec.objective.metrics) != 1:
+        return None
+    study = load_study(storage_url, study_name, heartbeat=True)
+    if not top_candidates(spec, study, top_k):
+        return None
+    if on_start is not None:
+        on_start()
+    return run_confirmation(
+        spec,
+        study,
+        storage_url,
+        top_k=top_k,
+        repeats=repeats,
+        artifact_dir=artifact_dir,
+        on_phase=on_phase,
+    )
 
 
 def run_confirmation(

@@ -47,6 +47,7 @@ WORKLOAD_CHANGES = "workload_changes"  # each accepted workload change on resume
 MACHINE_LIMITS = "machine_limits"  # choices this machine cannot run, and why (guide.py)
 EARLY_PROPOSALS = "early_proposals"  # the one-change neighbours planned first (guide.py)
 RECHECK_OF = "recheck_of"  # the exported file a recheck study checks
+PROFILES = "profiles"  # step-time breakdowns by trial (``autotune profile``, profile.py)
 #: trials ran in parallel, so their numbers compare with each other only roughly
 PARALLEL_CONTENTION = "parallel_contention_warning"
 

@@ -16,6 +16,8 @@ from rich.table import Table
 
 from autotune import names
 from autotune.check import Capabilities, describe_checks
+from autotune.errors import PreflightError
+from autotune.profile import COVERAGE_BAND, sort_profiles, table_rows
 from autotune.report import baseline_reason, best_trials, load_report
 from autotune.server_metrics import preemption_notes
 from autotune.speculative import study_lines
@@ -194,6 +196,8 @@ def print_report(storage_url: str, study_name: str, *, limit: int | None = None)
         print_confirmation(report.attrs[names.CONFIRMATION])
     if report.attrs.get(names.ABLATION_REPORT):
         print_ablation(report.attrs[names.ABLATION_REPORT])
+    if report.attrs.get(names.PROFILES):
+        print_profiles(sort_profiles(report.attrs[names.PROFILES]))
     if report.best:
         console.print(f"best (verified correct): trial {', '.join(map(str, report.best))}")
         for number in report.best:
@@ -260,6 +264,13 @@ def print_ablation(report: dict) -> None:
                 else "does NOT keep the gain (interactions between changes)"
             )
         )
+
+
+def print_error(exc: Exception) -> None:
+    """One line, never wrapped (grep-able, copy-pastable), and the message is text, not markup:
+    a key such as ``constraints[0]`` must not be read as a rich tag."""
+    label = "preflight failed" if isinstance(exc, PreflightError) else "error"
+    err.print(f"[bold red]{label}:[/] {escape(str(exc))}", soft_wrap=True)
 
 
 def say_if_baseline_is_best(study) -> None:
@@ -336,3 +347,27 @@ def print_key_values(rows) -> None:
 
 def print_trial_phase(number: int, phase: str) -> None:
     console.print(f"[dim]trial {number}: {phase}[/]")
+
+
+def print_profiles(profiles: list[dict]) -> None:
+    header, rows = table_rows(profiles)
+    table = Table(title="Where the step time goes (ms per output token, decode)")
+    for i, column in enumerate(header):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    low, high = COVERAGE_BAND
+    for p in profiles:
+        if not p["consistent"]:
+            console.print(
+                f"[yellow]trial {p['trial']}: the trace accounts for {p['coverage']:.0%} of the "
+                f"time the client measured per token (outside {low:.0%}-{high:.0%}): read its "
+                "categories with care[/]"
+            )
+        ratio = p["profiled_ms_per_token"] / max(p["unprofiled_ms_per_token"], 1e-9)
+        if ratio > 1.2:
+            console.print(
+                f"[yellow]trial {p['trial']}: profiling slowed decode {ratio:.1f}x; shares are "
+                "of the profiled step[/]"
+            )

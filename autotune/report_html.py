@@ -40,6 +40,7 @@ from autotune.report import (
     report_of,
     verified_baseline,
 )
+from autotune.report_profile import section as step_time_section
 from autotune.storage import load_study
 
 #: one colour per verdict, shared by every plot and the tables (failure reasons not listed
@@ -124,6 +125,7 @@ def build_report(study: optuna.Study, source: ReportSource) -> str:
         _load_curves(report, figures),
         _pareto(study, report, trials, figures),
         _ablation(report, figures),
+        step_time_section(report.attrs, figures.html),
         _roofline(report, figures),
         _all_trials(report),
     ]

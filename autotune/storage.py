@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -213,6 +215,12 @@ def artifact_store(directory: Path) -> FileSystemArtifactStore:
             f"the artifact directory is not writable: {directory}", key="--artifact-dir"
         )
     return FileSystemArtifactStore(str(directory))
+
+
+def dashboard_command(url: str, artifacts: Path, port: int) -> list[str]:
+    """``optuna-dashboard`` on the study's storage and artifacts, bound to 127.0.0.1."""
+    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
+    return [exe, url, "--host", "127.0.0.1", "--port", str(port), "--artifact-dir", str(artifacts)]
 
 
 def _writable(directory: Path) -> bool:

@@ -75,7 +75,30 @@ def build_rich_study(directory: Path, *, ablate: bool = True) -> Path:
     run_confirmation(spec, study, url, top_k=1, repeats=2)
     if ablate:
         run_ablation(spec, study, url, repeats=2)
+    _store_recorded_profiles(study)
     return path
+
+
+def _store_recorded_profiles(study: optuna.Study) -> None:
+    """The fake server has no profiler: store, for the baseline and the best trial, the
+    breakdown of the real vLLM CPU trace fixture (labelled as such in its notes), so the
+    report's step-time section is drawn and checked in the browser."""
+    from autotune.engines.vllm_profile import RECIPE
+    from autotune.profile import result_from_traces
+    from autotune.report import best_trials
+
+    fixture = Path(__file__).parent / "fixtures" / "vllm_cpu_profile_rank0.trace.json.gz"
+    stored = {}
+    best = best_trials(study)
+    for number, role, measured in ((0, "baseline", 0.95), (best[0].number, "best", 0.8)):
+        result = result_from_traces(
+            number, role, RECIPE, [fixture], 10, measured * 0.9, measured, {}, "fixture"
+        )
+        stored[str(number)] = {
+            **result.to_dict(),
+            "notes": ["test double: breakdown of a recorded vLLM CPU trace, not this trial's"],
+        }
+    study.set_user_attr(names.PROFILES, stored)
 
 
 def build_broken_study(directory: Path) -> Path:

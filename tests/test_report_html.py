@@ -59,6 +59,9 @@ def test_report_is_self_contained_and_has_every_section(studies) -> None:
         assert f"<section id='{section}'" in page
     assert "<section id='ablation'><h2>" in page and "noise band" in page
     assert "<section id='roofline'>" in page and "of the roofline" in page
+    # where the step time goes: baseline and best side by side, with the measured figure
+    assert "<section id='step-time'>" in page and "trial 0 (baseline)" in page
+    assert "coverage (trace / measured)" in page and "model compute" in page
     # the winner: a diff from the baseline, the confirmed gain with its interval, the checks
     assert "max_num_seqs" in page and "&larr; changed" in page
     assert re.search(r"Confirmation of trial \d+: [+-][\d.]+%</b> over the baseline \(95% CI", page)
@@ -142,6 +145,7 @@ def test_report_renders_in_headless_chromium(studies, which, tmp_path) -> None:
             "parallel-coordinates",
             "ablation",
             "roofline",
+            "step-time",
         } <= set(seen.drawn)
         # the failure evidence is folded away until clicked, then shown
         assert seen.evidence_hidden_before is True and seen.evidence_visible_after is True

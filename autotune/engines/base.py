@@ -196,6 +196,12 @@ class Engine(abc.ABC):
         """The command a user runs to start the exported config."""
         return [*self.spec.engine.command, "--config", config_file]
 
+    def profiler(self, trace_dir: Any) -> Any:
+        """How to profile this engine's server into ``trace_dir`` (``autotune profile``): an
+        object with ``json_flag()``, ``recipe``, ``decode_body()``, ``start()`` and ``stop()``
+        (see ``engines/vllm_profile.py``), or None when autotune cannot profile it."""
+        return None
+
     def server_metrics_map(self) -> Any:
         """The engine's Prometheus ``/metrics`` names (a ``server_metrics.MetricsMap``), or None
         when it exposes none autotune knows. Default: vLLM's names, which vLLM-compatible

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+from pathlib import Path
 from typing import Any
 
 from autotune.engines import vllm_logs
@@ -21,6 +22,7 @@ from autotune.engines.base import (
     ServerSettings,
     ValidationIssue,
 )
+from autotune.engines.vllm_profile import VllmProfiler
 
 
 def installed_vllm_version() -> str | None:
@@ -70,6 +72,9 @@ class VllmEngine(Engine):
 
     def classify_failure(self, log_tail: str) -> str | None:
         return vllm_logs.classify(log_tail)
+
+    def profiler(self, trace_dir: Path) -> VllmProfiler:
+        return VllmProfiler(Path(trace_dir))
 
     def root_cause(self, log_text: str) -> str | None:
         return vllm_logs.root_cause(log_text)
