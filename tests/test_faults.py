@@ -23,7 +23,8 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from autotune import _proc, names, objective
+import autotune.trial
+from autotune import _proc, names
 from autotune.errors import PreflightError
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
@@ -366,7 +367,7 @@ def test_port_taken_is_infrastructure_retried_once(
         calls.append(host)
         return held_port if len(calls) == 2 else _proc.free_port(host)  # the first search trial
 
-    monkeypatch.setattr(objective, "free_port", flaky_free_port)
+    monkeypatch.setattr(autotune.trial, "free_port", flaky_free_port)
     spec = load_spec(write_spec(tmp_path))
     study, _ = open_study(spec, spec.storage)
     study.enqueue_trial({"fault": "ignore_sigterm"}, user_attrs={names.ROLE: "search"})
@@ -395,7 +396,7 @@ def test_consecutive_infrastructure_faults_stop_the_run(
         calls.append(host)
         return _proc.free_port(host) if len(calls) == 1 else held_port  # healthy baseline only
 
-    monkeypatch.setattr(objective, "free_port", broken_free_port)
+    monkeypatch.setattr(autotune.trial, "free_port", broken_free_port)
     spec = load_spec(write_spec(tmp_path, max_infra=2))
     study, _ = open_study(spec, spec.storage)
     for _ in range(4):
