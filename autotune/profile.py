@@ -289,7 +289,7 @@ def _prompt(spec: StudySpec) -> str:
 def _cpu_times(server: ServerProcess) -> dict[int, tuple[str, float]]:
     """CPU seconds (user + system) so far of the server and each of its descendants."""
     times: dict[int, tuple[str, float]] = {}
-    pid = server.pid()
+    pid = server.pid  # a property (calling it raised "int object is not callable")
     if pid is None:
         return times
     with contextlib.suppress(psutil.Error):
