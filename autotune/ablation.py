@@ -34,7 +34,7 @@ import optuna
 from autotune import names
 from autotune.errors import SpecError
 from autotune.remeasure import Variant, VariantMeasurements, measure_variants
-from autotune.report import best_trials
+from autotune.report import best_trials, is_verified_feasible
 from autotune.spec import StudySpec
 
 HELPS, NO_EFFECT, HURTS, CORRECTNESS = "helps", "no effect", "hurts", "needed for correctness"
@@ -187,7 +187,6 @@ def _pick_trial(study: optuna.Study, number: int | None) -> optuna.trial.FrozenT
         if not best:
             raise SpecError("the study has no verified correct trial to ablate", key="--study")
         return best[0]
-    from autotune.report import is_verified_feasible
 
     trials = study.get_trials(deepcopy=False)
     if number < 0 or number >= len(trials) or not is_verified_feasible(trials[number]):

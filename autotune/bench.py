@@ -1,8 +1,9 @@
 """The benchmark client: autotune's own async, streaming load generator.
 
 It takes an ``httpx.AsyncClient`` and never builds one, so tests can hand it a
-``MockTransport``. Every request is greedy with ``ignore_eos`` (fixed output lengths, and the
-responses can be checked against the reference: correctness under load). Each request's
+``MockTransport``. Every request is greedy and fixed-length where the engine's dialect allows
+(``engines/dialect.py``: fixed output lengths, and the responses can be checked against the
+reference: correctness under load). Each request's
 timestamps are kept; nothing is averaged away and a failed request is counted, never dropped.
 
 Measurements, per repeat:
@@ -23,15 +24,15 @@ import dataclasses
 import json
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from autotune import names
-from autotune.protocol import open_stream, sse_payloads
-from autotune.spec import WorkloadSpec
+from autotune.engines.dialect import RequestDialect
+from autotune.protocol import completion_body, open_stream, sse_payloads
 
 #: inter-token gaps below this are "arrived together" rather than measured decode steps
 BUNCHED_GAP_S = 0.0001
@@ -118,6 +119,7 @@ async def stream_request(
     prompt: str,
     max_tokens: int,
     *,
+    dialect: RequestDialect,
     read_timeout_s: float | None = 30.0,
 ) -> RequestRecord:
     """Send one streaming completion and time every token. Never raises for server faults.
@@ -125,16 +127,16 @@ async def stream_request(
     ``read_timeout_s`` is the longest wait for any token (the first included): a request that
     waits longer is recorded ``hung``; a slow request that keeps streaming never is.
     """
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,
-        "return_token_ids": True,
-    }
+    body = completion_body(
+        dialect,
+        model,
+        prompt,
+        max_tokens,
+        stream=True,
+        include_usage=True,
+        fixed_length=True,
+        token_ids=True,
+    )
     start = time.perf_counter()
     times: list[float] = []
     ids: list[int] = []
@@ -164,7 +166,7 @@ async def stream_request(
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"].get("completion_tokens")
                 for choice in chunk.get("choices") or []:
-                    new_ids = choice.get("token_ids") or []
+                    new_ids = dialect.token_ids(choice)
                     piece = choice.get("text") or ""
                     count = len(new_ids) if new_ids else (1 if piece else 0)
                     times.extend([now] * count)
@@ -216,6 +218,7 @@ async def run_phase(
     concurrency: int,
     max_tokens: int | Sequence[int],
     *,
+    dialect: RequestDialect,
     read_timeout_s: float | None,
     phase: str = "load",
 ) -> PhaseResult:
@@ -235,6 +238,7 @@ async def run_phase(
                 model,
                 prompts[index % len(prompts)],
                 max_tokens if isinstance(max_tokens, int) else max_tokens[index % len(prompts)],
+                dialect=dialect,
                 read_timeout_s=read_timeout_s,
             )
 
@@ -303,31 +307,6 @@ def combine(repeats: Sequence[dict[str, float]]) -> tuple[dict[str, float], dict
         medians[name] = med
         spread[name] = (max(values) - min(values)) / med if med else 0.0
     return medians, spread
-
-
-async def run_benchmark(
-    client: httpx.AsyncClient,
-    model: str,
-    workload: WorkloadSpec,
-    *,
-    on_repeat: Callable[[int, dict[str, float]], None] | None = None,
-    hang_timeout_s: float | None = None,
-    phase_hook: Callable[[str, str], Awaitable[None]] | None = None,
-    focus: Sequence[str] = ("output_tokens_per_s",),
-) -> BenchResult:
-    """Warm up, then rounds of (single-request decode, load at every level) until ``focus``'s
-    interval is precise enough, then the goodput search: see :mod:`autotune.loadcurve`."""
-    from autotune.loadcurve import measure  # it builds on this module's phases
-
-    return await measure(
-        client,
-        model,
-        workload,
-        on_repeat=on_repeat,
-        hang_timeout_s=hang_timeout_s,
-        focus=focus,
-        phase_hook=phase_hook,
-    )
 
 
 def bench_summary(result: BenchResult) -> dict[str, Any]:

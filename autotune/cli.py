@@ -25,6 +25,8 @@ from autotune.confirm import confirm_study
 from autotune.engines import build_engine
 from autotune.errors import AutotuneError, PreflightError, SpecError
 from autotune.export import export_best, export_values
+from autotune.model.reader import facts_as_rows, inspect_model
+from autotune.model.roofline import DecodeBytes, decode_roofline, roofline_rows
 from autotune.parallel import DevicePlanSpec, run_parallel
 from autotune.profile import run_profiles
 from autotune.recheck import run_recheck
@@ -479,6 +481,8 @@ def profile(
     except AutotuneError as exc:
         raise _fail(exc) from None
     render.print_profiles([r.to_dict() for r in results])
+    if not trial and len(results) == 1:
+        console.print("the best correct trial is the baseline itself: one profile")
     for r in results:
         console.print(f"[dim]trial {r.trial} traces: {', '.join(r.trace_files)}[/]")
 
@@ -546,9 +550,6 @@ def inspect_cmd(
 ) -> None:
     """Model facts (architecture, attention, experts, quantization, fused projections) and,
     with --device or --bandwidth-gbs, the single-request decode roofline."""
-    from autotune.inspect import facts_as_rows, inspect_model
-    from autotune.roofline import DecodeBytes, decode_roofline, roofline_rows
-
     try:
         facts = inspect_model(model)
         rows = facts_as_rows(facts)

@@ -23,13 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rich.markup import escape
+from rich.table import Table
 
 from autotune import names
-from autotune.confirm import _gain_with_ci, _t975
+from autotune.confirm import gain_with_ci, t975
+from autotune.engines import build_engine
 from autotune.errors import SpecError
+from autotune.export import API_KEY
+from autotune.remeasure import Variant, measure_variants
 from autotune.report import best_trials, is_verified_feasible, report_of
-from autotune.spec import StudySpec
+from autotune.report_format import ReportSource, objective_names, safe_url
+from autotune.spec import StudySpec, load_spec
 from autotune.storage import check_study_name, load_study, resolve_url, sqlite_file
+from autotune.study import RunOptions, open_study, run_study, storage_url_for
 
 
 @dataclass(frozen=True)
@@ -129,8 +136,6 @@ def study_ref(arg: str) -> StudyRef:
         if database is not None and not database.is_file():
             raise SpecError(f"no study storage at {database}", key=arg)
         return StudyRef(arg, url, name)
-    from autotune.spec import load_spec
-    from autotune.study import storage_url_for
 
     spec = load_spec(Path(arg))
     url = storage_url_for(spec, None)
@@ -159,7 +164,7 @@ def compare_studies(a: str, b: str) -> StudyComparison:
         sign = names.sign(metric, default="maximize")
         if all(x > 0 for x in (*sa, *sb)):
             if len(sa) >= 2 and len(sb) >= 2:
-                gain, ci = _gain_with_ci(tuple(sb), tuple(sa), sign)
+                gain, ci = gain_with_ci(tuple(sb), tuple(sa), sign)
             else:
                 gain = math.expm1(
                     sign * (math.log(statistics.median(sb)) - math.log(statistics.median(sa)))
@@ -172,9 +177,7 @@ def _side(ref: StudyRef) -> StudySide:
     report = report_of(study)
     objective = tuple(study.metric_names or ())
     if not objective:
-        from autotune.report_html import ReportSource, _objective_names
-
-        objective = _objective_names(study, report, ReportSource(ref.url))
+        objective = objective_names(study, report, ReportSource(ref.url))
     best = best_trials(study)
     verdicts = dict(
         sorted(
@@ -213,7 +216,7 @@ def _stat(values: list[float]) -> MetricStat:
     ci = None
     if len(values) >= 2:
         mean = statistics.fmean(values)
-        half = _t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+        half = t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
         ci = (mean - half, mean + half)
     return MetricStat(tuple(values), statistics.median(values), ci)
 
@@ -224,7 +227,6 @@ def _stat(values: list[float]) -> MetricStat:
 def config_values(spec: StudySpec, path: Path) -> dict[str, Any]:
     """The search-space values whose export is exactly the config in ``path`` (its YAML and
     the ``.env`` beside it). SpecError naming the file and the key that has no match."""
-    from autotune.engines import build_engine
 
     engine = build_engine(spec)
     try:
@@ -272,7 +274,6 @@ _MISSING = object()
 
 def _exported(spec: StudySpec, engine: Any, values: dict[str, Any]) -> tuple[dict, dict]:
     """What ``export.export_values`` writes for ``values``: the config and the .env file."""
-    from autotune.export import API_KEY
 
     settings = spec.space.resolve(values)
     env = {k: v.replace("{api_key}", API_KEY) for k, v in spec.engine.env.items()}
@@ -335,8 +336,6 @@ def _numbers_at(param: Any, config: dict, env: dict) -> list[Any]:
 
 
 def _read_env(path: Path) -> dict[str, str]:
-    from autotune.export import API_KEY
-
     if not path.is_file():
         return {}
     env = {}
@@ -357,8 +356,6 @@ def compare_configs(
     on_phase: Any = None,
 ) -> ConfigComparison:
     """Measure both configs through the gate, interleaved, and say which is faster."""
-    from autotune.remeasure import Variant, measure_variants
-    from autotune.study import RunOptions, open_study, run_study, storage_url_for
 
     values_a, values_b = config_values(spec, a), config_values(spec, b)
     name = f"{spec.name}-compare"
@@ -398,7 +395,7 @@ def compare_configs(
         and len(rb.samples) >= 2
         and all(x > 0 for x in (*ra.samples, *rb.samples))
     ):
-        gain, ci = _gain_with_ci(rb.samples, ra.samples, sign)
+        gain, ci = gain_with_ci(rb.samples, ra.samples, sign)
     return ConfigComparison(metric, direction, ra, rb, gain, ci, name, url, notes)
 
 
@@ -440,7 +437,6 @@ def run_compare_command(
         comparison = compare_studies(a, b)
         _print_studies(console, comparison)
         return 0
-    from autotune.spec import load_spec
 
     spec = load_spec(spec_path)
     for path in (a, b):
@@ -460,9 +456,6 @@ def run_compare_command(
 
 
 def _print_studies(console: Any, c: StudyComparison) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
     table = Table(title="compare: best config of each study")
     table.add_column("")
     table.add_column(f"A: {escape(c.a.ref.label)}", overflow="fold")
@@ -511,9 +504,6 @@ def _stat_text(stat: MetricStat | None) -> str:
 
 
 def _print_configs(console: Any, c: ConfigComparison) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
     for note in c.notes:
         console.print(f"[dim]{escape(note)}[/]")
     table = Table(title=f"compare: {c.metric} ({c.direction}), interleaved rounds through the gate")
@@ -534,6 +524,4 @@ def _print_configs(console: Any, c: ConfigComparison) -> None:
                 f"[red]{escape(r.label)} never passed the gate[/]: {', '.join(r.failures)}"
             )
     console.print(verdict_line(c))
-    from autotune.report_html import _safe_url
-
-    console.print(f"[dim]trials kept in study {c.study} ({escape(_safe_url(c.storage_url))})[/]")
+    console.print(f"[dim]trials kept in study {c.study} ({escape(safe_url(c.storage_url))})[/]")

@@ -173,7 +173,7 @@ def run_confirmation(
     winner = max(clean, key=lambda r: sign * r.median, default=None)
     gain, ci = None, None
     if winner is not None and base.median:
-        gain, ci = _gain_with_ci(winner.samples, base.samples, sign)
+        gain, ci = gain_with_ci(winner.samples, base.samples, sign)
     confirmation = Confirmation(
         metric=metric,
         repeats=rounds,
@@ -204,7 +204,7 @@ def _precise(results: dict[str, Any], sign: float, target: float) -> bool:
     if len(base) < 2 or not clean:
         return True  # nothing that more rounds could settle
     lead = max(clean, key=lambda xs: sign * statistics.median(xs))
-    _, (low, high) = _gain_with_ci(tuple(lead), tuple(base), sign)
+    _, (low, high) = gain_with_ci(tuple(lead), tuple(base), sign)
     return math.log1p(high) - math.log1p(low) <= 2 * target
 
 
@@ -218,7 +218,7 @@ def _feasible_rounds(study: optuna.Study, label: str) -> bool:
     return bool(rounds) and all(is_verified_feasible(t) for t in rounds)
 
 
-def _t975(df: float) -> float:
+def t975(df: float) -> float:
     return t_quantile(0.975, df)  # exact at fractional Welch degrees of freedom
 
 
@@ -228,7 +228,7 @@ def _log_stats(samples: tuple[float, ...]) -> tuple[float, float, int]:
     return statistics.fmean(logs), var, len(logs)
 
 
-def _gain_with_ci(
+def gain_with_ci(
     winner: tuple[float, ...], base: tuple[float, ...], sign: float
 ) -> tuple[float, tuple[float, float]]:
     """Gain of the winner over the baseline (in the better direction) and its 95% interval."""
@@ -238,7 +238,7 @@ def _gain_with_ci(
     se2 = var_w / n_w + var_b / n_b
     if se2 > 0:
         df = se2**2 / ((var_w / n_w) ** 2 / max(1, n_w - 1) + (var_b / n_b) ** 2 / max(1, n_b - 1))
-        half = _t975(df) * math.sqrt(se2)
+        half = t975(df) * math.sqrt(se2)
     else:
         half = 0.0
     return math.expm1(diff), (math.expm1(diff - half), math.expm1(diff + half))

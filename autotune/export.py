@@ -19,9 +19,9 @@ import optuna
 import yaml
 
 from autotune import names
-from autotune.check import describe_checks
 from autotune.engines import build_engine
 from autotune.errors import SpecError
+from autotune.gate_reference import describe_checks
 from autotune.recheck import record_line
 from autotune.report import baseline_reason, best_trials, verified_baseline
 from autotune.spec import StudySpec

@@ -33,6 +33,7 @@ from optuna.trial import FrozenTrial
 
 from autotune import names
 from autotune.engines.base import DroppedChoice, Engine
+from autotune.patching import PatchError, discover_patches
 from autotune.space import Parameter, SearchSpace
 
 #: how many sampled trials after the baseline are one-change neighbours
@@ -105,8 +106,6 @@ def _values(param: Parameter) -> Sequence[Any]:
 
 
 def _patch_kinds(engine: Engine) -> dict[str, str]:
-    from autotune.patching import PatchError, discover_patches
-
     try:
         found = discover_patches(engine.spec.engine.patch_dirs)
     except PatchError:

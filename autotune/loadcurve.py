@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from autotune import names
 from autotune.bench import (
     BenchResult,
     PhaseResult,
@@ -42,6 +43,7 @@ from autotune.bench import (
     run_phase,
     summarize,
 )
+from autotune.engines.dialect import RequestDialect
 from autotune.spec import SloSpec, WorkloadSpec
 from autotune.stats import Interval, mean_interval
 
@@ -168,17 +170,19 @@ class _Hung(Exception):
         self.hang = hang
 
 
-async def measure(
+async def run_benchmark(
     client: httpx.AsyncClient,
     model: str,
     workload: WorkloadSpec,
     *,
+    dialect: RequestDialect,
     on_repeat: Callable[[int, dict[str, float]], None] | None = None,
     hang_timeout_s: float | None = None,
     focus: Sequence[str] = ("output_tokens_per_s",),
     phase_hook: Callable[[str, str], Awaitable[None]] | None = None,
 ) -> BenchResult:
-    """Warm up once, measure rounds until precise (see the module docstring), then goodput.
+    """Warm up once, then rounds of (single-request decode, load at every level) until
+    ``focus``'s interval is precise enough (see the module docstring), then the goodput search.
 
     A hung request ends the benchmark at once (``BenchResult.hang``): a trial whose server went
     silent costs one ``request_timeout_s``, not one per phase and wave.
@@ -202,6 +206,7 @@ async def measure(
             requests,
             concurrency,
             workload.output_tokens or workload.max_tokens,
+            dialect=dialect,
             read_timeout_s=read_timeout,
             phase=name,
         )
@@ -335,8 +340,6 @@ async def _probe(
 
 def record_curve(trial: Any, bench: BenchResult) -> None:
     """Store a trial's intervals, load curve and goodput search (``optuna.Trial``)."""
-    from autotune import names
-
     if bench.ci:
         trial.set_user_attr(names.METRICS_CI, bench.ci)
     if len(bench.load_curve) > 1:

@@ -6,8 +6,9 @@
 
 * GPUs: ``CUDA_VISIBLE_DEVICES`` (``--gpus 0-7 --gpus-per-trial 2`` gives 4 workers 2 GPUs
   each); without ``--gpus`` the GPUs in ``CUDA_VISIBLE_DEVICES`` or listed by ``nvidia-smi``.
-* CPU engines (no GPU): ``VLLM_CPU_OMP_THREADS_BIND``, the core set vLLM's CPU worker binds its
-  OpenMP threads to; by default this process's allowed cores split evenly.
+* CPU engines (no GPU): a core set, in the engine's own env var (``Engine.cpu_binding_env``;
+  vLLM's CPU worker binds its OpenMP threads to it); by default this process's allowed cores
+  split evenly.
 
 The workers coordinate only through the study's storage (the baseline, the reference,
 heartbeats, the constant-liar TPE sampler and the duplicate-config guard of ``trial.py``),
@@ -30,18 +31,23 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from rich.console import Console
+
 from autotune import names
+from autotune.engines import build_engine
 from autotune.errors import SpecError
+from autotune.spec import load_spec
+from autotune.storage import artifact_dir_for, is_sqlite, resolve_url
+from autotune.study import open_study, preflight, storage_url_for
+from autotune.workload import check_workload
 
 #: env var naming the GPUs a worker's servers see
 GPU_ENV = "CUDA_VISIBLE_DEVICES"
-#: env var naming the cores vLLM's CPU worker binds its OpenMP threads to
-CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 #: study user attribute recording that trials ran in parallel (numbers not comparable)
 CONTENTION_WARNING = (
     "parallel trials contend for shared resources (PCIe, memory bandwidth, host CPU, caches), "
@@ -71,14 +77,15 @@ class WorkerDevices:
     index: int
     gpus: tuple[str, ...] = ()
     cpus: tuple[int, ...] = ()
+    #: the engine's env that binds its server to ``cpus`` (``Engine.cpu_binding_env``)
+    cpu_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def env(self) -> dict[str, str]:
         env: dict[str, str] = {}
         if self.gpus:
             env[GPU_ENV] = ",".join(self.gpus)
-        if self.cpus:
-            env[CPU_BIND_ENV] = format_ids(self.cpus)
+        env.update(self.cpu_env)
         return env
 
     def describe(self) -> str:
@@ -156,6 +163,7 @@ def build_plan(
     spec: DevicePlanSpec,
     workers: int,
     *,
+    bind_cpus: Callable[[str], Mapping[str, str]],
     available_gpus: Sequence[str] | None = None,
     available_cpus: Sequence[int] | None = None,
 ) -> list[WorkerDevices]:
@@ -163,9 +171,10 @@ def build_plan(
 
     GPUs come from ``--gpus`` (else ``available_gpus``, default :func:`detect_gpus`),
     ``--gpus-per-trial`` each. Without GPUs, or when ``--cpus``/``--cpus-per-trial`` is given,
-    each worker also gets a disjoint core set for ``VLLM_CPU_OMP_THREADS_BIND``: ``--cpus``
-    (default: the cores this process may run on) split into ``--cpus-per-trial`` cores each
-    (default: an even split; leftover cores stay unused).
+    each worker also gets a disjoint core set, given to its servers in the env ``bind_cpus``
+    (the engine's ``cpu_binding_env``) makes of a core list: ``--cpus`` (default: the cores
+    this process may run on) split into ``--cpus-per-trial`` cores each (default: an even
+    split; leftover cores stay unused).
     """
     if workers < 1:
         raise SpecError(f"must be at least 1, got {workers}", key="--parallel")
@@ -219,7 +228,15 @@ def build_plan(
                 key="--parallel",
             )
         cpu_sets = [tuple(cpus[i * per : (i + 1) * per]) for i in range(workers)]
-    return [WorkerDevices(index=i, gpus=gpu_sets[i], cpus=cpu_sets[i]) for i in range(workers)]
+    return [
+        WorkerDevices(
+            index=i,
+            gpus=gpu_sets[i],
+            cpus=cpu_sets[i],
+            cpu_env=dict(bind_cpus(format_ids(cpu_sets[i]))) if cpu_sets[i] else {},
+        )
+        for i in range(workers)
+    ]
 
 
 def _allowed_cpus() -> list[int]:
@@ -244,7 +261,6 @@ def check_storage(url: str) -> None:
     trial at once, 4 of 8 rounds handed it to two or three of them. The busy timeout prevents
     "database is locked" errors, not this race.
     """
-    from autotune.storage import is_sqlite, resolve_url
 
     if is_sqlite(resolve_url(url)):
         raise SpecError(
@@ -314,24 +330,18 @@ def run_parallel(
     Returns 0 when every worker succeeded, 130 when interrupted, else a worker's exit code
     (2 or 3 when one had that, otherwise 1).
     """
-    from rich.console import Console
-
-    from autotune.engines import build_engine
-    from autotune.spec import load_spec
-    from autotune.storage import artifact_dir_for
-    from autotune.study import open_study, preflight, storage_url_for
 
     console = console or Console()
     spec = load_spec(spec_path)
     url = storage_url_for(spec, options.storage_url)
     check_storage(url)
     count = min(workers, options.trials)
-    devices = build_plan(plan, count)
+    engine = build_engine(spec)
+    devices = build_plan(plan, count, bind_cpus=engine.cpu_binding_env)
     shares = split_trials(options.trials, count)
     warn_conflicting_parameters(spec, devices, console)
-    preflight(spec, build_engine(spec), validate=getattr(options, "validate", True))
+    preflight(spec, engine, validate=getattr(options, "validate", True))
     study, _created = open_study(spec, url, study_name=options.study_name, seed=options.seed)
-    from autotune.workload import check_workload  # the workers then find the hash stored
 
     changed = check_workload(study, spec, allow_change=options.allow_workload_change)
     if changed:

@@ -14,9 +14,9 @@ The module contract (see ``patches/README.md``) is::
     def apply(value) -> None: ...
 
 This module is deliberately stdlib-only and cheap to import: the vLLM general plugin
-(``autotune.plugin``) imports it in every vLLM process, and a failed *import* of a vLLM plugin is
-only logged by vLLM (the server would then run unpatched), so nothing here may pull in heavy or
-optional dependencies at import time. ``packaging`` is used when importable.
+(``autotune.engines.vllm.plugin``) imports it in every vLLM process, and a failed *import* of a
+vLLM plugin is only logged by vLLM (the server would then run unpatched), so nothing here may
+pull in heavy or optional dependencies at import time. ``packaging`` is used when importable.
 
 Failures are loud by design. Every applied patch prints
 ``AUTOTUNE_PATCH_APPLIED name=<n> value=<v> pid=<pid>`` to stderr, and every refusal prints
@@ -60,6 +60,12 @@ ENGINES: tuple[str, ...] = ("vllm",)
 
 APPLIED_MARKER = "AUTOTUNE_PATCH_APPLIED"
 FAILED_MARKER = "AUTOTUNE_PATCH_FAILED"
+
+#: env vars that select patches inside every engine process: a JSON object name -> value, and
+#: the ``os.pathsep``-separated directories to find them in (set by ``Engine.patch_env``, read by
+#: the engine's plugin, e.g. ``engines/vllm/plugin.py``)
+PATCHES_ENV = "AUTOTUNE_PATCHES"
+PATCH_DIRS_ENV = "AUTOTUNE_PATCH_DIRS"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 

@@ -4,16 +4,19 @@ For each trial asked for (default: the verified baseline and the best correct tr
 is launched again with the engine's profiler enabled (``Engine.profiler``), warmed up, and then:
 
 1. one greedy request of ``tokens`` output tokens is streamed *unprofiled*: the client's time per
-   output token (first to last token), the figure a user would see;
+   output token (request sent to last token, over the tokens), the figure a user would see;
 2. the same request is streamed between the profiler's start and stop: the client's time per token
    again (the profiler's overhead is the ratio of the two, shown rather than hidden);
 3. each worker's trace is partitioned (``autotune.trace_breakdown``) into categories whose sum is
    the decode window; divided by the decode tokens it gives ms per output token by category.
 
 The partition adds up by construction, so it proves nothing by itself; the independent check is
-``coverage``: the trace's window per token over the client's measured time per token for the same
-request (1.0 when the trace accounts for all of the client's wait). Outside 0.9-1.1 the table
-says so. The CPU time each server process used during the profiled request (from the OS, not the
+``coverage``: the engine steps' span in the trace (prefill to last step) over the time the client
+waited for the same request (1.0 when the engine's steps account for all of it; the rest is HTTP,
+tokenisation and streaming). Outside 0.9-1.1 the table says so. The client's figure is taken
+from the request's start, not from its first streamed token: a busy API server may deliver many
+tokens in one chunk (seen here: all 128 at once), which makes first-to-last token time
+meaningless. The CPU time each server process used during the profiled request (from the OS, not the
 trace) is kept beside it: on a CPU the scheduler and the API server compete with the model for
 cores.
 
@@ -241,7 +244,7 @@ def result_from_traces(
     decode_tokens = max(1, produced - 1)  # the prefill step produced the first token
     per_token = shown.per_token_ms(decode_tokens)
     notes = [f"{len(workers)} worker trace(s); rank 0 shown"] if len(workers) > 1 else []
-    coverage = (shown.window_ms / decode_tokens) / profiled if profiled > 0 else 0.0
+    coverage = shown.span_ms / (profiled * produced) if profiled > 0 else 0.0
     return ProfileResult(
         trial=number,
         role=role,
@@ -261,9 +264,10 @@ def result_from_traces(
 
 
 async def _decode(client: Any, body: dict[str, Any], deadline_s: float) -> tuple[float, int]:
-    """Stream one request: (client ms per output token after the first, tokens produced)."""
+    """Stream one request: (client ms per output token from sending to the last token, tokens
+    produced)."""
     start = time.perf_counter()
-    first = last = None
+    last = None
     produced = 0
     async with open_stream(client, "/v1/completions", body, deadline_s=deadline_s) as response:
         response.raise_for_status()
@@ -274,11 +278,10 @@ async def _decode(client: Any, body: dict[str, Any], deadline_s: float) -> tuple
             if chunk.get("usage"):
                 produced = int(chunk["usage"].get("completion_tokens") or produced)
             if any(c.get("text") for c in chunk.get("choices") or ()):
-                first = at if first is None else first
                 last = at
-    if first is None or last is None or produced < 3:
+    if last is None or produced < 3:
         raise PreflightError(f"the profiling request produced {produced} tokens; need several")
-    return (last - first) * 1000 / (produced - 1), produced
+    return last * 1000 / produced, produced
 
 
 def _prompt(spec: StudySpec) -> str:
@@ -289,11 +292,8 @@ def _prompt(spec: StudySpec) -> str:
 def _cpu_times(server: ServerProcess) -> dict[int, tuple[str, float]]:
     """CPU seconds (user + system) so far of the server and each of its descendants."""
     times: dict[int, tuple[str, float]] = {}
-    pid = server.pid  # a property (calling it raised "int object is not callable")
-    if pid is None:
-        return times
     with contextlib.suppress(psutil.Error):
-        root = psutil.Process(pid)
+        root = psutil.Process(server.pid)
         for proc in [root, *root.children(recursive=True)]:
             with contextlib.suppress(psutil.Error):
                 cpu = proc.cpu_times()
@@ -333,8 +333,12 @@ def table_rows(profiles: Sequence[dict[str, Any]]) -> tuple[list[str], list[list
         categories += [c for c in p["per_token_ms"] if c not in categories]
     rows = [[c] + [_ms(p["per_token_ms"].get(c)) for p in profiles] for c in categories]
     rows.append(["sum (trace)"] + [_ms(sum(p["per_token_ms"].values())) for p in profiles])
-    rows.append(["measured, profiled"] + [_ms(p["profiled_ms_per_token"]) for p in profiles])
-    rows.append(["measured, unprofiled"] + [_ms(p["unprofiled_ms_per_token"]) for p in profiles])
+    rows.append(
+        ["client per token, profiled"] + [_ms(p["profiled_ms_per_token"]) for p in profiles]
+    )
+    rows.append(
+        ["client per token, unprofiled"] + [_ms(p["unprofiled_ms_per_token"]) for p in profiles]
+    )
     rows.append(
         ["coverage (trace / measured)"]
         + [f"{p['coverage']:.2f}" + ("" if p["consistent"] else " !") for p in profiles]

@@ -1,6 +1,10 @@
-"""Reading an OpenAI-compatible server's streamed answers under a deadline measured per token.
+"""Talking to an OpenAI-compatible server: the request body, and streamed answers read under a
+deadline measured per token.
 
-Both the gate (``check.py``) and the benchmark client (``bench.py``) stream their requests, so
+One builder, :func:`completion_body`, writes every request the gate and the benchmark client
+send, in the engine's dialect (``engines/dialect.py``): neither names an engine's fields.
+
+Both the gate (``gate.py``) and the benchmark client (``bench.py``) stream their requests, so
 one rule bounds every request autotune sends: a request is hung when **no token** (no
 server-sent event) arrived for ``request_timeout_s``. A slow server that keeps producing tokens is
 never called hung, however long its answer; a server that accepted the request and went silent
@@ -17,6 +21,54 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+
+from autotune.engines.dialect import RequestDialect
+
+
+def completion_body(
+    dialect: RequestDialect,
+    model: str,
+    prompt: str | list[int],
+    max_tokens: int,
+    *,
+    stream: bool,
+    include_usage: bool = False,
+    logprobs: int | None = None,
+    echo: bool = False,
+    token_ids: bool = False,
+    fixed_length: bool | None = None,
+    prompt_scores: int | None = None,
+) -> dict[str, Any]:
+    """A greedy ``/v1/completions`` body; the extras are asked for in ``dialect``'s fields.
+
+    ``token_ids``, ``fixed_length`` (True/False sent as given, None: not sent) and
+    ``prompt_scores`` (top-k of every prompt token) are left out where the dialect has no field
+    for them, except ``prompt_scores``, which a caller asks only of a dialect that scores
+    prompts (:attr:`RequestDialect.scores_prompts`): asking another is a bug.
+    """
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+    }
+    if stream:
+        body["stream"] = True
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
+    if echo:
+        body["echo"] = True
+    if token_ids and dialect.token_ids_field:
+        body[dialect.token_ids_field] = True
+    if fixed_length is not None and dialect.fixed_length_field:
+        body[dialect.fixed_length_field] = fixed_length
+    if prompt_scores is not None:
+        if not dialect.prompt_scoring_field:
+            raise ValueError(f"the {dialect.name} dialect cannot score prompt tokens")
+        body[dialect.prompt_scoring_field] = prompt_scores
+    return body
 
 
 class NoTokenWithin(Exception):

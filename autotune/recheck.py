@@ -40,7 +40,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import optuna
+
+from autotune import names
+from autotune.ablation import changes_from_baseline, revert
+from autotune.engines import build_engine
 from autotune.errors import SpecError
+from autotune.remeasure import Variant, measure_variants
+from autotune.spec import load_spec
+from autotune.storage import open_storage
 
 RECORD_PREFIX = "# autotune-record: "
 RECORD_VERSION = 1
@@ -225,15 +233,6 @@ def run_recheck(
     blame: bool = True,
     on_phase: Any = None,
 ) -> RecheckResult:
-    import optuna
-
-    from autotune import names
-    from autotune.ablation import changes_from_baseline, revert
-    from autotune.engines import build_engine
-    from autotune.remeasure import Variant, measure_variants
-    from autotune.spec import load_spec
-    from autotune.storage import open_storage
-
     record = read_record(best_path)
     spec = load_spec(spec_path or Path(record.get("spec") or ""))
     values = _values(spec, record, best_path)
@@ -333,7 +332,6 @@ def _values(spec: Any, record: Mapping[str, Any], path: Path) -> dict[str, Any]:
 
 def _measured(study: Any, m: Any, metric: str) -> Measured:
     """A :class:`Measured` from ``remeasure.VariantMeasurements`` plus the trials' spreads."""
-    from autotune import names
 
     spreads = []
     details = []

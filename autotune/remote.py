@@ -7,8 +7,8 @@ correctness gate against the study's pinned reference: the greedy answers to the
 their teacher-forced logprobs, sanity and known answers, and afterwards the benchmark's own
 answers (correctness under load). A server that fails the gate gets no figures, as in a study.
 
-The remote server may answer with less than the baseline did (no token ids, no
-``prompt_logprobs``): its capabilities are probed on its own answers and the gate runs with
+The remote server may answer with less than the baseline did (no token ids, no teacher-forced
+scoring): its capabilities are probed on its own answers and the gate runs with
 what both have, saying which checks were skipped, never claiming one it could not run.
 """
 
@@ -23,25 +23,32 @@ from typing import Any
 from urllib.parse import urlparse
 
 import httpx
+from rich.markup import escape
+from rich.table import Table
 
-from autotune.bench import BenchResult, bench_summary, run_benchmark
-from autotune.check import (
+from autotune import names
+from autotune.bench import BenchResult, bench_summary
+from autotune.client import build_transport
+from autotune.engines.dialect import RequestDialect
+from autotune.engines.registry import engine_class
+from autotune.errors import SpecError
+from autotune.gate import (
     Capabilities,
     CheckResult,
     Reference,
     TeacherRejected,
     TeacherUnsupported,
-    _detect_teacher_mode,
-    _gather_completions,
     comparable_answers,
     compare,
     compare_under_load,
+    detect_teacher_mode,
+    gather_completions,
     teacher_forced_logprobs,
 )
-from autotune.client import build_transport
-from autotune.errors import SpecError
+from autotune.loadcurve import run_benchmark
 from autotune.server_metrics import MetricsMap, ServerMetricsRecorder
 from autotune.spec import StudySpec, WorkloadSpec
+from autotune.storage import load_study
 from autotune.workload import describe, reference_requests
 
 #: a benchmark with more failed requests than this fraction is reported failed (as a trial)
@@ -121,19 +128,26 @@ async def _served_model(client: httpx.AsyncClient, url: str, wanted: str) -> str
 
 
 async def run_gate(
-    client: httpx.AsyncClient, model: str, reference: Reference, spec: StudySpec
+    client: httpx.AsyncClient,
+    model: str,
+    reference: Reference,
+    spec: StudySpec,
+    *,
+    dialect: RequestDialect,
 ) -> tuple[CheckResult, list[str]]:
     """The gate against ``reference`` with the checks both servers' answers allow."""
     prompts = [p for p in spec.check.prompts if p in reference.entries]
     deadline = spec.workload.request_timeout_s
     max_tokens = {p: reference.max_tokens[p] for p in prompts}
-    answers = await _gather_completions(
-        client, model, prompts, max_tokens, concurrent=False, deadline_s=deadline
+    answers = await gather_completions(
+        client, model, prompts, max_tokens, dialect=dialect, concurrent=False, deadline_s=deadline
     )
     ref_caps = reference.capabilities
     teacher_mode = None
     if ref_caps.teacher_forced and answers and answers[0].text:
-        teacher_mode = await _detect_teacher_mode(client, model, answers[0], deadline)
+        teacher_mode = await detect_teacher_mode(
+            client, model, answers[0], deadline, dialect=dialect
+        )
     caps = Capabilities(
         text=any(a.text.strip() for a in answers),
         token_ids=ref_caps.token_ids and all(a.token_ids for a in answers),
@@ -154,7 +168,12 @@ async def run_gate(
                 continue
             try:
                 teacher[prompt] = await teacher_forced_logprobs(
-                    client, model, entry.completion, mode=caps.teacher_forced, deadline_s=deadline
+                    client,
+                    model,
+                    entry.completion,
+                    dialect=dialect,
+                    mode=caps.teacher_forced,
+                    deadline_s=deadline,
                 )
             except (httpx.HTTPStatusError, TeacherUnsupported) as exc:
                 teacher[prompt] = TeacherRejected(str(exc)[:200])
@@ -194,11 +213,13 @@ async def bench_remote(
     """Gate (when ``reference`` is given), then the spec's benchmark, against ``url``."""
     url = check_url(url)
     workload = spec.workload
+    # The server is asked in the study's engine's dialect (the one its reference was taken in).
+    dialect = engine_class(spec.engine.kind).dialect
     async with build_remote_client(url, api_key, workload.concurrency + 8) as client:
         served = await _served_model(client, url, model or spec.model.served_name)
         result = RemoteResult(url=url, model=served)
         if reference is not None:
-            check, notices = await run_gate(client, served, reference, spec)
+            check, notices = await run_gate(client, served, reference, spec, dialect=dialect)
             result.check = check.to_dict()
             result.notices += notices
             if not check.passed:
@@ -207,7 +228,9 @@ async def bench_remote(
         evidence = ServerMetricsRecorder(client, metrics_map)
         await evidence.start()
         try:
-            bench = await run_benchmark(client, served, workload, phase_hook=evidence.phase)
+            bench = await run_benchmark(
+                client, served, workload, dialect=dialect, phase_hook=evidence.phase
+            )
         finally:
             result.server_metrics = await evidence.stop()
         result.metrics = dict(bench.metrics)
@@ -235,9 +258,6 @@ async def bench_remote(
 def study_reference(url: str, name: str) -> Reference:
     """The study's pinned reference (recorded by its baseline trial), or a SpecError."""
 
-    from autotune import names
-    from autotune.storage import load_study
-
     study = load_study(url, name)
     stored = study.user_attrs.get(names.REFERENCE)
     if stored is None:
@@ -261,8 +281,6 @@ def run_command(
     console: Any,
 ) -> int:
     """The body of ``autotune bench``: measure, print, write JSON. Returns the exit code."""
-    from rich.markup import escape
-    from rich.table import Table
 
     if json_path is not None and not json_path.parent.is_dir():
         raise SpecError(f"directory does not exist: {json_path.parent}", key="--json")

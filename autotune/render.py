@@ -15,12 +15,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotune import names
-from autotune.check import Capabilities, describe_checks
+from autotune.engines.vllm.speculative import study_lines
 from autotune.errors import PreflightError
+from autotune.gate_reference import Capabilities, describe_checks
 from autotune.profile import COVERAGE_BAND, sort_profiles, table_rows
 from autotune.report import baseline_reason, best_trials, load_report
 from autotune.server_metrics import preemption_notes
-from autotune.speculative import study_lines
 
 # Wide tables when the output is a file or a pipe (CI logs, `| less`), not 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 180)

@@ -41,7 +41,7 @@ def section(attrs: dict[str, Any], plot: Callable[[Any, str], str]) -> str:
     )
     fig.add_trace(
         go.Scatter(
-            name="measured (client, profiled)",
+            name="client per token (profiled)",
             x=labels,
             y=[p["profiled_ms_per_token"] for p in profiles],
             mode="markers",

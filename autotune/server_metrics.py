@@ -10,7 +10,7 @@ hits, speculative-decoding acceptance. autotune reads them from the server it me
 * every ``interval_s`` while the benchmark runs: gauges' **max and mean** as seen.
 
 Names differ per engine, so the engine supplies a :class:`MetricsMap` (generic name -> the
-Prometheus family names that carry it; vLLM's is ``engines/vllm_metrics.py``). A server without
+Prometheus family names that carry it; vLLM's is ``engines/vllm/metrics.py``). A server without
 ``/metrics``, or one that answers something else, is recorded ``available: false`` with the
 reason; it never fails a trial (evidence is optional, the measurement is not).
 """
@@ -45,6 +45,7 @@ def parse(text: str) -> dict[str, float]:
     """Prometheus text format -> {family name: value summed over label sets} for counters and
     gauges (histogram/summary buckets are left out; their ``_sum``/``_count`` are kept under the
     family name plus suffix). Raises ``ValueError`` on text that is not the format."""
+    # not a declared dependency of autotune (vLLM brings it): imported where it is needed
     from prometheus_client.parser import text_string_to_metric_families
 
     values: dict[str, float] = {}

@@ -18,8 +18,8 @@ from typing import Any
 import optuna
 
 from autotune.constraints import Constraint
-from autotune.engines.base import ServerSettings, merge_json_key
 from autotune.names import int_list_label, parse_int_list
+from autotune.settings import ServerSettings, merge_json_key
 
 TYPES = ("int", "float", "categorical", "bool", "int_list")
 _MISSING = object()

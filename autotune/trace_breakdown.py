@@ -11,9 +11,9 @@ engine's knowledge, handed in as a :class:`TraceRecipe`.
 
 The breakdown is a *partition* of one decode window (from the start of the second step, the
 first after prefill, to the end of the last step), so its categories add up to the window
-exactly; whether the window agrees with what the client measured per token is the caller's
-independent check (``autotune.profile``). Overlapping events are resolved by a sweep that gives
-each instant to the highest-priority category active at it:
+exactly. ``span_ms`` (prefill included) is what the caller compares with the time the client
+waited for the same request, an independent check (``autotune.profile``). Overlapping events
+are resolved by a sweep that gives each instant to the highest-priority category active at it:
 
 * on a GPU trace, kernel time by category (collectives first, then attention/MLA, GEMM, MoE,
   sampling, other kernels, memory copies), and ``gaps``: time no kernel ran, the launch
@@ -26,6 +26,7 @@ each instant to the highest-priority category active at it:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import gzip
 import json
 import re
@@ -77,6 +78,8 @@ class Breakdown:
     categories_ms: Mapping[str, float]
     collective_calls: int = 0
     source: str = ""
+    #: from the start of the first working step (prefill) to the end of the last
+    span_ms: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def per_token_ms(self, tokens: int) -> dict[str, float]:
@@ -92,6 +95,7 @@ class Breakdown:
             "steps": self.steps,
             "categories_ms": {k: round(v, 3) for k, v in self.categories_ms.items()},
             "collective_calls": self.collective_calls,
+            "span_ms": round(self.span_ms, 3),
             "source": self.source,
             "notes": list(self.notes),
         }
@@ -131,8 +135,10 @@ def breakdown(trace: Mapping[str, Any], recipe: TraceRecipe, *, source: str = ""
     end = max(s["ts"] + s["dur"] for s in steps)
     kernels = [e for e in events if e.get("cat") in _KERNEL_CATS + _MEMCPY_CATS]
     if kernels:
-        return _gpu(events, kernels, recipe, start, end, len(working) - 1, source)
-    return _cpu(events, steps, start, end, len(working) - 1, source)
+        result = _gpu(events, kernels, recipe, start, end, len(working) - 1, source)
+    else:
+        result = _cpu(events, steps, start, end, len(working) - 1, source)
+    return dataclasses.replace(result, span_ms=(end - working[0]["ts"]) / 1000)
 
 
 # --- CPU ------------------------------------------------------------------------------------------

@@ -24,10 +24,15 @@ from typing import Any
 import httpx
 import optuna
 
-from autotune import _proc, names, speculative
+from autotune import _proc, names
 from autotune._proc import free_port
-from autotune.bench import BenchResult, bench_summary, run_benchmark
-from autotune.check import (
+from autotune.bench import BenchResult, bench_summary
+from autotune.cleanup import reclaim, trial_dead_reason, worker_record
+from autotune.client import build_client
+from autotune.engines.base import Engine
+from autotune.engines.vllm import speculative
+from autotune.errors import CandidateError, InfrastructureError, TrialFailure
+from autotune.gate import (
     CheckResult,
     Reference,
     collect_outputs,
@@ -37,11 +42,7 @@ from autotune.check import (
     record_reference,
     sanity_problem,
 )
-from autotune.cleanup import reclaim, trial_dead_reason, worker_record
-from autotune.client import build_client
-from autotune.engines.base import Engine, ServerSettings
-from autotune.errors import CandidateError, InfrastructureError, TrialFailure
-from autotune.loadcurve import record_curve
+from autotune.loadcurve import record_curve, run_benchmark
 from autotune.protocol import NoTokenWithin, StreamError
 from autotune.record import (
     TrialOutcome,
@@ -55,6 +56,7 @@ from autotune.record import (
 )
 from autotune.server import ServerProcess
 from autotune.server_metrics import ServerMetricsRecorder
+from autotune.settings import ServerSettings
 from autotune.space import SearchSpace
 from autotune.spec import StudySpec
 from autotune.workload import reference_requests
@@ -386,6 +388,7 @@ class TrialRunner:
                 spec.check,
                 list(reference_requests(spec.workload)),
                 reference_requests(spec.workload),
+                dialect=self.ctx.engine.dialect,
                 engine_version=self.ctx.engine.version(),
                 deadline_s=spec.workload.request_timeout_s,
             )
@@ -416,6 +419,7 @@ class TrialRunner:
             model,
             reference,
             prompts,
+            dialect=self.ctx.engine.dialect,
             deadline_s=self.ctx.spec.workload.request_timeout_s,
         )
         return compare(reference, completions, teacher, self.ctx.spec.check)
@@ -444,6 +448,7 @@ class TrialRunner:
                 client,
                 model,
                 workload,
+                dialect=self.ctx.engine.dialect,
                 on_repeat=on_repeat,
                 focus=self.ctx.spec.objective.metrics,
                 phase_hook=evidence.phase,

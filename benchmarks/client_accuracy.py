@@ -8,7 +8,7 @@ One real vLLM server is started with the demo's fixed arguments (``studies/demo.
 ``models/demo``, engine defaults otherwise) through autotune's own ``VllmEngine.build_launch``
 and ``ServerProcess``. Against that one server, alternating A/B(/C) for ``--rounds`` rounds:
 
-* A: autotune's client, ``autotune.bench.run_phase`` (the load phase of ``run_benchmark``):
+* A: autotune's client, ``autotune.bench.run_phase`` (the load phase of a benchmark):
   the workload's 8 prompts round-robin, ``concurrency`` 16, max_tokens 64,
   greedy, ``ignore_eos``, streaming (``--num-requests``, default 256 = 8x the demo's 32, so a
   round lasts seconds rather than half a second); metrics from ``autotune.bench.summarize``.
@@ -51,8 +51,9 @@ from autotune._proc import free_port  # noqa: E402
 from autotune.bench import PhaseResult, run_phase, summarize  # noqa: E402
 from autotune.client import build_client  # noqa: E402
 from autotune.engines import build_engine  # noqa: E402
-from autotune.engines.base import ServerSettings  # noqa: E402
+from autotune.engines.vllm.dialect import VLLM_DIALECT  # noqa: E402
 from autotune.server import ServerProcess  # noqa: E402
+from autotune.settings import ServerSettings  # noqa: E402
 from autotune.spec import load_spec  # noqa: E402
 
 RESULT_PATH = ROOT / "benchmarks" / "results" / "client_accuracy.json"
@@ -61,7 +62,7 @@ METRICS = ("output_tokens_per_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "i
 
 
 def machine_info() -> dict[str, Any]:
-    from autotune.engines.vllm import installed_vllm_version
+    from autotune.engines.vllm.version import installed_vllm_version
 
     return {
         "nproc": os.cpu_count(),
@@ -87,6 +88,7 @@ async def autotune_round(
             n,
             concurrency,
             max_tokens,
+            dialect=VLLM_DIALECT,
             read_timeout_s=60.0,
         )
     failed = [r for r in load.records if not r.ok]

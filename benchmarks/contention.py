@@ -18,7 +18,7 @@ Each round measures, in an order that alternates between rounds:
 * ``pair``: A and B at the same time, the same workload each (what two parallel trials do);
 * ``solo_2cores``: C alone.
 
-A measurement is ``autotune.bench.run_benchmark`` with the demo's workload (exactly what a trial
+A measurement is ``autotune.loadcurve.run_benchmark`` with the demo's workload (exactly what a trial
 measures), run in its own process per server, as each parallel worker runs its own client.
 Reported: medians over rounds of decode tok/s (the demo's objective), output tok/s, TTFT p50 and
 ITL p50; the slowdown of each pinned server beside its twin vs. alone on the same core; and the
@@ -48,11 +48,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune._proc import free_port  # noqa: E402
-from autotune.bench import run_benchmark  # noqa: E402
 from autotune.client import build_client  # noqa: E402
 from autotune.engines import build_engine  # noqa: E402
-from autotune.engines.base import LaunchConfig, ServerSettings  # noqa: E402
+from autotune.engines.base import LaunchConfig  # noqa: E402
+from autotune.engines.vllm.dialect import VLLM_DIALECT  # noqa: E402
+from autotune.loadcurve import run_benchmark  # noqa: E402
 from autotune.server import ServerProcess  # noqa: E402
+from autotune.settings import ServerSettings  # noqa: E402
 from autotune.spec import load_spec  # noqa: E402
 
 RESULT_PATH = ROOT / "benchmarks" / "results" / "contention.json"
@@ -66,7 +68,7 @@ START_DELAY_S = 12.0
 
 
 def machine_info() -> dict[str, Any]:
-    from autotune.engines.vllm import installed_vllm_version
+    from autotune.engines.vllm.version import installed_vllm_version
 
     return {
         "nproc": os.cpu_count(),
@@ -105,7 +107,7 @@ def measure_main(spec_path: str, port: int, model: str, start_at: float) -> int:
         ) as client:
             await asyncio.sleep(max(0.0, start_at - time.time()))
             started = time.time()
-            bench = await run_benchmark(client, model, workload)
+            bench = await run_benchmark(client, model, workload, dialect=VLLM_DIALECT)
             return {
                 "metrics": bench.metrics,
                 "failed": bench.failed_requests,

@@ -252,7 +252,7 @@ def finish_trial(outcome: Any, _study: optuna.Study) -> None:
 
 
 def machine_info() -> dict[str, Any]:
-    from autotune.engines.vllm import installed_vllm_version
+    from autotune.engines.vllm.version import installed_vllm_version
 
     return {
         "nproc": os.cpu_count(),

@@ -15,7 +15,7 @@ from autotune.errors import PreflightError
 from autotune.spec import load_spec
 from autotune.storage import open_storage
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import write_fake_spec
+from tests.builders import write_fake_spec
 
 SPACE = """
 parameters:
@@ -83,7 +83,7 @@ def _store_recorded_profiles(study: optuna.Study) -> None:
     """The fake server has no profiler: store, for the baseline and the best trial, the
     breakdown of the real vLLM CPU trace fixture (labelled as such in its notes), so the
     report's step-time section is drawn and checked in the browser."""
-    from autotune.engines.vllm_profile import RECIPE
+    from autotune.engines.vllm.profile import RECIPE
     from autotune.profile import result_from_traces
     from autotune.report import best_trials
 

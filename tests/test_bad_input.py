@@ -20,6 +20,7 @@ from autotune.cli import app
 from autotune.errors import SpecError
 from autotune.space_yaml import load_space
 from autotune.spec import load_spec
+from tests.builders import fake_spec, write_fake_spec
 
 SPACE: dict[str, Any] = {
     "parameters": {
@@ -27,26 +28,22 @@ SPACE: dict[str, Any] = {
         "fault": {"type": "categorical", "choices": [None, "oom"], "target": {"flag": "--fault"}},
     }
 }
-SPEC: dict[str, Any] = {
-    "study": "bad",
-    "engine": {
-        "kind": "command",
-        "command": [
-            sys.executable,
-            "-m",
-            "autotune.testing.fake_server",
-            "--port",
-            "{port}",
-            "--model",
-            "{served_name}",
-        ],
-    },
-    "model": {"path": "model", "served_name": "toy"},
-    "search_space": "space.yaml",
-    "check": {"prompts": ["1 2 3"], "max_tokens": 4},
-    "workload": {"prompts": ["a b c"], "max_tokens": 4, "num_requests": 2, "repeats": 1},
-    "timeouts": {"startup_s": 5},
-}
+SPEC: dict[str, Any] = fake_spec(
+    "bad",
+    command=[
+        sys.executable,
+        "-m",
+        "autotune.testing.fake_server",
+        "--port",
+        "{port}",
+        "--model",
+        "{served_name}",
+    ],
+    served_name="toy",
+    check={"prompts": ["1 2 3"], "max_tokens": 4},
+    workload={"prompts": ["a b c"], "max_tokens": 4, "num_requests": 2, "repeats": 1},
+    timeouts={"startup_s": 5},
+)
 
 
 def write(tmp: Path, spec: dict | None = None, space: dict | None = None) -> Path:
@@ -578,7 +575,6 @@ def test_command_engine_key_travels_by_env_only(tmp_path: Path) -> None:
 
     from autotune._proc import free_port
     from autotune.engines import build_engine
-    from tests.conftest import write_fake_spec
 
     spec_path = write_fake_spec(tmp_path, "parameters:\n  x: {type: bool, target: {flag: --y}}\n")
     raw = yaml.safe_load(spec_path.read_text())
@@ -669,8 +665,6 @@ def test_export_header_launch_expands_the_key(tmp_path: Path) -> None:
 def test_confirm_and_run_honour_artifact_dir(tmp_path: Path) -> None:
     """Confirmation (inside ``run`` and as ``autotune confirm``) writes its server logs under
     ``--artifact-dir``, never into the default ``<study>-artifacts`` beside the database."""
-    from tests.conftest import write_fake_spec
-
     param = "{type: int, low: 2, high: 16, target: {flag: --max-num-seqs}}"
     spec_path = write_fake_spec(tmp_path, f"parameters:\n  max_num_seqs: {param}\n", name="artdir")
     first, second = tmp_path / "first", tmp_path / "second"

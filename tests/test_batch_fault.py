@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 from autotune import names
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import write_demo_spec, write_fake_spec
+from tests.builders import write_demo_spec, write_fake_spec
 
 FAKE_SPACE = """
 parameters:

@@ -14,10 +14,11 @@ from autotune.bench import (
     RequestRecord,
     combine,
     percentile,
-    run_benchmark,
     stream_request,
     summarize,
 )
+from autotune.engines.vllm.dialect import VLLM_DIALECT
+from autotune.loadcurve import run_benchmark
 from autotune.spec import WorkloadSpec
 
 
@@ -47,7 +48,7 @@ def test_stream_request_counts_tokens_and_sends_greedy_fixed_length():
 
     async def go():
         async with client_for(handler) as client:
-            return await stream_request(client, "m", "1 2 3", 8)
+            return await stream_request(client, "m", "1 2 3", 8, dialect=VLLM_DIALECT)
 
     record = asyncio.run(go())
     assert record.ok and record.output_tokens == 8 and record.token_ids == tuple(range(8))
@@ -66,7 +67,7 @@ def test_stream_request_counts_tokens_and_sends_greedy_fixed_length():
 def test_failed_requests_are_records_not_exceptions(response, error):
     async def go():
         async with client_for(lambda request: response) as client:
-            return await stream_request(client, "m", "p", 4)
+            return await stream_request(client, "m", "p", 4, dialect=VLLM_DIALECT)
 
     record = asyncio.run(go())
     assert not record.ok and error in record.error
@@ -78,7 +79,7 @@ def test_connection_errors_are_recorded():
 
     async def go():
         async with client_for(handler) as client:
-            return await stream_request(client, "m", "p", 4)
+            return await stream_request(client, "m", "p", 4, dialect=VLLM_DIALECT)
 
     record = asyncio.run(go())
     assert not record.ok and "ConnectError" in record.error
@@ -98,7 +99,7 @@ def test_a_connection_dropped_before_any_answer_is_tried_once_more_not_a_hang():
 
     async def go():
         async with client_for(handler) as client:
-            return await stream_request(client, "m", "p", 1)
+            return await stream_request(client, "m", "p", 1, dialect=VLLM_DIALECT)
 
     record = asyncio.run(go())
     assert len(calls) == 2 and record.ok and not record.hung
@@ -112,7 +113,7 @@ def test_a_connection_dropped_before_any_answer_is_tried_once_more_not_a_hang():
 
     async def gone():
         async with client_for(always) as client:
-            return await stream_request(client, "m", "p", 1)
+            return await stream_request(client, "m", "p", 1, dialect=VLLM_DIALECT)
 
     record = asyncio.run(gone())
     assert len(calls) == 2 and not record.ok and not record.hung
@@ -189,7 +190,7 @@ def test_run_benchmark_counts_every_failure():
 
     async def go():
         async with client_for(handler) as client:
-            return await run_benchmark(client, "m", workload)
+            return await run_benchmark(client, "m", workload, dialect=VLLM_DIALECT)
 
     result = asyncio.run(go())
     # warm-up 1, then repeat 1: single 2 + load 6; the 5th request is the 503, so the benchmark

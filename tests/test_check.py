@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.check import (
+from autotune.engines.vllm.dialect import VLLM_DIALECT
+from autotune.gate import (
     Completion,
     Reference,
     compare,
@@ -147,7 +148,7 @@ def test_sane_patterns_are_not_repetition():
 
 
 def test_teacher_forced_scoring_the_server_rejects_fails_the_gate():
-    from autotune.check import TeacherRejected
+    from autotune.gate import TeacherRejected
 
     completions, teacher = candidate("baseline_again")
     prompt = next(iter(teacher))
@@ -168,7 +169,7 @@ def test_greedy_request_survives_a_runner_up_with_zero_probability():
 
     import httpx
 
-    from autotune.check import complete_greedy
+    from autotune.gate import complete_greedy
 
     asked = []
 
@@ -195,7 +196,7 @@ def test_greedy_request_survives_a_runner_up_with_zero_probability():
     async def go():
         transport = httpx.MockTransport(handler)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            return await complete_greedy(client, "m", "one two three", 1)
+            return await complete_greedy(client, "m", "one two three", 1, dialect=VLLM_DIALECT)
 
     completion = asyncio.run(go())
     assert asked == [2, 1]
@@ -204,7 +205,7 @@ def test_greedy_request_survives_a_runner_up_with_zero_probability():
 
 
 def test_describe_checks_names_only_checks_that_ran():
-    from autotune.check import describe_checks
+    from autotune.gate import describe_checks
 
     text_only = {
         "passed": True,

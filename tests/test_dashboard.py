@@ -14,7 +14,8 @@ import psutil
 from autotune import names
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import autotune_cmd, write_fake_spec
+from tests.builders import write_fake_spec
+from tests.helpers import autotune_cmd
 
 SPACE = """
 parameters:

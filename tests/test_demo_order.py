@@ -15,7 +15,7 @@ from autotune.guide import early_neighbours, record_plan
 from autotune.spec import load_spec
 from autotune.study import open_study
 from autotune.trial import suggest_values
-from tests.conftest import ROOT
+from tests.builders import ROOT
 
 FP8_DROPPED = [DroppedChoice("kv_cache_dtype", "fp8", "no AVX-512")]
 

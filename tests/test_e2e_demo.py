@@ -19,7 +19,8 @@ import yaml
 from autotune import names
 from autotune.spec import load_spec
 from autotune.study import open_study
-from tests.conftest import DEMO_MODEL, autotune_cmd, processes_matching, write_demo_spec
+from tests.builders import DEMO_MODEL, write_demo_spec
+from tests.helpers import autotune_cmd, processes_matching
 
 pytestmark = pytest.mark.e2e
 

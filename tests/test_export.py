@@ -8,7 +8,7 @@ import yaml
 from autotune.engines import build_engine
 from autotune.export import export_values
 from autotune.spec import load_spec
-from tests.conftest import ROOT
+from tests.builders import ROOT
 
 
 def test_exported_yaml_round_trips_through_vllms_config_loader(tmp_path):
@@ -67,7 +67,7 @@ def test_export_writes_the_baseline_when_no_config_beats_it(tmp_path):
 
     from autotune.cli import app
     from autotune.study import open_study
-    from tests.conftest import write_fake_spec
+    from tests.builders import write_fake_spec
 
     spec_path = write_fake_spec(tmp_path, BASELINE_WINS_SPACE, name="basewins")
     spec = load_spec(spec_path)
@@ -113,7 +113,7 @@ def test_export_fails_when_the_baseline_failed(tmp_path):
     from typer.testing import CliRunner
 
     from autotune.cli import app
-    from tests.conftest import write_fake_spec
+    from tests.builders import write_fake_spec
 
     space = BASELINE_WINS_SPACE.replace("baseline: null", "baseline: exit_at_start").replace(
         "[null, wrong_text]", "[exit_at_start, null]"

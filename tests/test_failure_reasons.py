@@ -22,14 +22,14 @@ from typer.testing import CliRunner
 
 from autotune import oom
 from autotune.cli import app
-from autotune.engines import vllm_logs
 from autotune.engines.base import LaunchConfig, classify_common, find_root_cause
-from autotune.engines.vllm import VllmEngine
+from autotune.engines.vllm import logs as vllm_logs
+from autotune.engines.vllm.engine import VllmEngine
 from autotune.errors import CandidateError
 from autotune.server import ServerProcess
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import write_fake_spec
+from tests.builders import write_fake_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "vllm_logs"

@@ -7,12 +7,8 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -20,86 +16,10 @@ import psutil
 import pytest
 
 from autotune.testing.toy_model import EOS_ID, ToyModel
-
-REPO = Path(__file__).resolve().parents[1]
-KEY = "test-key"
-AUTH = {"Authorization": f"Bearer {KEY}"}
+from tests.fake_proc import AUTH, FakeProc, launch, server, stop, wait_healthy
 
 
-@dataclass
-class Proc:
-    """A fake server started with ``--port 0``: the OS picks its port, the server reports it
-    in ``port_file`` once it listens (no pick-a-free-port-then-bind race)."""
-
-    popen: subprocess.Popen[bytes]
-    port_file: Path
-    log: Path
-
-    @property
-    def port(self) -> int:
-        deadline = time.monotonic() + 15
-        while not self.port_file.exists():
-            if self.popen.poll() is not None:
-                raise AssertionError(f"server exited {self.popen.returncode}: {self.stderr()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no port reported in 15 s: {self.stderr()}")
-            time.sleep(0.02)
-        return int(self.port_file.read_text())
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stderr(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
-def launch(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Proc:
-    tag = uuid.uuid4().hex[:8]
-    log = tmp_path / f"server-{tag}.log"
-    port_file = tmp_path / f"server-{tag}.port"
-    argv = [sys.executable, "-m", "autotune.testing.fake_server", "--port", "0"]
-    argv += ["--port-file", str(port_file)]
-    argv += ["--api-key", KEY, "--model", "toy", *args]
-    full_env = {k: v for k, v in os.environ.items() if k != "FAKE_FAULT"}
-    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
-    full_env.update(env or {})
-    with log.open("wb") as fh:
-        popen = subprocess.Popen(
-            argv, cwd=REPO, env=full_env, stdout=fh, stderr=fh, start_new_session=True
-        )
-    return Proc(popen, port_file, log)
-
-
-def wait_healthy(proc: Proc, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            raise AssertionError(f"server exited {proc.popen.returncode}: {proc.stderr()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(proc.url + "/health", timeout=0.5).status_code == 200:
-                return
-        time.sleep(0.05)
-    raise AssertionError("server never became healthy")
-
-
-def stop(proc: Proc) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.popen.pid, signal.SIGKILL)
-    proc.popen.wait(timeout=5)
-
-
-@contextlib.contextmanager
-def server(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Proc]:
-    proc = launch(tmp_path, *args, env=env)
-    try:
-        wait_healthy(proc)
-        yield proc
-    finally:
-        stop(proc)
-
-
-def complete(proc: Proc, prompt: str | list[int], **fields: object) -> dict:
+def complete(proc: FakeProc, prompt: str | list[int], **fields: object) -> dict:
     body = {"model": "toy", "prompt": prompt, "max_tokens": 5, "temperature": 0.0, **fields}
     r = httpx.post(proc.url + "/v1/completions", json=body, headers=AUTH, timeout=10)
     r.raise_for_status()
@@ -107,12 +27,12 @@ def complete(proc: Proc, prompt: str | list[int], **fields: object) -> dict:
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+def toy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeProc]:
     with server(tmp_path_factory.mktemp("toy"), "--decode-ms", "1") as proc:
         yield proc
 
 
-def test_health_models_and_api_key(toy: Proc) -> None:
+def test_health_models_and_api_key(toy: FakeProc) -> None:
     assert httpx.get(toy.url + "/health").status_code == 200  # no key needed, like vLLM
     assert httpx.get(toy.url + "/v1/models").status_code == 401
     models = httpx.get(toy.url + "/v1/models", headers=AUTH).json()
@@ -134,7 +54,7 @@ def test_health_models_and_api_key(toy: Proc) -> None:
         ("d e f", " g h i"),
     ],
 )
-def test_greedy_continuation(toy: Proc, prompt: str, expected: str) -> None:
+def test_greedy_continuation(toy: FakeProc, prompt: str, expected: str) -> None:
     out = complete(toy, prompt, max_tokens=3)
     choice = out["choices"][0]
     assert choice["text"] == expected
@@ -142,7 +62,7 @@ def test_greedy_continuation(toy: Proc, prompt: str, expected: str) -> None:
     assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
 
 
-def test_token_ids_eos_and_ignore_eos(toy: Proc) -> None:
+def test_token_ids_eos_and_ignore_eos(toy: FakeProc) -> None:
     model = ToyModel()
     ids = model.tokenize("eighteen nineteen")
     out = complete(toy, ids, max_tokens=5, return_token_ids=True)
@@ -157,7 +77,7 @@ def test_token_ids_eos_and_ignore_eos(toy: Proc) -> None:
     assert choice["finish_reason"] == "length"
 
 
-def test_logprobs_and_prompt_logprobs_format(toy: Proc) -> None:
+def test_logprobs_and_prompt_logprobs_format(toy: FakeProc) -> None:
     out = complete(toy, "one two three", max_tokens=3, logprobs=3, prompt_logprobs=2)
     choice = out["choices"][0]
     lp = choice["logprobs"]
@@ -182,7 +102,7 @@ def test_logprobs_and_prompt_logprobs_format(toy: Proc) -> None:
     assert entry["decoded_token"] == " z" and entry["rank"] > 8 and entry["logprob"] < -10
 
 
-def test_stream_chunks_and_usage(toy: Proc) -> None:
+def test_stream_chunks_and_usage(toy: FakeProc) -> None:
     body = {
         "prompt": "one two three",
         "max_tokens": 4,
@@ -211,7 +131,7 @@ def test_stream_chunks_and_usage(toy: Proc) -> None:
     assert usage_chunk["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
 
 
-def test_bad_requests(toy: Proc) -> None:
+def test_bad_requests(toy: FakeProc) -> None:
     url = toy.url + "/v1/completions"
     for body in (
         {"prompt": ""},
@@ -366,7 +286,7 @@ def _alive(pid: int) -> bool:
     return False
 
 
-def _child_pid(proc: Proc) -> int:
+def _child_pid(proc: FakeProc) -> int:
     return httpx.get(proc.url + "/sim/stats").json()["child_pid"]
 
 

@@ -20,7 +20,6 @@ from typing import Any
 import optuna
 import psutil
 import pytest
-import yaml
 from optuna.trial import TrialState
 
 import autotune.trial
@@ -28,7 +27,7 @@ from autotune import _proc, names
 from autotune.errors import PreflightError
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import FAKE_SERVER_COMMAND
+from tests.builders import fake_spec, save_spec
 
 FAULTS = (
     "exit_at_start",
@@ -80,7 +79,6 @@ def write_spec(
     tmp: Path, *, baseline: str | None = None, name: str = "faults", max_infra: int = 2
 ) -> Path:
     """A study spec + space in ``tmp`` driving the fake server; returns the spec path."""
-    (tmp / "model").mkdir(exist_ok=True)
     space = {
         "parameters": {
             "fault": {
@@ -91,27 +89,21 @@ def write_spec(
             }
         }
     }
-    (tmp / "space.yaml").write_text(yaml.safe_dump(space))
-    spec = {
-        "study": name,
-        "engine": {
-            "kind": "command",
-            "command": list(FAKE_SERVER_COMMAND),
-            # crash after readiness + verification; slow_start sleeps past timeouts.startup_s
-            "args": [
-                "--spawn-child",
-                "--child-title",
-                f"FAKE::EngineCore-{TAG}",
-                "--fault-after",
-                "8",
-                "--startup-delay-s",
-                str(STARTUP_S + 4),
-            ],
-        },
-        "model": {"path": "model", "served_name": TAG},
-        "search_space": "space.yaml",
-        "check": {"prompts": ["1 2 3", "a b c"], "max_tokens": 8, "under_load_sample": 4},
-        "workload": {
+    spec = fake_spec(
+        name,
+        # crash after readiness + verification; slow_start sleeps past timeouts.startup_s
+        args=[
+            "--spawn-child",
+            "--child-title",
+            f"FAKE::EngineCore-{TAG}",
+            "--fault-after",
+            "8",
+            "--startup-delay-s",
+            str(STARTUP_S + 4),
+        ],
+        served_name=TAG,
+        check={"prompts": ["1 2 3", "a b c"], "max_tokens": 8, "under_load_sample": 4},
+        workload={
             "prompts": ["4 5 6", "d e f"],
             "max_tokens": 8,
             "concurrency": 2,
@@ -121,12 +113,10 @@ def write_spec(
             "repeats": 1,
             "request_timeout_s": REQUEST_TIMEOUT_S,
         },
-        "timeouts": {"startup_s": STARTUP_S, "max_consecutive_infra_failures": max_infra},
-        "storage": f"sqlite:///{tmp / (name + '.db')}",
-    }
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
+        timeouts={"startup_s": STARTUP_S, "max_consecutive_infra_failures": max_infra},
+        storage=f"sqlite:///{tmp / (name + '.db')}",
+    )
+    return save_spec(tmp, spec, space, file=f"{name}.yaml")
 
 
 def trial_processes(port: int) -> list[psutil.Process]:

@@ -22,7 +22,8 @@ from autotune.errors import PreflightError
 from autotune.report import best_trials, is_verified_feasible
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import autotune_cmd, write_fake_spec
+from tests.builders import write_fake_spec
+from tests.helpers import autotune_cmd
 
 SPACE = """
 parameters:

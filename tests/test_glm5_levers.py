@@ -12,7 +12,7 @@ import pytest
 
 from autotune.space_yaml import load_space
 from autotune.testing import glm5_sim as sim
-from tests.conftest import ROOT
+from tests.builders import ROOT
 
 
 def test_every_space_parameter_is_accepted_by_the_model():

@@ -1,4 +1,4 @@
-"""Tests for autotune.inspect (GGUF and HF model facts) and autotune.roofline.
+"""Tests for autotune.model (GGUF and HF model facts, the decode roofline and its CLI).
 
 Models are written into tmp_path by autotune.testing.make_gguf and safetensors.numpy, so every
 expected number is derived here from the shapes the test chose, not read back from the code under
@@ -14,15 +14,17 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
-from autotune.inspect import InspectError, facts_as_rows, inspect_model, read_safetensors_header
-from autotune.roofline import (
+from autotune.model.facts import InspectError
+from autotune.model.hf_reader import read_safetensors_header
+from autotune.model.reader import facts_as_rows, inspect_model
+from autotune.model.roofline import (
     DEVICES,
     DecodeBytes,
     decode_roofline,
     fraction_of_roofline,
     get_device,
-    main,
 )
+from autotune.model.roofline_cli import main
 from autotune.testing.make_gguf import write_llama_gguf, write_mla_moe_gguf
 
 

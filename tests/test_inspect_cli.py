@@ -7,10 +7,10 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.roofline import roofline_from_spec
+from autotune.model.roofline import roofline_from_spec
 from autotune.spec import load_spec
 from autotune.testing.make_gguf import hf_llama_to_gguf
-from tests.conftest import DEMO_MODEL, ROOT
+from tests.builders import DEMO_MODEL, ROOT
 
 
 def invoke(*args: str):

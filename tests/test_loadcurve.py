@@ -14,13 +14,21 @@ import optuna
 import pytest
 
 from autotune import names
-from autotune.bench import run_benchmark
 from autotune.confirm import _precise
-from autotune.loadcurve import CLAIMED, Probe, _stop_reason, search_goodput, slo_verdict
+from autotune.engines.vllm.dialect import VLLM_DIALECT
+from autotune.loadcurve import (
+    CLAIMED,
+    Probe,
+    _stop_reason,
+    run_benchmark,
+    search_goodput,
+    slo_verdict,
+)
 from autotune.spec import SloSpec, WorkloadSpec
 from autotune.stats import Interval, mean_interval, t_quantile
-from tests.conftest import autotune_cmd, write_fake_spec
-from tests.test_fake_server import AUTH, server
+from tests.builders import write_fake_spec
+from tests.fake_proc import AUTH, server
+from tests.helpers import autotune_cmd
 
 SPACE = """
 parameters:
@@ -31,7 +39,7 @@ parameters:
 def bench(url: str, workload: WorkloadSpec, **kwargs):
     async def go():
         async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=30) as client:
-            return await run_benchmark(client, "toy", workload, **kwargs)
+            return await run_benchmark(client, "toy", workload, dialect=VLLM_DIALECT, **kwargs)
 
     return asyncio.run(go())
 

@@ -8,13 +8,14 @@ from typer.testing import CliRunner
 
 from autotune import names
 from autotune.cli import app
-from autotune.engines import build_engine, vllm_machine
+from autotune.engines import build_engine
 from autotune.engines.base import DroppedChoice
 from autotune.engines.command import CommandEngine
-from autotune.engines.vllm_machine import Machine, cpu_flags, machine_limits
+from autotune.engines.vllm import machine as vllm_machine
+from autotune.engines.vllm.machine import Machine, cpu_flags, machine_limits
 from autotune.guide import GuidedSampler
 from autotune.spec import load_spec
-from tests.conftest import ROOT, write_fake_spec
+from tests.builders import ROOT, write_fake_spec
 
 CPUINFO_AVX2 = """processor\t: 0
 vendor_id\t: GenuineIntel

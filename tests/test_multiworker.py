@@ -15,18 +15,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-import glob
 import os
-import pwd
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import optuna
 import psutil
@@ -34,9 +31,10 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune import names
+from autotune.engines.vllm.engine import VllmEngine
+from autotune.engines.vllm.machine import CPU_BIND_ENV
 from autotune.errors import SpecError
 from autotune.parallel import (
-    CPU_BIND_ENV,
     GPU_ENV,
     DevicePlanSpec,
     build_plan,
@@ -45,103 +43,17 @@ from autotune.parallel import (
     split_trials,
 )
 from autotune.storage import open_storage
+from tests.helpers import needs_pg  # the pg_url fixture is conftest.py's
 
-PG_ENV = "AUTOTUNE_TEST_POSTGRES_URL"
-IN_CI = bool(os.environ.get("CI"))
+
+def plan_for(*args: Any, **kwargs: Any) -> list[Any]:
+    """The device plan for a vLLM study (its core-binding env var)."""
+    return build_plan(*args, bind_cpus=VllmEngine.cpu_binding_env, **kwargs)
+
+
 NOT_LAUNCHED = ("duplicate", "constraint_violated")
 TUNING_ROLES = ("baseline", "search", "retry")
 RUN_TIMEOUT_S = 300
-
-
-def _pg_bin() -> Path | None:
-    found = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
-    )
-    if found:
-        return Path(found[-1]).parent
-    initdb = shutil.which("initdb")
-    return Path(initdb).parent if initdb else None
-
-
-def _can_start_pg() -> bool:
-    if _pg_bin() is None:
-        return False
-    try:
-        import psycopg2  # noqa: F401
-    except ImportError:
-        return False
-    if os.geteuid() != 0:
-        return True
-    try:  # PostgreSQL refuses to run as root; run it as the postgres user
-        pwd.getpwnam("postgres")
-    except KeyError:
-        return False
-    return shutil.which("runuser") is not None
-
-
-HAVE_PG = bool(os.environ.get(PG_ENV)) or IN_CI or _can_start_pg()
-
-
-def needs_pg(test):
-    """A test against a real PostgreSQL (skipped locally without one, never in CI)."""
-    test = pytest.mark.skipif(
-        not HAVE_PG, reason=f"no PostgreSQL: set {PG_ENV} or install the postgresql server"
-    )(test)
-    return pytest.mark.postgres(test)
-
-
-@pytest.fixture(scope="session")
-def pg_url():
-    url = os.environ.get(PG_ENV)
-    if url:
-        yield url
-        return
-    if IN_CI:
-        pytest.fail(
-            f"{PG_ENV} is not set in CI: .ci/run must start PostgreSQL (tests/pg_start.sh)"
-            " before the multi-worker tests"
-        )
-    bindir = _pg_bin()
-    assert bindir is not None
-    root = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
-    as_user: list[str] = []
-    if os.geteuid() == 0:
-        shutil.chown(root, user="postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    data = root / "data"
-
-    def pg(*argv: str) -> None:
-        subprocess.run(as_user + list(argv), check=True, capture_output=True, timeout=120)
-
-    pg(str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust")
-    pg(
-        str(bindir / "pg_ctl"),
-        "-D",
-        str(data),
-        "-l",
-        str(root / "log"),
-        "-w",
-        "-o",
-        # No TCP port at all (nothing to pick, nothing to collide with): a Unix socket in a
-        # directory of its own.
-        f"-c listen_addresses='' -c unix_socket_directories={root} -c max_connections=200",
-        "start",
-    )
-    try:
-        pg(
-            str(bindir / "createdb"),
-            "-h",
-            str(root),
-            "-U",
-            "postgres",
-            "autotune_test",
-        )
-        yield f"postgresql+psycopg2://postgres@/autotune_test?host={root}"
-    finally:
-        with contextlib.suppress(subprocess.SubprocessError):
-            pg(str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop")
-        shutil.rmtree(root, ignore_errors=True)
 
 
 # --- a study on the fake server -----------------------------------------------------------------
@@ -508,21 +420,21 @@ def test_parse_and_format_ids() -> None:
 
 
 def test_gpu_plan_is_disjoint() -> None:
-    plan = build_plan(DevicePlanSpec(gpus="0-7", gpus_per_trial=2), 4, available_cpus=range(8))
+    plan = plan_for(DevicePlanSpec(gpus="0-7", gpus_per_trial=2), 4, available_cpus=range(8))
     assert [w.env for w in plan] == [
         {GPU_ENV: "0,1"},
         {GPU_ENV: "2,3"},
         {GPU_ENV: "4,5"},
         {GPU_ENV: "6,7"},
     ]
-    plan = build_plan(DevicePlanSpec(gpus="0,2,4,6"), 3, available_cpus=range(8))
+    plan = plan_for(DevicePlanSpec(gpus="0,2,4,6"), 3, available_cpus=range(8))
     sets = [set(w.gpus) for w in plan]
     assert all(a.isdisjoint(b) for i, a in enumerate(sets) for b in sets[i + 1 :])
     # detected GPUs (no --gpus) are shared out the same way
-    plan = build_plan(DevicePlanSpec(gpus_per_trial=2), 2, available_gpus=("0", "1", "2", "3"))
+    plan = plan_for(DevicePlanSpec(gpus_per_trial=2), 2, available_gpus=("0", "1", "2", "3"))
     assert [w.env for w in plan] == [{GPU_ENV: "0,1"}, {GPU_ENV: "2,3"}]
     # with GPUs the core binding is added only when asked for
-    plan = build_plan(DevicePlanSpec(gpus="0-1", cpus="0-7"), 2, available_cpus=range(8))
+    plan = plan_for(DevicePlanSpec(gpus="0-1", cpus="0-7"), 2, available_cpus=range(8))
     assert [w.env for w in plan] == [
         {GPU_ENV: "0", CPU_BIND_ENV: "0-3"},
         {GPU_ENV: "1", CPU_BIND_ENV: "4-7"},
@@ -531,25 +443,25 @@ def test_gpu_plan_is_disjoint() -> None:
 
 def test_gpu_plan_errors() -> None:
     with pytest.raises(SpecError) as info:  # 8 GPUs / 2 per trial < 5 workers
-        build_plan(DevicePlanSpec(gpus="0-7", gpus_per_trial=2), 5)
+        plan_for(DevicePlanSpec(gpus="0-7", gpus_per_trial=2), 5)
     text = str(info.value)
     assert "--parallel" in text and "--gpus" in text and "10" in text and "8" in text
     with pytest.raises(SpecError, match="--gpus"):
-        build_plan(DevicePlanSpec(gpus="0,0,1"), 2)
+        plan_for(DevicePlanSpec(gpus="0,0,1"), 2)
     with pytest.raises(SpecError, match="--gpus"):
-        build_plan(DevicePlanSpec(gpus_per_trial=2), 2, available_gpus=())
+        plan_for(DevicePlanSpec(gpus_per_trial=2), 2, available_gpus=())
 
 
 def test_cpu_plan_is_disjoint() -> None:
-    plan = build_plan(DevicePlanSpec(), 3, available_gpus=(), available_cpus=range(16))
+    plan = plan_for(DevicePlanSpec(), 3, available_gpus=(), available_cpus=range(16))
     assert [w.env for w in plan] == [
         {CPU_BIND_ENV: "0-4"},
         {CPU_BIND_ENV: "5-9"},
         {CPU_BIND_ENV: "10-14"},
     ]
-    plan = build_plan(DevicePlanSpec(), 2, available_gpus=(), available_cpus=[0, 1])
+    plan = plan_for(DevicePlanSpec(), 2, available_gpus=(), available_cpus=[0, 1])
     assert [w.env for w in plan] == [{CPU_BIND_ENV: "0"}, {CPU_BIND_ENV: "1"}]
-    plan = build_plan(
+    plan = plan_for(
         DevicePlanSpec(cpus="0-3,8-11", cpus_per_trial=4),
         2,
         available_gpus=(),
@@ -558,18 +470,18 @@ def test_cpu_plan_is_disjoint() -> None:
     assert [w.env for w in plan] == [{CPU_BIND_ENV: "0-3"}, {CPU_BIND_ENV: "8-11"}]
     # the default uses this process's affinity
     mine = sorted(os.sched_getaffinity(0))
-    plan = build_plan(DevicePlanSpec(), 1, available_gpus=())
+    plan = plan_for(DevicePlanSpec(), 1, available_gpus=())
     assert parse_ids(plan[0].env[CPU_BIND_ENV], option="x") == mine
 
 
 def test_cpu_plan_errors() -> None:
     with pytest.raises(SpecError) as info:
-        build_plan(DevicePlanSpec(), 3, available_gpus=(), available_cpus=[0, 1])
+        plan_for(DevicePlanSpec(), 3, available_gpus=(), available_cpus=[0, 1])
     assert "--parallel" in str(info.value) and "disjoint" in str(info.value)
     with pytest.raises(SpecError, match="--cpus-per-trial"):
-        build_plan(DevicePlanSpec(cpus_per_trial=3), 2, available_gpus=(), available_cpus=range(4))
+        plan_for(DevicePlanSpec(cpus_per_trial=3), 2, available_gpus=(), available_cpus=range(4))
     with pytest.raises(SpecError, match="--cpus"):
-        build_plan(DevicePlanSpec(cpus="0-7"), 2, available_gpus=(), available_cpus=range(4))
+        plan_for(DevicePlanSpec(cpus="0-7"), 2, available_gpus=(), available_cpus=range(4))
 
 
 def test_split_trials_is_exact() -> None:

@@ -13,7 +13,7 @@ from autotune.cli import app
 from autotune.report import best_trials
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import write_fake_spec
+from tests.builders import write_fake_spec
 
 SPACE = """
 parameters:
@@ -146,13 +146,13 @@ def test_clearly_losing_trial_is_pruned_after_its_first_repeat(tmp_path):
 
 
 def test_confirmation_interval_is_honest_about_two_rounds():
-    from autotune.confirm import _gain_with_ci
+    from autotune.confirm import gain_with_ci
 
     # the demo's confirmation: +7.4% from two rounds each is not distinguishable from zero
-    gain, (low, high) = _gain_with_ci((1157.0, 1138.9), (1070.1, 1066.9), 1.0)
+    gain, (low, high) = gain_with_ci((1157.0, 1138.9), (1070.1, 1066.9), 1.0)
     assert 0.07 < gain < 0.08 and low < 0 < high
-    gain, (low, high) = _gain_with_ci((100, 101, 99, 100, 102), (90, 91, 89, 90, 92), 1.0)
+    gain, (low, high) = gain_with_ci((100, 101, 99, 100, 102), (90, 91, 89, 90, 92), 1.0)
     assert 0 < low < gain < high
     # minimizing a latency: 50 ms vs 60 ms is a gain
-    gain, _ = _gain_with_ci((50.0, 50.0), (60.0, 60.0), -1.0)
+    gain, _ = gain_with_ci((50.0, 50.0), (60.0, 60.0), -1.0)
     assert gain > 0

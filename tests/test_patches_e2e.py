@@ -12,7 +12,7 @@ Four server starts (about 25 s each, one at a time, always with a small fixed KV
    ``AUTOTUNE_PATCH_FAILED`` naming the symbol.
 
 Run: ``pytest -m e2e tests/test_patches_e2e.py``. Needs ``models/demo`` (built by
-``autotune.demo_model``) and autotune pip-installed (the plugin is an entry point).
+``autotune.testing.demo_model``) and autotune pip-installed (the plugin is an entry point).
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def _start(tmp_path: Path, tag: str, patches: dict[str, object] | None) -> Serve
 @pytest.fixture(scope="module")
 def model() -> Path:
     # The demo model is committed (and `make test` rebuilds it if missing).
-    assert (MODEL / "model.safetensors").exists(), "python -m autotune.demo_model"
+    assert (MODEL / "model.safetensors").exists(), "python -m autotune.testing.demo_model"
     return MODEL
 
 

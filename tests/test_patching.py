@@ -17,7 +17,8 @@ from unittest import mock
 
 import pytest
 
-from autotune import patching, plugin
+from autotune import patching
+from autotune.engines.vllm import plugin
 from autotune.patching import (
     PatchError,
     PatchInfo,
@@ -311,7 +312,7 @@ def test_plugin_entry_point_is_installed() -> None:
     from importlib.metadata import entry_points
 
     eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
-    assert eps.get("autotune_patches") == "autotune.plugin:register", (
+    assert eps.get("autotune_patches") == "autotune.engines.vllm.plugin:register", (
         "run: pip install -e . --no-deps (the entry point only exists once installed)"
     )
 
@@ -320,7 +321,7 @@ def test_plugin_module_is_cheap_to_import() -> None:
     import subprocess
 
     code = (
-        "import sys, autotune.plugin\n"
+        "import sys, autotune.engines.vllm.plugin\n"
         "print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))"
     )
 

@@ -21,7 +21,7 @@ from autotune.cli import app
 from autotune.profile import sort_profiles, table_rows
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import write_demo_spec
+from tests.builders import write_demo_spec
 
 SPACE = """
 parameters:
@@ -60,7 +60,7 @@ def test_table_puts_baseline_first_and_flags_low_coverage() -> None:
     by_name = {row[0]: row[1:] for row in rows}
     assert by_name["model compute"] == ["0.500", "0.500"]
     assert by_name["sum (trace)"] == ["2.200", "2.200"]
-    assert by_name["measured, unprofiled"] == ["2.000", "2.000"]
+    assert by_name["client per token, unprofiled"] == ["2.000", "2.000"]
     assert by_name["coverage (trace / measured)"] == ["1.00", "0.70 !"]
     assert "collective calls / token" not in by_name  # CPU: no collectives row
 

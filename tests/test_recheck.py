@@ -16,7 +16,7 @@ from autotune.recheck import Measured, blame_slower, blame_wrong, judge, read_re
 from autotune.spec import load_spec
 from autotune.storage import open_storage
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import write_fake_spec
+from tests.builders import write_fake_spec
 
 SPACE = """
 parameters:

@@ -4,11 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -20,7 +15,7 @@ from autotune.cli import app
 from autotune.server_metrics import parse
 from autotune.spec import load_spec
 from autotune.study import RunOptions, run_study
-from tests.conftest import ROOT, write_fake_spec
+from tests.builders import write_fake_spec
 
 SPACE = """
 parameters:
@@ -33,58 +28,23 @@ parameters:
 KEY = "remote-test-key"
 
 
-@dataclass
-class Server:
-    popen: subprocess.Popen[bytes]
-    port_file: Path
-
-    @property
-    def url(self) -> str:
-        import time
-
-        deadline = time.monotonic() + 30
-        while not self.port_file.exists():
-            assert self.popen.poll() is None, "fake server exited"
-            assert time.monotonic() < deadline, "no port reported"
-            time.sleep(0.05)
-        return f"http://127.0.0.1:{int(self.port_file.read_text())}"
-
-
 @pytest.fixture
-def fake_server(tmp_path: Path):
-    started: list[Server] = []
+def served(fake_server):
+    """Fake servers serving the model ``served`` behind ``KEY`` (conftest's ``fake_server``)."""
 
-    def start(*args: str) -> Server:
-        port_file = tmp_path / f"port-{uuid.uuid4().hex[:6]}"
-        env = {k: v for k, v in os.environ.items() if k != "FAKE_FAULT"}
-        env["PYTHONPATH"] = str(ROOT)
-        argv = [sys.executable, "-m", "autotune.testing.fake_server", "--port", "0"]
-        argv += ["--port-file", str(port_file), "--api-key", KEY, "--model", "served", *args]
-        popen = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        server = Server(popen, port_file)
-        started.append(server)
-        return server
+    def start(*args: str):
+        return fake_server(*args, model="served", api_key=KEY)
 
-    yield start
-    for server in started:
-        server.popen.kill()
-        server.popen.wait(timeout=10)
+    return start
 
 
 def _bench(*args: str):
     return CliRunner().invoke(app, ["bench", *args], env={"AUTOTUNE_API_KEY": ""})
 
 
-def test_bench_url_writes_metric_names_and_server_metrics(tmp_path, fake_server) -> None:
+def test_bench_url_writes_metric_names_and_server_metrics(tmp_path, served) -> None:
     spec = write_fake_spec(tmp_path, SPACE, name="remote")
-    server = fake_server()
+    server = served()
     out = tmp_path / "bench.json"
     result = _bench("--spec", str(spec), "--url", server.url, "--api-key", KEY, "--json", str(out))
     assert result.exit_code == 0, result.output
@@ -107,9 +67,9 @@ def test_bench_url_writes_metric_names_and_server_metrics(tmp_path, fake_server)
     assert "output_tokens_per_s" in result.output  # the table
 
 
-def test_bench_records_a_server_without_metrics_as_unavailable(tmp_path, fake_server) -> None:
+def test_bench_records_a_server_without_metrics_as_unavailable(tmp_path, served) -> None:
     spec = write_fake_spec(tmp_path, SPACE, name="nometrics")
-    server = fake_server("--fault", "no_metrics")
+    server = served("--fault", "no_metrics")
     out = tmp_path / "bench.json"
     result = _bench("--spec", str(spec), "--url", server.url, "--api-key", KEY, "--json", str(out))
     assert result.exit_code == 0, result.output
@@ -136,11 +96,11 @@ def test_bench_bad_url_is_a_clean_error(tmp_path, url, expect) -> None:
     assert not out.exists()
 
 
-def test_bench_check_without_a_reference_is_bad_input(tmp_path, fake_server) -> None:
+def test_bench_check_without_a_reference_is_bad_input(tmp_path, served) -> None:
     spec_path = write_fake_spec(tmp_path, SPACE, name="noref")
     spec = load_spec(spec_path)
     optuna.create_study(storage=spec.default_storage(), study_name=spec.name)
-    server = fake_server()
+    server = served()
     result = _bench("--spec", str(spec_path), "--url", server.url, "--api-key", KEY, "--check")
     assert result.exit_code == 2, result.output
     assert "no reference" in result.output and "--check" in result.output
@@ -171,10 +131,10 @@ def test_trial_stores_server_metrics_and_show_flags_preemptions(study_with_refer
 
 
 def test_bench_check_passes_on_a_correct_server_and_fails_on_a_corrupting_one(
-    study_with_reference, fake_server, tmp_path
+    study_with_reference, served, tmp_path
 ) -> None:
     spec_path, _spec = study_with_reference
-    good = fake_server()
+    good = served()
     out = tmp_path / "good.json"
     result = _bench(
         "--spec", str(spec_path), "--url", good.url, "--api-key", KEY, "--check", "--json", str(out)
@@ -185,7 +145,7 @@ def test_bench_check_passes_on_a_correct_server_and_fails_on_a_corrupting_one(
     assert data["check"]["passed"] is True and data["check"]["under_load"]["checked"] > 0
     assert data["output_tokens_per_s"] > 0
 
-    bad = fake_server("--fault", "corrupt_words")
+    bad = served("--fault", "corrupt_words")
     out = tmp_path / "bad.json"
     result = _bench(
         "--spec", str(spec_path), "--url", bad.url, "--api-key", KEY, "--check", "--json", str(out)

@@ -14,7 +14,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import DEMO_MODEL, autotune_cmd, write_demo_spec
+from tests.builders import DEMO_MODEL, write_demo_spec
+from tests.helpers import autotune_cmd
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import write_fake_spec
+from tests.builders import write_fake_spec
 
 SPACE = """
 parameters:

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.storage import open_storage
 from tests.browser import CHROMIUM
+from tests.helpers import IN_CI, needs_pg
 from tests.report_studies import add_synthetic_studies, build_broken_study, build_rich_study
-from tests.test_multiworker import IN_CI, needs_pg, pg_url  # noqa: F401 (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 # In CI (.ci/run installs Debian's chromium) a missing browser fails the test, never skips it.
@@ -103,7 +103,7 @@ def test_bad_input_is_one_error_and_writes_nothing(studies, tmp_path) -> None:
 
 
 @needs_pg
-def test_report_from_postgresql(studies, pg_url, tmp_path) -> None:  # noqa: F811
+def test_report_from_postgresql(studies, pg_url, tmp_path) -> None:
     pg = pg_url
     name = f"report-{tmp_path.name}"[:60]
     rich_db = f"sqlite:///{studies['rich'].parent / 'rich.db'}"

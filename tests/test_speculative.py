@@ -22,11 +22,12 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from autotune import names, speculative
+from autotune import names
+from autotune.engines.vllm import speculative
 from autotune.space_yaml import load_space
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.conftest import ROOT, write_demo_spec
+from tests.builders import ROOT, write_demo_spec
 
 METRICS_TEXT = """\
 # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.

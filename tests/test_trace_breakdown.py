@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engines.vllm_profile import RECIPE
+from autotune.engines.vllm.profile import RECIPE
 from autotune.errors import SpecError
 from autotune.trace_breakdown import (
     BETWEEN_STEPS,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune.engines.base import ValidationIssue
-from autotune.engines.vllm_validate import NCCL_ENV, validate_space
+from autotune.engines.vllm.validate import NCCL_ENV, validate_space
 from autotune.space_yaml import load_space
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ def vllm_ctx() -> object:
     """Import vLLM and build its server parser once for every test that needs it (skipped
     without vLLM; the tests that do not need it run anyway)."""
     pytest.importorskip("vllm")
-    from autotune.engines.vllm_validate import _context
+    from autotune.engines.vllm.validate import _context
 
     return _context()
 
@@ -80,7 +80,7 @@ def test_glm5_space_validates_clean(vllm_ctx: object, tmp_path: Path) -> None:
 
 def test_glm5_study_validates_through_the_engine(vllm_ctx: object) -> None:
     """What ``autotune validate studies/glm5-8gpu.yaml`` runs: spec, engine, space."""
-    from autotune.engines.vllm import VllmEngine
+    from autotune.engines.vllm.engine import VllmEngine
     from autotune.spec import load_spec
 
     spec = load_spec(REPO / "studies" / "glm5-8gpu.yaml")

@@ -17,7 +17,7 @@ from autotune.errors import SpecError
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study
 from autotune.workload import check_workload, reference_requests, workload_hash
-from tests.conftest import write_fake_spec
+from tests.builders import write_fake_spec
 
 SPACE = """
 parameters:
@@ -115,7 +115,7 @@ def test_synthetic_lengths_prefix_and_seed_in_words(tmp_path) -> None:
 def test_synthetic_fixed_lengths_in_tokens_with_the_demo_tokenizer(tmp_path) -> None:
     from transformers import AutoTokenizer
 
-    from tests.conftest import DEMO_MODEL
+    from tests.builders import DEMO_MODEL
 
     path = _spec_with(tmp_path, {"synthetic": {"count": 5, "input_tokens": 40, "unit": "tokens"}})
     raw = yaml.safe_load(path.read_text())

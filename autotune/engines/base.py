@@ -1,8 +1,10 @@
 """The seam between autotune and an inference engine.
 
-Everything engine-specific (how flags are spelled, which env vars exist, how a failure looks in
-the log, what a config file for the engine looks like) lives behind :class:`Engine`, so adding
-SGLang or llama.cpp means adding one module beside ``vllm.py`` and ``command.py``.
+Everything engine-specific (how flags are spelled, which env vars exist, how requests ask for
+token ids and scores, how a failure looks in the log, what a config file for the engine looks
+like) lives behind :class:`Engine`, so adding SGLang or llama.cpp means adding one module beside
+``vllm/`` and ``command.py`` and naming it in ``registry.py`` (or an ``autotune.engines`` entry
+point).
 """
 
 from __future__ import annotations
@@ -12,46 +14,16 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-#: env vars that select patches inside every engine process (read by autotune/plugin.py)
-PATCHES_ENV = "AUTOTUNE_PATCHES"
-PATCH_DIRS_ENV = "AUTOTUNE_PATCH_DIRS"
+from autotune.engines.dialect import OPENAI, RequestDialect
+from autotune.patching import FAILED_MARKER, PATCH_DIRS_ENV, PATCHES_ENV
+from autotune.settings import ServerSettings
 
 if TYPE_CHECKING:
     from autotune.space import SearchSpace
     from autotune.spec import StudySpec
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    """What a trial asks of the server, resolved from parameter values, still engine-neutral.
-
-    ``flags`` maps a flag to its value (``True`` for a bare flag), ``json_flags`` maps a flag
-    that takes a JSON object to that object, ``env`` holds variables, ``patches`` patch choices.
-    """
-
-    flags: Mapping[str, Any] = field(default_factory=dict)
-    json_flags: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-    patches: Mapping[str, Any] = field(default_factory=dict)
-
-    def flag_argv(self) -> list[str]:
-        """Flags as an argv fragment, in a stable order. Values are never shell-quoted."""
-        argv: list[str] = []
-        for flag, value in self.flags.items():
-            if value is True:
-                argv.append(flag)
-            elif value is None or value is False:
-                continue
-            elif isinstance(value, list | tuple):
-                argv += [flag, *(str(v) for v in value)]  # argparse nargs="+" style
-            else:
-                argv += [flag, str(value)]
-        for flag, obj in self.json_flags.items():
-            argv += [flag, json.dumps(obj, sort_keys=True, separators=(",", ":"))]
-        return argv
 
 
 @dataclass(frozen=True)
@@ -111,6 +83,26 @@ class Engine(abc.ABC):
 
     #: short name used in specs (``engine.kind``)
     name: str = ""
+    #: how requests ask this engine's server for token ids, fixed lengths and prompt scores
+    dialect: RequestDialect = OPENAI
+    #: the env var that carries the per-trial API key to the server (never argv, where ``ps``
+    #: would show it)
+    key_env: str = "AUTOTUNE_API_KEY"
+    #: the argv that starts a server when the spec gives no ``engine.command`` (None: required)
+    default_command: tuple[str, ...] | None = None
+    #: whether ``engine.version_command`` means anything for this engine
+    takes_version_command: bool = False
+
+    @classmethod
+    def command_problem(cls, command: Sequence[str]) -> str | None:
+        """What is wrong with a spec's ``engine.command`` for this engine, or None."""
+        return None
+
+    @classmethod
+    def cpu_binding_env(cls, cores: str) -> dict[str, str]:
+        """The env that binds a server to ``cores`` (a Linux cpulist, ``"0-3,8-11"``), for
+        parallel trials on one machine. Default: none (the engine has no such setting)."""
+        return {}
 
     def __init__(self, spec: StudySpec) -> None:
         self.spec = spec
@@ -133,13 +125,12 @@ class Engine(abc.ABC):
         host: str,
         port: int,
         api_key: str,
-        key_env: str,
     ) -> LaunchConfig:
         """The parts every engine shares: env layering (spec, then the trial's settings, then
         the secret key and the patch selection) and the launch record itself."""
         env = dict(base_env)
         env.update(settings.env)
-        env[key_env] = api_key
+        env[self.key_env] = api_key
         env.update(self.patch_env(settings))
         return LaunchConfig(
             argv=tuple(argv),
@@ -149,7 +140,7 @@ class Engine(abc.ABC):
             api_key=api_key,
             served_model=self.spec.model.served_name,
             health_path=self.spec.engine.health_path,
-            secret_env=(key_env,),
+            secret_env=(self.key_env,),
         )
 
     @abc.abstractmethod
@@ -199,20 +190,18 @@ class Engine(abc.ABC):
     def profiler(self, trace_dir: Any) -> Any:
         """How to profile this engine's server into ``trace_dir`` (``autotune profile``): an
         object with ``json_flag()``, ``recipe``, ``decode_body()``, ``start()`` and ``stop()``
-        (see ``engines/vllm_profile.py``), or None when autotune cannot profile it."""
+        (see ``engines/vllm/profile.py``), or None when autotune cannot profile it."""
         return None
 
     def server_metrics_map(self) -> Any:
         """The engine's Prometheus ``/metrics`` names (a ``server_metrics.MetricsMap``), or None
-        when it exposes none autotune knows. Default: vLLM's names, which vLLM-compatible
-        servers (and the test double) expose; a server without them is recorded unavailable."""
-        from autotune.engines.vllm_metrics import VLLM_METRICS
-
-        return VLLM_METRICS
+        when it exposes none autotune knows (the server's metrics are then recorded
+        unavailable)."""
+        return None
 
 
-#: text that is positive evidence of running out of memory, in any engine's log (engine
-#: modules add their own, e.g. vLLM's CPU memory checks, in their ``classify_failure``)
+#: text that is positive evidence of running out of memory, in any engine's log (an engine
+#: adds its own in its ``classify_failure``, e.g. ``engines/vllm/logs.py``)
 _OOM_MARKERS = (
     "out of memory",
     "outofmemoryerror",
@@ -234,7 +223,7 @@ _INVALID_MARKERS = (
 def classify_common(log_tail: str) -> str | None:
     """Markers every engine shares: autotune's patch marker, OOM, argparse/pydantic rejection."""
     lowered = log_tail.lower()
-    if "autotune_patch_failed" in lowered:
+    if FAILED_MARKER.lower() in lowered:
         return "patch_failed"
     if any(m in lowered for m in _OOM_MARKERS):
         return "oom"
@@ -259,7 +248,7 @@ EXCEPTION_LINE = re.compile(
 )
 #: argparse: ``prog: error: message`` (a prog may hold spaces: ``python -m pkg.mod``)
 PARSER_ERROR_LINE = re.compile(r"^[^:\s][^:]{0,120}: error: (?P<message>.+)$")
-PATCH_FAILED_LINE = re.compile(r"AUTOTUNE_PATCH_FAILED name=\S+ reason=.*")
+PATCH_FAILED_LINE = re.compile(re.escape(FAILED_MARKER) + r" name=\S+ reason=.*")
 #: a message that only points elsewhere ("see root cause above"): never the root cause itself
 POINTER_MESSAGE = re.compile(
     r"root cause above|stack trace above|see (?:the )?stack trace|see (?:the )?root cause",
@@ -335,16 +324,3 @@ def pick_root_cause(errors: Sequence[LogError]) -> str | None:
 def clip(text: str, limit: int = ROOT_CAUSE_MAX_CHARS) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def merge_json_key(target: dict[str, Any], dotted_key: str, value: Any) -> None:
-    """Set ``a.b.c`` inside a nested dict, creating levels as needed."""
-    *parents, last = dotted_key.split(".")
-    node = target
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
-
-
-def argv_tail(argv: Sequence[str]) -> str:
-    return " ".join(argv)

@@ -21,9 +21,15 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Any
 
-from autotune.engines.base import Engine, LaunchConfig, ServerSettings, ValidationIssue
+from autotune.engines.base import Engine, LaunchConfig, ValidationIssue
+from autotune.engines.vllm.dialect import VLLM_DIALECT
+from autotune.engines.vllm.machine import CPU_BIND_ENV
+from autotune.engines.vllm.metrics import VLLM_METRICS
+from autotune.server_metrics import MetricsMap
+from autotune.settings import ServerSettings
 
 _PLACEHOLDERS = ("port", "host", "model", "served_name", "api_key", "python")
 KEY_ENV = "AUTOTUNE_API_KEY"
@@ -34,6 +40,26 @@ _VERSION_TIMEOUT_S = 20
 
 class CommandEngine(Engine):
     name = "command"
+    #: Servers started from a template are most often vLLM-compatible (vLLM itself, SGLang's
+    #: OpenAI server, the test double), so requests carry vLLM's extensions. A server that does
+    #: not know them answers with less (the baseline records what its answers carry) or refuses
+    #: (HTTP 400/422: the gate asks again with the plain OpenAI body); the plain dialect is
+    #: ``engines.dialect.OPENAI``.
+    dialect = VLLM_DIALECT
+    key_env = KEY_ENV
+    takes_version_command = True
+
+    @classmethod
+    def cpu_binding_env(cls, cores: str) -> dict[str, str]:
+        """vLLM's variable, as the dialect: a vLLM CPU server started from a template (and the
+        test double, which records it) binds to these cores; other servers ignore it."""
+        return {CPU_BIND_ENV: cores}
+
+    @classmethod
+    def command_problem(cls, command: Sequence[str]) -> str | None:
+        if "{port}" not in " ".join(command):
+            return "the template must contain {port}"
+        return None
 
     def __init__(self, spec) -> None:
         super().__init__(spec)
@@ -113,9 +139,7 @@ class CommandEngine(Engine):
         argv += [self._fill(a, argv_values) for a in self.spec.engine.args]
         argv += settings.flag_argv()
         env = {k: self._fill(v, values) for k, v in self.spec.engine.env.items()}
-        launch = self._launch(
-            argv, env, settings, host=host, port=port, api_key=api_key, key_env=KEY_ENV
-        )
+        launch = self._launch(argv, env, settings, host=host, port=port, api_key=api_key)
         secret = tuple(k for k, v in self.spec.engine.env.items() if "{api_key}" in v)
         if secret:
             launch = dataclasses.replace(launch, secret_env=(*launch.secret_env, *secret))
@@ -152,3 +176,8 @@ class CommandEngine(Engine):
         argv = [self._fill(p, values) for p in self.spec.engine.command]
         argv += [self._fill(a, values) for a in self.spec.engine.args]
         return argv + settings.flag_argv()
+
+    def server_metrics_map(self) -> MetricsMap:
+        """vLLM's names: most OpenAI-compatible servers that expose Prometheus metrics (and the
+        test double) use them; a server without them is recorded unavailable."""
+        return VLLM_METRICS

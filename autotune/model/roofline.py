@@ -4,24 +4,20 @@ A tuner needs a ceiling to know when to stop and what kind of bottleneck remains
 sequence is a matrix-*vector* product per weight: every weight the token touches is read from GPU
 memory once and used for two flops, so the step time is bounded below by bytes / bandwidth, and
 the tokens per second by its inverse. ``autotune inspect`` supplies the bytes
-(:attr:`autotune.inspect.ModelFacts.active_bytes_per_token` and the KV cache per token); this
+(:attr:`autotune.model.facts.ModelFacts.active_bytes_per_token` and the KV cache per token); this
 module supplies the bandwidth and does the division. ``docs/roofline.md`` works the GLM-5 case.
 
-Command line (``--help`` for all options)::
-
-    python -m autotune.roofline --active-params 40e9 --bits 4.8 --device rtx-pro-6000 --tp 8
-    python -m autotune.roofline path/to/model.gguf --device h100-sxm --tp 2 --context 4096
+``autotune inspect MODEL --device D`` prints it for a model; :mod:`autotune.model.roofline_cli`
+computes it from parameter counts alone (no model file), as ``docs/roofline.md`` does.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from autotune.inspect import ModelFacts
+from autotune.model.facts import ModelFacts
+from autotune.model.reader import inspect_model
 
 __all__ = [
     "DEVICES",
@@ -31,7 +27,8 @@ __all__ = [
     "decode_roofline",
     "fraction_of_roofline",
     "get_device",
-    "main",
+    "roofline_from_spec",
+    "roofline_rows",
 ]
 
 
@@ -303,7 +300,7 @@ def fraction_of_roofline(measured_tok_s: float, roofline: Roofline) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# command line
+# rows for the command lines
 
 
 def _fmt_bytes(n: float) -> str:
@@ -311,88 +308,6 @@ def _fmt_bytes(n: float) -> str:
         if n >= div:
             return f"{n / div:,.3f} {unit}"
     return f"{n:,.0f} B"
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m autotune.roofline",
-        description="Upper bound on single-request decode tok/s from memory bandwidth.",
-    )
-    p.add_argument("model", nargs="?", help="GGUF file or HF folder to inspect for the bytes")
-    p.add_argument("--active-params", type=float, help="active parameters per token, e.g. 40e9")
-    p.add_argument("--bits", type=float, help="average stored bits per active weight, e.g. 4.8")
-    p.add_argument(
-        "--kv-bytes-per-token",
-        type=float,
-        default=None,
-        help="KV cache bytes per context token over all layers (with --active-params)",
-    )
-    p.add_argument(
-        "--kv-split-ways",
-        type=int,
-        default=1,
-        help="KV heads the cache splits into over TP (1 = MLA, replicated)",
-    )
-    p.add_argument(
-        "--kv-dtype-bytes",
-        type=int,
-        default=None,
-        help="override KV cache element size (with MODEL), e.g. 1 for fp8",
-    )
-    p.add_argument("--device", help=f"one of: {', '.join(DEVICES)}")
-    p.add_argument("--bandwidth-gbs", type=float, help="per-device bandwidth, overrides --device")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    p.add_argument("--context", type=int, default=0, help="context tokens already in the cache")
-    p.add_argument("--efficiency", type=float, default=1.0, help="fraction of peak bandwidth")
-    p.add_argument(
-        "--measured",
-        type=float,
-        nargs="*",
-        default=[],
-        help="measured decode tok/s to express as fractions of the bound",
-    )
-    p.add_argument("--list-devices", action="store_true", help="print the device table")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    out = sys.stdout
-    if args.list_devices:
-        for d in DEVICES.values():
-            print(f"{d.key:14s} {d.bandwidth_gbs:7,.0f} GB/s  {d.name}  [{d.source}]", file=out)
-        return 0
-    if args.model:
-        from autotune.inspect import inspect_model
-
-        db = DecodeBytes.from_facts(inspect_model(args.model), kv_dtype_bytes=args.kv_dtype_bytes)
-    elif args.active_params is not None and args.bits is not None:
-        db = DecodeBytes.from_params(
-            args.active_params,
-            args.bits,
-            kv_bytes_per_context_token=args.kv_bytes_per_token or 0.0,
-            kv_split_ways=args.kv_split_ways,
-        )
-    else:
-        print("give MODEL, or --active-params and --bits", file=sys.stderr)
-        return 2
-    try:
-        r = decode_roofline(
-            db,
-            device=args.device,
-            bandwidth_gbs=args.bandwidth_gbs,
-            tp=args.tp,
-            context_tokens=args.context,
-            efficiency=args.efficiency,
-        )
-    except (KeyError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    rows = roofline_rows(r, args.measured)
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}", file=out)
-    return 0
 
 
 def roofline_from_spec(data: dict[str, Any], model_path: str | None = None) -> Roofline:
@@ -410,8 +325,6 @@ def roofline_from_spec(data: dict[str, Any], model_path: str | None = None) -> R
             kv_split_ways=int(data.get("kv_split_ways", 1)),
         )
     else:
-        from autotune.inspect import inspect_model
-
         if model_path is None:
             raise ValueError("roofline: give active_params and bits, or a model to inspect")
         db = DecodeBytes.from_facts(inspect_model(model_path))
@@ -453,7 +366,3 @@ def roofline_rows(
             )
         )
     return rows
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,8 @@
+"""What a model is, read from its files' metadata: facts (``autotune inspect``) and the decode
+roofline. Nothing here loads weights.
+
+* :mod:`~autotune.model.facts` -- the facts' dataclasses and the counting rules;
+* :mod:`~autotune.model.gguf_reader`, :mod:`~autotune.model.hf_reader` -- one reader per format;
+* :mod:`~autotune.model.reader` -- :func:`inspect_model` (which reader a path needs) and table rows;
+* :mod:`~autotune.model.roofline` -- the memory-bandwidth bound on single-request decode.
+"""

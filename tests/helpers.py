@@ -1,0 +1,70 @@
+"""Shared test helpers that are not fixtures: the autotune command line, process lookups, and
+whether a PostgreSQL server is available (the ``pg_url`` fixture itself is in conftest.py)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+PG_ENV = "AUTOTUNE_TEST_POSTGRES_URL"
+IN_CI = bool(os.environ.get("CI"))
+
+
+def processes_matching(text: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(text in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def autotune_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "autotune", *args]
+
+
+def pg_bin() -> Path | None:
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
+    )
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def _can_start_pg() -> bool:
+    if pg_bin() is None:
+        return False
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        return False
+    if os.geteuid() != 0:
+        return True
+    try:  # PostgreSQL refuses to run as root; run it as the postgres user
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return False
+    return shutil.which("runuser") is not None
+
+
+HAVE_PG = bool(os.environ.get(PG_ENV)) or IN_CI or _can_start_pg()
+
+
+def needs_pg(test):
+    """A test against a real PostgreSQL (skipped locally without one, never in CI)."""
+    test = pytest.mark.skipif(
+        not HAVE_PG, reason=f"no PostgreSQL: set {PG_ENV} or install the postgresql server"
+    )(test)
+    return pytest.mark.postgres(test)
