@@ -13,7 +13,7 @@ import httpx
 import optuna
 import pytest
 
-from autotune import storage as keys
+from autotune import names
 from autotune.confirm import _precise
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.loadcurve import (
@@ -159,11 +159,11 @@ def test_objective_names_a_level_and_the_trial_stores_the_curve(tmp_path):
     assert run.returncode == 0, run.stderr
     study = optuna.load_study(study_name="fake", storage=f"sqlite:///{tmp_path}/fake.db")
     trial = study.trials[0]
-    curve = trial.user_attrs[keys.LOAD_CURVE]
+    curve = trial.user_attrs[names.LOAD_CURVE]
     assert set(curve) == {"1", "4"}
-    assert trial.value == pytest.approx(trial.user_attrs[keys.METRICS]["output_tokens_per_s@1"])
+    assert trial.value == pytest.approx(trial.user_attrs[names.METRICS]["output_tokens_per_s@1"])
     assert trial.value == pytest.approx(curve["1"]["output_tokens_per_s"], rel=1e-3)
-    low, high, n = trial.user_attrs[keys.METRICS_CI]["output_tokens_per_s@1"]
+    low, high, n = trial.user_attrs[names.METRICS_CI]["output_tokens_per_s@1"]
     assert n == 2 and low <= trial.value <= high
 
 
