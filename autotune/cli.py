@@ -20,6 +20,7 @@ from rich.markup import escape
 from autotune import names, render
 from autotune.ablation import run_ablation
 from autotune.cleanup import cleanup_stale
+from autotune.cli_options import DEFAULT_SPEC, ArtifactDirOpt, SpecOpt, StorageOpt, StudyOpt
 from autotune.compare import run_compare_command, study_ref
 from autotune.confirm import confirm_study
 from autotune.engines import build_engine
@@ -51,25 +52,6 @@ console, err = render.console, render.err
 def _quiet() -> None:
     # Optuna's per-trial INFO lines would drown the tables; set here, not at import.
     quiet_optuna()
-
-
-DEFAULT_SPEC = Path("studies/demo.yaml")
-SpecOpt = Annotated[Path, typer.Option("--spec", help="Study spec YAML.")]
-StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name (default: the spec's).")]
-StorageOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--storage", help="SQLAlchemy URL (default: SQLite studies/<study>.db beside the spec)."
-    ),
-]
-ArtifactDirOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--artifact-dir",
-        help="Where server logs and outputs are stored (default: <study>-artifacts beside the "
-        "SQLite file).",
-    ),
-]
 
 
 def _fail(exc: AutotuneError) -> typer.Exit:
@@ -501,11 +483,7 @@ def profile(
         )
     except AutotuneError as exc:
         raise _fail(exc) from None
-    render.print_profiles([r.to_dict() for r in results])
-    if not trial and len(results) == 1:
-        console.print("the best correct trial is the baseline itself: one profile")
-    for r in results:
-        console.print(f"[dim]trial {r.trial} traces: {', '.join(r.trace_files)}[/]")
+    render.print_profile_run(results, chosen_by_default=not trial)
 
 
 @app.command()

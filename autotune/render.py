@@ -349,6 +349,15 @@ def print_trial_phase(number: int, phase: str) -> None:
     console.print(f"[dim]trial {number}: {phase}[/]")
 
 
+def print_profile_run(results, *, chosen_by_default: bool) -> None:
+    """``autotune profile``'s output: the table, then where each trace was written."""
+    print_profiles([r.to_dict() for r in results])
+    if chosen_by_default and len(results) == 1:
+        console.print("the best correct trial is the baseline itself: one profile")
+    for r in results:
+        console.print(f"[dim]trial {r.trial} traces: {', '.join(r.trace_files)}[/]")
+
+
 def print_profiles(profiles: list[dict]) -> None:
     header, rows = table_rows(profiles)
     table = Table(title="Where the step time goes (ms per output token, decode)")

@@ -511,7 +511,7 @@ def warm_start_configs(
         (t for t in source.get_trials(deepcopy=False) if is_verified_feasible(t)),
         key=lambda t: -sign * t.values[0],
     )
-    names = set(space.names)
+    known = set(space.names)
     out: list[tuple[int, dict[str, Any]]] = []
     seen: set[str] = set()
     for t in ranked:
@@ -520,9 +520,9 @@ def warm_start_configs(
         values = t.user_attrs.get(names.PARAMS_RESOLVED) or {
             name: space.parameter(name).from_optuna(v)
             for name, v in t.params.items()
-            if name in names
+            if name in known
         }
-        values = {k: v for k, v in values.items() if k in names}
+        values = {k: v for k, v in values.items() if k in known}
         if not values or not all(space.parameter(k).contains(v) for k, v in values.items()):
             continue
         if space.violated(values):

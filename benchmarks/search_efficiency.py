@@ -78,7 +78,8 @@ from optuna.trial import TrialState
 
 from autotune import names
 from autotune.report import best_trials
-from autotune.space import SearchSpace, load_space
+from autotune.space import SearchSpace
+from autotune.space_yaml import load_space
 from autotune.strategy import AutoSampler, build_sampler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -467,7 +468,11 @@ def run_optuna(
     while launched < budget:
         trial = study.ask()
         role = trial.user_attrs.get(names.ROLE, "search")
-        values = space.suggest_baseline(trial) if role == "baseline" else space.suggest(trial)
+        values = (
+            space.suggest(trial, only=space.baseline_names())
+            if role == "baseline"
+            else space.suggest(trial)
+        )
         trial.set_user_attr(names.PARAMS_RESOLVED, values)
         trial.set_user_attr(names.ROLE, role)
         if space.violated(values):

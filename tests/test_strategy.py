@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from autotune import names
 from autotune.cli import app
 from autotune.errors import SpecError
-from autotune.space import load_space
+from autotune.space_yaml import load_space
 from autotune.spec import load_spec
 from autotune.strategy import (
     N_DESIGN,
@@ -152,7 +152,11 @@ def _drive(space, land, sampler, launches):
     while len(seen) < launches:
         trial = study.ask()
         role = trial.user_attrs.get(names.ROLE, "search")
-        values = space.suggest_baseline(trial) if role == "baseline" else space.suggest(trial)
+        values = (
+            space.suggest(trial, only=space.baseline_names())
+            if role == "baseline"
+            else space.suggest(trial)
+        )
         assert not space.violated(values), f"asked for a constraint-violating config {values}"
         out = land(values)
         seen.append((dict(trial.params), out))
