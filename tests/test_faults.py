@@ -67,8 +67,12 @@ EXPECTED = {
     "hang_in_bench": "hang",
     "ignore_sigterm": None,  # healthy apart from SIGTERM: the trial completes
 }
-STARTUP_S = 4.0
-REQUEST_TIMEOUT_S = 2.0
+# Deadlines a loaded 2-core machine meets with room (a fake server took over 4 s to start at
+# load 10, and a 2 s token deadline called a healthy stream hung); the bounds below are the
+# deadlines plus a fixed allowance for process start and teardown, not speed verdicts.
+STARTUP_S = 15.0
+REQUEST_TIMEOUT_S = 6.0
+ALLOWANCE_S = 20.0
 
 
 #: in the argv of every server and child these tests start (other tests may run fake servers)
@@ -307,9 +311,11 @@ def test_fault_details(matrix) -> None:
 def test_hang_and_sigterm_are_bounded(matrix) -> None:
     """A hang costs about the request deadline, an ignored SIGTERM about the stop grace."""
     _study, by_fault, watcher = matrix
-    assert watcher.seconds[by_fault["hang"].number] < STARTUP_S + REQUEST_TIMEOUT_S + 10
-    assert watcher.seconds[by_fault["ignore_sigterm"].number] < 15
-    assert watcher.seconds[by_fault["slow_start"].number] < STARTUP_S + 10
+    assert (
+        watcher.seconds[by_fault["hang"].number] < STARTUP_S + 2 * REQUEST_TIMEOUT_S + ALLOWANCE_S
+    )
+    assert watcher.seconds[by_fault["ignore_sigterm"].number] < ALLOWANCE_S  # stop grace 1 s
+    assert watcher.seconds[by_fault["slow_start"].number] < STARTUP_S + ALLOWANCE_S
 
 
 def test_no_fake_process_survives_the_matrix(matrix) -> None:
@@ -330,7 +336,7 @@ def test_broken_baseline_stops_the_study_within_one_trial(tmp_path: Path) -> Non
     study = optuna.load_study(study_name=spec.name, storage=spec.storage)
     assert len(study.trials) == 1
     assert study.trials[0].user_attrs[names.FAIL_REASON] == "startup_failed"
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < STARTUP_S + ALLOWANCE_S
     assert fake_processes() == []
 
 
