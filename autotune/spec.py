@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune import workload as sources  # prompts, file or synthetic: see workload.py
 from autotune._yaml import YamlDoc, check_keys, load_yaml
 from autotune.engines.registry import engine_class, engine_names
 from autotune.errors import SpecError
@@ -356,7 +357,6 @@ def _check(doc: YamlDoc, raw: Any) -> CheckSpec:
 
 
 def _workload(doc: YamlDoc, raw: Any, base: Path, model: ModelSpec) -> WorkloadSpec:
-    from autotune import workload as sources  # prompts, file or synthetic: see workload.py
 
     keys = {
         "prompts",

@@ -69,9 +69,7 @@ VOCABULARY_ALLOWED = {
 VOCABULARY_EXEMPT_DIRS = ("autotune/engines/vllm/", "autotune/testing/")
 
 #: modules other branches of #11 reshape: in-function imports still there (module -> reason)
-IN_FUNCTION_PENDING = {
-    "autotune/spec.py": "h-11b: config/ package",
-}
+IN_FUNCTION_PENDING: dict[str, str] = {}
 #: import cycles still there, as the sorted module names of the cycle -> reason
 CYCLES_PENDING: dict[tuple[str, ...], str] = {}
 #: modules over MAX_LINES still there -> reason
