@@ -5,7 +5,8 @@ Everyday names are re-exported here; everything else lives in one module per con
 """
 
 from autotune.errors import AutotuneError, SpecError
-from autotune.space import SearchSpace, load_space
+from autotune.space import SearchSpace
+from autotune.space_yaml import load_space
 from autotune.spec import StudySpec, load_spec
 
 __all__ = ["AutotuneError", "SearchSpace", "SpecError", "StudySpec", "load_space", "load_spec"]

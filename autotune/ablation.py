@@ -31,11 +31,11 @@ from typing import Any
 
 import optuna
 
-from autotune import storage as keys
+from autotune import names
 from autotune.errors import SpecError
 from autotune.remeasure import Variant, VariantMeasurements, measure_variants
 from autotune.report import best_trials, is_verified_feasible
-from autotune.spec import StudySpec, direction
+from autotune.spec import StudySpec
 
 HELPS, NO_EFFECT, HURTS, CORRECTNESS = "helps", "no effect", "hurts", "needed for correctness"
 _DEFAULT = "(engine default)"
@@ -109,10 +109,10 @@ def run_ablation(
         raise SpecError("ablation needs at least 2 repeats to know its noise band", key="--repeats")
     trial = _pick_trial(study, trial_number)
     metric = spec.objective.metrics[0]
-    sign = 1.0 if direction(metric) == "maximize" else -1.0
+    sign = names.sign(metric)
     best_values = {
         name: spec.space.parameter(name).from_optuna(value)
-        for name, value in (trial.user_attrs.get(keys.PARAMS_RESOLVED) or trial.params).items()
+        for name, value in (trial.user_attrs.get(names.PARAMS_RESOLVED) or trial.params).items()
     }
     changes = changes_from_baseline(spec, best_values)
     variants = [Variant("best", best_values)]
@@ -123,7 +123,7 @@ def run_ablation(
         storage_url,
         variants,
         repeats=repeats,
-        role="ablation",
+        role=names.ABLATION,
         on_phase=on_phase,
         artifact_dir=artifact_dir,
     )
@@ -155,7 +155,7 @@ def run_ablation(
             storage_url,
             [Variant("minimal", minimal)],
             repeats=repeats,
-            role="ablation",
+            role=names.ABLATION,
             on_phase=on_phase,
         )
         samples = check["minimal"].samples
@@ -167,7 +167,7 @@ def run_ablation(
     report = AblationReport(
         trial_number=trial.number,
         metric=metric,
-        direction=direction(metric),
+        direction=names.direction(metric),
         best_median=best_median,
         noise_band=band,
         min_effect=min_effect,
@@ -177,7 +177,7 @@ def run_ablation(
         minimal_keeps_gain=keeps,
         repeats=repeats,
     )
-    study.set_user_attr(keys.ABLATION, report.to_dict())
+    study.set_user_attr(names.ABLATION_REPORT, report.to_dict())
     return report
 
 

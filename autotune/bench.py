@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from autotune import names
 from autotune.engines.dialect import RequestDialect
 from autotune.protocol import completion_body, open_stream, sse_payloads
 
@@ -288,10 +289,10 @@ def summarize(single: PhaseResult, load: PhaseResult) -> dict[str, float]:
     ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
     itls = [x * 1000 for r in ok for x in r.itls_s]
     e2es = [r.e2e_s * 1000 for r in ok if r.e2e_s is not None]
-    for name, values in (("ttft", ttfts), ("itl", itls), ("e2e", e2es)):
+    for kind, values in zip(names.LATENCY_KINDS, (ttfts, itls, e2es), strict=True):
         if values:
-            for q in (50, 95, 99):
-                metrics[f"{name}_p{q}_ms"] = percentile(values, q)
+            for q in names.PERCENTILES:
+                metrics[names.latency_metric(kind, q)] = percentile(values, q)
     return metrics
 
 

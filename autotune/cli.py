@@ -6,20 +6,38 @@ storage URL), 3 preflight failed (engine missing, baseline broken), 130 interrup
 
 from __future__ import annotations
 
-import shutil
+import json
 import subprocess
 import sys
-import time
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
-from rich.table import Table
 
+from autotune import names, render
+from autotune.ablation import run_ablation
+from autotune.cleanup import cleanup_stale
+from autotune.cli_options import DEFAULT_SPEC, ArtifactDirOpt, SpecOpt, StorageOpt, StudyOpt
+from autotune.compare import run_compare_command, study_ref
+from autotune.confirm import confirm_study
+from autotune.engines import build_engine
 from autotune.errors import AutotuneError, PreflightError, SpecError
+from autotune.export import export_best, export_values
+from autotune.model.reader import facts_as_rows, inspect_model
+from autotune.model.roofline import DecodeBytes, decode_roofline, roofline_rows
+from autotune.parallel import DevicePlanSpec, run_parallel
+from autotune.profile import run_profiles
+from autotune.recheck import run_recheck
+from autotune.remote import check_url, run_command, study_reference
+from autotune.report import load_report
+from autotune.report_html import write_report
+from autotune.spec import StudySpec, load_spec
+from autotune.storage import artifact_dir_for, dashboard_command, load_study
+from autotune.strategy import check_name as check_sampler_name
+from autotune.study import RunOptions, open_study, quiet_optuna, run_study, study_target
 
 app = typer.Typer(
     add_completion=False,
@@ -27,92 +45,30 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Autonomous, correctness-gated tuner for LLM inference servers.",
 )
-# Wide tables when the output is a file or a pipe (CI logs, `| less`), not 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 180)
-err = Console(stderr=True)
+console, err = render.console, render.err
 
-DEFAULT_SPEC = Path("studies/demo.yaml")
-SpecOpt = Annotated[Path, typer.Option("--spec", help="Study spec YAML.")]
-StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name (default: the spec's).")]
-StorageOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--storage", help="SQLAlchemy URL (default: SQLite studies/<study>.db beside the spec)."
-    ),
-]
-ArtifactDirOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--artifact-dir",
-        help="Where server logs and outputs are stored (default: <study>-artifacts beside the "
-        "SQLite file).",
-    ),
-]
+
+@app.callback()
+def _quiet() -> None:
+    # Optuna's per-trial INFO lines would drown the tables; set here, not at import.
+    quiet_optuna()
 
 
 def _fail(exc: AutotuneError) -> typer.Exit:
-    # One line, never wrapped (grep-able, copy-pastable), and the message is text, not markup:
-    # a key such as ``constraints[0]`` must not be read as a rich tag.
-    text = escape(str(exc))
-    if isinstance(exc, SpecError):
-        err.print(f"[bold red]error:[/] {text}", soft_wrap=True)
-        return typer.Exit(code=2)
-    if isinstance(exc, PreflightError):
-        err.print(f"[bold red]preflight failed:[/] {text}", soft_wrap=True)
-        return typer.Exit(code=3)
-    err.print(f"[bold red]error:[/] {text}", soft_wrap=True)
-    return typer.Exit(code=1)
+    """Bad input exits 2, a failed preflight 3, anything else 1 (see the module docstring)."""
+    render.print_error(exc)
+    return typer.Exit(
+        code=2 if isinstance(exc, SpecError) else 3 if isinstance(exc, PreflightError) else 1
+    )
 
 
-def _load_spec(path: Path):
-    from autotune.spec import load_spec
-
-    return load_spec(path)
-
-
-def _study_target(
+def _open(
     spec_path: Path, study: str | None, storage: str | None, *, existing: bool = True
-) -> tuple[str, str]:
-    """(storage URL, study name) from the options, falling back to the spec's defaults."""
-    return _target(_load_spec(spec_path), study, storage, existing=existing)
-
-
-def _target(spec, study: str | None, storage: str | None, *, existing: bool) -> tuple[str, str]:
-    """(storage URL, study name), both checked before anything is written: the name (one
-    rule for ``--study`` and the spec's ``study:``), the URL (in-memory SQLite refused, the
-    directory there), and either that the SQLite file exists (``existing``: commands that read
-    a study never create an empty database) or that a database server answers (``run``: a bad
-    URL is refused before the artifact directory is made)."""
-    from autotune import storage as keys
-    from autotune.study import storage_url_for
-
-    name = keys.check_study_name(study) if study is not None else spec.name
-    url = storage_url_for(spec, storage)
-    where = {"key": "--storage"}
-    if storage is None and spec.storage is not None:
-        where = {"key": "storage", "file": str(spec.path)}
-    keys.resolve_url(url, **where)
-    database = keys.sqlite_file(url)
-    if existing:
-        if database is not None and not database.is_file():
-            raise SpecError(
-                f"no study storage at {database} (run `autotune run` first, or give --storage)",
-                **where,
-            )
-    else:
-        keys.check_reachable(url, **where)
-    return url, name
-
-
-def _require_study(url: str, name: str) -> None:
-    """A command that works on an existing study must not create one under a mistyped name."""
-    import optuna
-
-    from autotune import storage as keys
-
-    storage = keys.open_storage(url, heartbeat=False)
-    if name not in optuna.study.get_all_study_names(storage=storage):
-        raise SpecError(f"no study named {name!r} in {url}", key="--study")
+) -> tuple[StudySpec, str, str]:
+    """The spec, the storage URL and the study name from the options (the spec's defaults
+    otherwise), every one checked before anything is written (``study.study_target``)."""
+    study_spec = load_spec(spec_path)
+    return (study_spec, *study_target(study_spec, study, storage, existing=existing))
 
 
 @app.command()
@@ -179,21 +135,12 @@ def run(
     ] = False,
 ) -> None:
     """Tune: run N trials of the study (resuming it if it exists), then confirm the best."""
-    import json
-
-    from autotune.study import RunOptions, run_study
-
     try:
-        study_spec = _load_spec(spec)
         if sampler is not None:
-            from autotune.strategy import check_name
-
-            check_name(sampler)
+            check_sampler_name(sampler)
         # Every name, URL and path is checked before anything is created.
-        url, name = _target(study_spec, study, storage, existing=False)
-        from autotune import storage as keys
-
-        keys.artifact_dir(url, name, artifact_dir)
+        study_spec, url, name = _open(spec, study, storage, existing=False)
+        artifact_dir_for(url, name, artifact_dir)
         try:
             extra_env = json.loads(worker_env) if worker_env else None
         except json.JSONDecodeError as exc:
@@ -208,28 +155,26 @@ def run(
             sampler=sampler,
             warm_start=warm_start,
         )
+        confirm = partial(  # the confirmation after the search (quiet: `run` ends with a line)
+            _confirm,
+            study_spec,
+            top=confirm_top,
+            repeats=confirm_repeats,
+            artifact_dir=artifact_dir,
+            quiet=True,
+        )
         if parallel > 1:
-            from autotune.parallel import DevicePlanSpec, run_parallel
-
             plan = DevicePlanSpec(
                 gpus=gpus, gpus_per_trial=gpus_per_trial, cpus=cpus, cpus_per_trial=cpus_per_trial
             )
             code = run_parallel(spec, options, workers=parallel, plan=plan, console=console)
             if code == 0 and confirm_top:
-                _confirm(
-                    study_spec,
-                    url,
-                    name,
-                    confirm_top,
-                    confirm_repeats,
-                    artifact_dir=artifact_dir,
-                    quiet=True,
-                )
-            _print_report(url, name)
+                confirm(url, name)
+            render.print_report(url, name)
             if code == 0:
                 _say_if_baseline_is_best(url, name)
             raise typer.Exit(code=code)
-        view = _LiveView(trials)
+        view = render.LiveView(trials)
         with Live(view.render(), console=console, refresh_per_second=4, transient=False) as live:
             view.live = live
             summary = run_study(
@@ -241,15 +186,7 @@ def run(
                 on_notice=lambda line: console.print(f"[yellow]machine:[/] {escape(line)}"),
             )
         if confirm_top and not worker_env and not summary.stopped_because:
-            _confirm(
-                study_spec,
-                summary.storage_url,
-                summary.study_name,
-                confirm_top,
-                confirm_repeats,
-                artifact_dir=artifact_dir,
-                quiet=True,
-            )
+            confirm(summary.storage_url, summary.study_name)
     except AutotuneError as exc:
         raise _fail(exc) from None
     except KeyboardInterrupt:
@@ -258,292 +195,36 @@ def run(
             "run the same command again to resume."
         )
         raise typer.Exit(code=130) from None
-    for line in summary.cleaned:
-        console.print(f"[dim]cleanup:[/] {line}")
-    if summary.stopped_because:
-        err.print(f"[bold red]stopped:[/] {summary.stopped_because}")
-    console.print(f"Study [bold]{summary.study_name}[/] in {summary.storage_url}")
-    _print_report(summary.storage_url, summary.study_name)
+    render.print_run_summary(summary)
+    render.print_report(summary.storage_url, summary.study_name)
     if summary.stopped_because:
         raise typer.Exit(code=1)
     _say_if_baseline_is_best(summary.storage_url, summary.study_name)
 
 
 def _say_if_baseline_is_best(url: str, name: str) -> None:
-    """One line when no configuration beat the baseline (what `export` will then write)."""
-    import optuna
-
-    from autotune import storage as keys
-    from autotune.report import baseline_reason
-
-    loaded = optuna.load_study(storage=keys.open_storage(url, heartbeat=False), study_name=name)
-    reason = baseline_reason(loaded)
-    if reason is not None:
-        console.print(
-            f"[yellow]no configuration beat the baseline[/] ({escape(reason)}); "
-            "`autotune export` writes the baseline's config"
-        )
+    render.say_if_baseline_is_best(load_study(url, name))
 
 
 def _confirm(
-    study_spec,
-    url: str,
-    name: str,
-    top: int,
-    repeats: int,
-    *,
-    artifact_dir: str | None = None,
-    quiet: bool = False,
+    spec, url: str, name: str, *, top: int, repeats: int, artifact_dir=None, quiet=False
 ) -> None:
-    """The confirmation phase (see confirm.py); skipped for multi-objective studies."""
-    import optuna
-
-    from autotune import storage as keys
-    from autotune.confirm import run_confirmation, top_candidates
-
-    if len(study_spec.objective.metrics) != 1:
-        return
-    try:
-        loaded = optuna.load_study(storage=keys.open_storage(url), study_name=name)
-    except KeyError:
-        raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
-    if not top_candidates(study_spec, loaded, top):
-        if not quiet:  # `run` says it once, at its end, with what export then writes
-            console.print("[yellow]no verified correct config beyond the baseline to confirm[/]")
-        return
-    console.print(
-        f"confirming the top {top} configs against the baseline ({repeats} interleaved rounds)..."
-    )
-    run_confirmation(
-        study_spec,
-        loaded,
+    """The confirmation phase (confirm.py); ``run`` is ``quiet`` (it says it at its end)."""
+    done = confirm_study(
+        spec,
         url,
+        name,
         top_k=top,
         repeats=repeats,
-        artifact_dir=artifact_dir,
-        on_phase=lambda n, p: (
-            console.print(f"[dim]trial {n}: {p}[/]") if p == "launching" else None
+        on_start=lambda: console.print(
+            f"confirming the top {top} configs against the baseline ({repeats} interleaved "
+            "rounds)..."
         ),
+        on_phase=lambda n, p: render.print_trial_phase(n, p) if p == "launching" else None,
+        artifact_dir=artifact_dir,
     )
-
-
-def _print_confirmation(data: dict) -> None:
-    table = Table(title=f"confirmation: {data['metric']}, {data['repeats']} interleaved rounds")
-    for col in ("config", "samples", "median", "failures"):
-        table.add_column(col)
-    for c in data["candidates"]:
-        style = (
-            "bold green"
-            if c["trial_number"] is not None and c["trial_number"] == data["winner"]
-            else ""
-        )
-        table.add_row(
-            c["label"],
-            ", ".join(f"{x:.1f}" for x in c["samples"]),
-            "" if c["median"] is None else f"{c['median']:.1f}",
-            ", ".join(c["failures"]),
-            style=style,
-        )
-    console.print(table)
-    if data["winner"] is None:
-        console.print("[red]no candidate passed every confirmation round[/]")
-    elif data["gain"] is not None:
-        low, high = data["gain_ci"]
-        label = "winner" if data["gain"] > 0 else "no real gain; best candidate"
-        console.print(
-            f"{label}: trial {data['winner']}, {data['gain']:+.1%} over the baseline "
-            f"(95% CI {low:+.1%} .. {high:+.1%})"
-        )
-
-
-class _LiveView:
-    """Trial number, phase, elapsed time and best so far, refreshed while a run goes on."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.number: int | None = None
-        self.phase = "starting"
-        self.started = time.monotonic()
-        self.trial_started = time.monotonic()
-        self.done = 0
-        self.best: str = "-"
-        self.last: str = ""
-        self.live: Live | None = None
-
-    def render(self) -> Table:
-        table = Table.grid(padding=(0, 2))
-        trial = "-" if self.number is None else str(self.number)
-        table.add_row(
-            "[bold]trial[/]",
-            trial,
-            "[bold]phase[/]",
-            self.phase,
-            "[bold]elapsed[/]",
-            f"{time.monotonic() - self.trial_started:5.1f} s",
-            "[bold]done[/]",
-            f"{self.done}/{self.total}",
-        )
-        table.add_row("[bold]best[/]", self.best, "[bold]last[/]", self.last, "", "", "", "")
-        return table
-
-    def refresh(self) -> None:
-        if self.live is not None:
-            self.live.update(self.render())
-
-    def on_phase(self, number: int, phase: str) -> None:
-        if number != self.number:
-            self.trial_started = time.monotonic()
-        self.number, self.phase = number, phase
-        self.refresh()
-
-    def on_trial(self, outcome, study) -> None:
-        from autotune.report import best_trials
-
-        if (
-            outcome.verdict not in ("constraint_violated", "duplicate")
-            and not outcome.infrastructure
-        ):
-            self.done += 1
-        values = ", ".join(f"{v:.1f}" for v in outcome.values) if outcome.values else ""
-        self.last = f"#{outcome.number} {outcome.verdict} {values}".strip()
-        best = best_trials(study)
-        if best:
-            self.best = ", ".join(
-                f"#{t.number} " + "/".join(f"{v:.1f}" for v in t.values) for t in best[:3]
-            )
-        self.phase = "done"
-        self.refresh()
-        console.print(f"trial {outcome.number} \\[{outcome.role}]: {outcome.verdict} {values}")
-        if outcome.role == "baseline" and outcome.verdict == "correct":
-            from autotune import storage as keys
-
-            reference = study.user_attrs.get(keys.REFERENCE) or {}
-            for notice in _gate_notices(reference.get("capabilities")):
-                console.print(f"[yellow]gate:[/] {notice}")
-
-
-def _short(value: object) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, list):
-        return ",".join(map(str, value))
-    return str(value)
-
-
-def _gate_notices(capabilities: dict | None) -> list[str]:
-    from autotune.gate_reference import Capabilities
-
-    return Capabilities.from_dict(capabilities).notices() if capabilities else []
-
-
-def _print_report(storage_url: str, study_name: str, *, limit: int | None = None) -> None:
-    from autotune.gate_reference import describe_checks
-    from autotune.report import load_report
-
-    report = load_report(storage_url, study_name)
-    metric_cols = {
-        "decode_tokens_per_s": "decode tok/s",
-        "output_tokens_per_s": "out tok/s",
-        "ttft_p95_ms": "TTFT p95 ms",
-        "itl_p95_ms": "ITL p95 ms",
-    }
-    table = Table(title=f"study {report.name} ({', '.join(report.directions)})")
-    objective = report.metric_names[0] if report.metric_names else None
-    cols = ("#", "role", "verdict", "params", *metric_cols.values(), "±95% (n)", "start s")
-    cols = (*cols, "reason")
-    for col in cols:
-        table.add_column(col, overflow="fold", ratio=4 if col in ("params", "reason") else None)
-    rows = report.rows if limit is None else report.rows[-limit:]
-    for row in rows:
-        params = " ".join(f"{k}={_short(v)}" for k, v in row.params.items())
-        style = (
-            "bold green"
-            if row.is_best
-            else ("red" if row.verdict not in ("correct", "running", "waiting") else "")
-        )
-        table.add_row(
-            f"{row.number}{' *' if row.is_best else ''}",
-            row.role,
-            row.verdict,
-            params,
-            *[f"{row.metrics[c]:.1f}" if c in row.metrics else "" for c in metric_cols],
-            _interval_cell(row.ci.get(objective or ""), row.metrics.get(objective or "")),
-            f"{row.startup_s:.1f}" if row.startup_s else "",
-            row.detail[:80],
-            style=style,
-        )
-    console.print(table)
-    if report.failures_by_reason:
-        console.print(
-            "failures by reason: "
-            + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
-        )
-        _print_failure_details(rows)
-    from autotune.engines.vllm.speculative import study_lines
-
-    for line in study_lines(storage_url, study_name):  # speculative trials: acceptance
-        console.print(f"speculative decoding: {escape(line)}", soft_wrap=True)
-    from autotune.server_metrics import preemption_notes
-
-    for note in preemption_notes(rows):
-        console.print(f"[yellow]preemptions:[/] {escape(note)}")
-    if report.reference:
-        console.print(
-            f"reference: {report.reference['prompts']} prompts, logprob tolerance "
-            f"{report.reference['tolerance']:.4f} (baseline drift "
-            f"{report.reference['drift_observed']:.4f})"
-        )
-        for notice in _gate_notices(report.reference.get("capabilities")):
-            console.print(f"[yellow]gate:[/] {notice}")
-    roofline = report.attrs.get("roofline")
-    if roofline and report.best:
-        best_row = next(r for r in report.rows if r.number == report.best[0])
-        measured = best_row.metrics.get("decode_tokens_per_s")
-        bound = roofline.get("tokens_per_s")
-        if measured and bound:
-            console.print(
-                f"decode roofline: {bound:.1f} tok/s; best measured {measured:.1f} "
-                f"tok/s = {measured / bound:.1%} of it"
-            )
-    if report.attrs.get("confirmation"):
-        _print_confirmation(report.attrs["confirmation"])
-    if report.attrs.get("ablation"):
-        _print_ablation(report.attrs["ablation"])
-    if report.attrs.get("profiles"):
-        from autotune.profile import PROFILES_ATTR, sort_profiles
-
-        _print_profiles(sort_profiles(report.attrs[PROFILES_ATTR]))
-    if report.best:
-        console.print(f"best (verified correct): trial {', '.join(map(str, report.best))}")
-        for number in report.best:
-            checks = next(r.checks for r in report.rows if r.number == number)
-            console.print(f"  trial {number} passed: {describe_checks(checks)}")
-    else:
-        console.print("no verified correct trial yet")
-
-
-def _interval_cell(ci: list[float] | None, value: float | None) -> str:
-    """The objective's 95% half-width relative to its value, and the rounds measured."""
-    if not ci or not value:
-        return ""
-    low, high, n = ci
-    return f"±{(high - low) / 2 / abs(value):.1%} ({int(n)})"
-
-
-def _print_failure_details(rows) -> None:
-    """Each failed trial's whole detail, root cause included (the table cuts it at 80)."""
-    failed = [r for r in rows if r.detail and r.verdict not in ("correct", "running", "waiting")]
-    if not failed:
-        return
-    console.print("failure details:")
-    for row in failed:
-        detail = row.detail if len(row.detail) <= 600 else row.detail[:597] + "..."
-        console.print(
-            f"  trial {row.number} {row.verdict}: {detail}",
-            soft_wrap=True,
-            markup=False,
-            highlight=False,
-        )
+    if done is None and not quiet and len(spec.objective.metrics) == 1:
+        console.print("[yellow]no verified correct config beyond the baseline to confirm[/]")
 
 
 @app.command()
@@ -562,14 +243,13 @@ def bench(
     storage: StorageOpt = None,
 ) -> None:
     """Benchmark a server autotune did not start with the spec's client and workload."""
-    from autotune.engines import build_engine
-    from autotune.remote import check_url, run_command, study_reference
-
     try:
-        study_spec = _load_spec(spec)
+        study_spec = load_spec(spec)
         check_url(url)
         reference = (
-            study_reference(*_target(study_spec, study, storage, existing=True)) if check else None
+            study_reference(*study_target(study_spec, study, storage, existing=True))
+            if check
+            else None
         )
         code = run_command(
             study_spec,
@@ -590,8 +270,8 @@ def bench(
 def show(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None, storage: StorageOpt = None) -> None:
     """A table of trials: state, verdict, key params, metrics, reason; best marked with *."""
     try:
-        url, name = _study_target(spec, study, storage)
-        _print_report(url, name)
+        _, url, name = _open(spec, study, storage)
+        render.print_report(url, name)
     except AutotuneError as exc:
         raise _fail(exc) from None
 
@@ -616,36 +296,15 @@ def export(
     ] = False,
 ) -> None:
     """Write the best verified config as YAML for `vllm serve --config FILE`."""
-    import optuna
-
-    from autotune import storage as keys
-    from autotune.export import export_best
-
     try:
-        study_spec = _load_spec(spec)
-        url, name = _study_target(spec, study, storage)
-        try:
-            loaded = optuna.load_study(
-                storage=keys.open_storage(url, heartbeat=False), study_name=name
-            )
-        except KeyError:
-            raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
+        study_spec, url, name = _open(spec, study, storage)
+        loaded = load_study(url, name)
         results = export_best(
             study_spec, loaded, output, pareto=pareto, require_confirmed=not allow_unconfirmed
         )
     except AutotuneError as exc:
         raise _fail(exc) from None
-    for result in results:
-        what = f"trial {result.trial_number}"
-        if result.baseline_reason is not None:
-            what = (
-                f"the baseline (trial {result.trial_number}; no configuration beat it: "
-                f"{escape(result.baseline_reason)})"
-            )
-        console.print(
-            f"{what} -> {result.path}" + (f" (+ {result.env_path})" if result.env_path else "")
-        )
-        console.print("  launch: " + " ".join(result.command))
+    render.print_exports(results)
 
 
 @app.command()
@@ -666,8 +325,6 @@ def recheck(
 ) -> None:
     """After an upgrade: is the exported config still correct and not slower? Exit 0 if so,
     1 with the reason (and the guilty parameter) if not."""
-    from autotune.recheck import run_recheck
-
     try:
         result = run_recheck(
             best,
@@ -675,24 +332,12 @@ def recheck(
             storage=storage,
             rounds=rounds,
             min_effect=min_effect,
-            on_phase=lambda n, p: console.print(f"[dim]trial {n}: {p}[/]"),
+            on_phase=render.print_trial_phase,
         )
     except AutotuneError as exc:
         raise _fail(exc) from None
-    engines = f"engine {result.engine_version}"
-    if result.recorded_engine_version and result.recorded_engine_version != result.engine_version:
-        engines += f" (exported on {result.recorded_engine_version})"
-    console.print(f"recheck of {best} on {engines}: study {result.study_name}")
-    style = "green" if result.ok else "red"
-    console.print(f"[{style}]{result.verdict.status}[/]: {escape(result.verdict.reason)}")
+    render.print_recheck(best, result)
     if not result.ok:
-        if result.guilty:
-            console.print(f"guilty parameter: {', '.join(result.guilty)}")
-        elif result.changes and result.verdict.status != "baseline_broken":
-            console.print(
-                "no single change is to blame (reverting any one alone does not fix it): "
-                + ", ".join(result.changes)
-            )
         raise typer.Exit(code=1)
 
 
@@ -705,24 +350,12 @@ def dashboard(
     artifact_dir: ArtifactDirOpt = None,
 ) -> None:
     """Open optuna-dashboard on the study's storage (with its artifacts)."""
-    from autotune import storage as keys
-
     try:
-        url, name = _study_target(spec, study, storage)
-        artifacts = keys.artifact_dir(url, name, artifact_dir)
+        _, url, name = _open(spec, study, storage)
+        artifacts = artifact_dir_for(url, name, artifact_dir)
     except AutotuneError as exc:
         raise _fail(exc) from None
-    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
-    argv = [
-        exe,
-        url,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--artifact-dir",
-        str(artifacts),
-    ]
+    argv = dashboard_command(url, artifacts, port)
     console.print(f"optuna-dashboard on http://127.0.0.1:{port} (study {name})")
     raise typer.Exit(code=subprocess.call(argv))
 
@@ -730,20 +363,12 @@ def dashboard(
 @app.command()
 def validate(spec: Annotated[Path, typer.Argument(help="Study spec YAML.")]) -> None:
     """Check every parameter against the installed engine; exit 2 on any error."""
-    from autotune.engines import build_engine
-
     try:
-        study_spec = _load_spec(spec)
+        study_spec = load_spec(spec)
         issues = build_engine(study_spec).validate_space(study_spec.space)
     except AutotuneError as exc:
         raise _fail(exc) from None
-    bad = 0
-    for issue in issues:
-        if issue.ok:
-            console.print(f"[green]OK[/]    {issue.parameter}  ({issue.target})")
-        else:
-            bad += 1
-            console.print(f"[red]ERROR[/] {issue.parameter}  ({issue.target}): {issue.error}")
+    bad = render.print_validation(issues)
     if bad:
         err.print(f"{bad} of {len(issues)} parameters invalid in {study_spec.space.path}")
         raise typer.Exit(code=2)
@@ -765,18 +390,13 @@ def confirm(
     """Re-measure the top configs interleaved with the baseline; declare the winner with its
     gain and a 95% confidence interval."""
     try:
-        study_spec = _load_spec(spec)
-        url, name = _study_target(spec, study, storage)
-        from autotune import storage as keys
-
-        keys.artifact_dir(url, name, artifact_dir)
-        _require_study(url, name)
-        _confirm(study_spec, url, name, top, repeats, artifact_dir=artifact_dir)
-        from autotune.report import load_report
-
-        data = load_report(url, name).attrs.get("confirmation")
+        study_spec, url, name = _open(spec, study, storage)
+        artifact_dir_for(url, name, artifact_dir)
+        load_study(url, name)  # a mistyped --study is an error, never a new study
+        _confirm(study_spec, url, name, top=top, repeats=repeats, artifact_dir=artifact_dir)
+        data = load_report(url, name).attrs.get(names.CONFIRMATION)
         if data:
-            _print_confirmation(data)
+            render.print_confirmation(data)
     except AutotuneError as exc:
         raise _fail(exc) from None
 
@@ -806,19 +426,10 @@ def ablate(
     artifact_dir: ArtifactDirOpt = None,
 ) -> None:
     """Revert each change of the best config one at a time: what really helped?"""
-    import optuna
-
-    from autotune import storage as keys
-    from autotune.ablation import run_ablation
-
     try:
-        study_spec = _load_spec(spec)
-        url, name = _study_target(spec, study, storage)
-        keys.artifact_dir(url, name, artifact_dir)
-        try:
-            loaded = optuna.load_study(storage=keys.open_storage(url), study_name=name)
-        except KeyError:
-            raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
+        study_spec, url, name = _open(spec, study, storage)
+        artifact_dir_for(url, name, artifact_dir)
+        loaded = load_study(url, name, heartbeat=True)
         report = run_ablation(
             study_spec,
             loaded,
@@ -827,12 +438,10 @@ def ablate(
             trial_number=trial,
             min_effect=min_effect,
             artifact_dir=artifact_dir,
-            on_phase=lambda n, p: console.print(f"[dim]trial {n}: {p}[/]"),
+            on_phase=render.print_trial_phase,
         )
-        _print_ablation(report.to_dict())
+        render.print_ablation(report.to_dict())
         if output is not None:
-            from autotune.export import export_values
-
             result = export_values(
                 study_spec,
                 report.minimal_values,
@@ -842,41 +451,6 @@ def ablate(
             console.print(f"minimal config -> {result.path}")
     except AutotuneError as exc:
         raise _fail(exc) from None
-
-
-def _print_ablation(report: dict) -> None:
-    table = Table(
-        title=f"ablation of trial {report['trial_number']}: {report['metric']} "
-        f"(best median {report['best_median']:.1f}, noise band "
-        f"±{report['noise_band']:.1f}, {report['repeats']} rounds)"
-    )
-    for col in ("change", "best", "reverted to", "delta", "range", "verdict"):
-        table.add_column(col)
-    for c in report["contributions"]:
-        delta = "" if c["delta"] is None else f"{c['delta']:+.1f}"
-        span = "" if c["delta_low"] is None else f"[{c['delta_low']:+.1f}, {c['delta_high']:+.1f}]"
-        style = {"helps": "green", "needed for correctness": "yellow"}.get(c["verdict"], "dim")
-        table.add_row(
-            c["parameter"],
-            str(c["best_value"]),
-            str(c["reverted_to"]),
-            delta,
-            span,
-            c["verdict"] + (f" ({c['detail']})" if c["detail"] else ""),
-            style=style,
-        )
-    console.print(table)
-    minimal = ", ".join(f"{k}={v}" for k, v in report["minimal_values"].items()) or "(baseline)"
-    console.print(f"minimal config: {minimal}")
-    if report["minimal_keeps_gain"] is not None:
-        console.print(
-            f"minimal config measured {report['minimal_median']:.1f}: "
-            + (
-                "keeps the gain"
-                if report["minimal_keeps_gain"]
-                else "does NOT keep the gain (interactions between changes)"
-            )
-        )
 
 
 @app.command()
@@ -895,60 +469,21 @@ def profile(
 ) -> None:
     """Where the step time goes: launch configs with the engine's profiler, ms per token by
     category (baseline and best side by side), stored in the study."""
-    import optuna
-
-    from autotune import storage as keys
-    from autotune.profile import run_profiles
-
     try:
-        study_spec = _load_spec(spec)
-        url, name = _study_target(spec, study, storage)
-        directory = keys.artifact_dir(url, name, artifact_dir)
-        try:
-            loaded = optuna.load_study(storage=keys.open_storage(url), study_name=name)
-        except KeyError:
-            raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
+        study_spec, url, name = _open(spec, study, storage)
+        directory = artifact_dir_for(url, name, artifact_dir)
+        loaded = load_study(url, name, heartbeat=True)
         results = run_profiles(
             study_spec,
             loaded,
             directory,
             trials=trial or (),
             tokens=tokens,
-            on_phase=lambda n, p: console.print(f"[dim]trial {n}: {p}[/]"),
+            on_phase=render.print_trial_phase,
         )
     except AutotuneError as exc:
         raise _fail(exc) from None
-    _print_profiles([r.to_dict() for r in results])
-    if not trial and len(results) == 1:
-        console.print("the best correct trial is the baseline itself: one profile")
-    for r in results:
-        console.print(f"[dim]trial {r.trial} traces: {', '.join(r.trace_files)}[/]")
-
-
-def _print_profiles(profiles: list[dict]) -> None:
-    from autotune.profile import COVERAGE_BAND, table_rows
-
-    header, rows = table_rows(profiles)
-    table = Table(title="Where the step time goes (ms per output token, decode)")
-    for i, column in enumerate(header):
-        table.add_column(column, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-    low, high = COVERAGE_BAND
-    for p in profiles:
-        if not p["consistent"]:
-            console.print(
-                f"[yellow]trial {p['trial']}: the trace accounts for {p['coverage']:.0%} of the "
-                f"time the client measured per token (outside {low:.0%}-{high:.0%}): read its "
-                "categories with care[/]"
-            )
-        ratio = p["profiled_ms_per_token"] / max(p["unprofiled_ms_per_token"], 1e-9)
-        if ratio > 1.2:
-            console.print(
-                f"[yellow]trial {p['trial']}: profiling slowed decode {ratio:.1f}x; shares are "
-                "of the profiled step[/]"
-            )
+    render.print_profile_run(results, chosen_by_default=not trial)
 
 
 @app.command()
@@ -961,15 +496,12 @@ def report(
     ),
 ) -> None:
     """Write one self-contained HTML report of a study (opens from disk, no network)."""
-    from autotune.compare import study_ref
-    from autotune.report_html import write_report
-
     try:
         if spec is None and study is not None and storage is not None:
             ref = study_ref(f"{study}@{storage}")
             url, name = ref.url, ref.name
         else:
-            url, name = _study_target(spec or DEFAULT_SPEC, study, storage)
+            _, url, name = _open(spec or DEFAULT_SPEC, study, storage)
         path = write_report(url, name, output, spec_path=str(spec) if spec else None)
     except AutotuneError as exc:
         raise _fail(exc) from None
@@ -986,8 +518,6 @@ def compare(
 ) -> None:
     """Two studies or two exported configs side by side; configs are launched, interleaved,
     through the gate, and the answer says whether the difference is real."""
-    from autotune.compare import run_compare_command
-
     try:
         code = run_compare_command(console, a, b, spec_path=spec, storage=storage, repeats=repeats)
     except AutotuneError as exc:
@@ -1019,9 +549,6 @@ def inspect_cmd(
 ) -> None:
     """Model facts (architecture, attention, experts, quantization, fused projections) and,
     with --device or --bandwidth-gbs, the single-request decode roofline."""
-    from autotune.model.reader import facts_as_rows, inspect_model
-    from autotune.model.roofline import DecodeBytes, decode_roofline, roofline_rows
-
     try:
         facts = inspect_model(model)
         rows = facts_as_rows(facts)
@@ -1039,12 +566,7 @@ def inspect_cmd(
             rows += [("", "")] + roofline_rows(roofline, measured or [])
     except AutotuneError as exc:
         raise _fail(exc) from None
-    table = Table(show_header=False, box=None)
-    table.add_column(style="bold")
-    table.add_column()
-    for key, value in rows:
-        table.add_row(key, value)
-    console.print(table)
+    render.print_key_values(rows)
 
 
 @app.command()
@@ -1052,12 +574,9 @@ def cleanup(
     spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None, storage: StorageOpt = None
 ) -> None:
     """Stop servers left by killed runs and mark their trials interrupted (re-enqueued)."""
-    from autotune.study import cleanup_stale, open_study
-
     try:
-        study_spec = _load_spec(spec)
-        url, name = _study_target(spec, study, storage)
-        _require_study(url, name)
+        study_spec, url, name = _open(spec, study, storage)
+        load_study(url, name)  # a mistyped --study is an error, never a new study
         loaded, _ = open_study(study_spec, url, study_name=name)
         messages = cleanup_stale(loaded)
     except AutotuneError as exc:

@@ -22,20 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import optuna
 import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from autotune import storage as keys
+from autotune import names
 from autotune.confirm import gain_with_ci, t975
 from autotune.engines import build_engine
 from autotune.errors import SpecError
 from autotune.export import API_KEY
 from autotune.remeasure import Variant, measure_variants
-from autotune.report import best_trials, is_verified_feasible, load_report, report_of
+from autotune.report import best_trials, is_verified_feasible, report_of
 from autotune.report_format import ReportSource, objective_names, safe_url
-from autotune.spec import METRICS, StudySpec, load_spec
+from autotune.spec import StudySpec, load_spec
+from autotune.storage import check_study_name, load_study, resolve_url, sqlite_file
 from autotune.study import RunOptions, open_study, run_study, storage_url_for
 
 
@@ -130,16 +130,16 @@ def kind_of(arg: str) -> str:
 def study_ref(arg: str) -> StudyRef:
     name, sep, url = arg.partition("@")
     if sep and "://" in url and not Path(arg).exists():
-        keys.check_study_name(name, key=arg)
-        keys.resolve_url(url, key=arg)
-        database = keys.sqlite_file(url)
+        check_study_name(name, key=arg)
+        resolve_url(url, key=arg)
+        database = sqlite_file(url)
         if database is not None and not database.is_file():
             raise SpecError(f"no study storage at {database}", key=arg)
         return StudyRef(arg, url, name)
 
     spec = load_spec(Path(arg))
     url = storage_url_for(spec, None)
-    database = keys.sqlite_file(url)
+    database = sqlite_file(url)
     if database is not None and not database.is_file():
         raise SpecError(f"no study storage at {database} (run `autotune run` first)", file=arg)
     return StudyRef(arg, url, spec.name)
@@ -150,8 +150,8 @@ def study_ref(arg: str) -> StudyRef:
 
 def compare_studies(a: str, b: str) -> StudyComparison:
     side_a, side_b = _side(study_ref(a)), _side(study_ref(b))
-    names = list(dict.fromkeys([*side_a.params, *side_b.params]))
-    changed = tuple(n for n in names if side_a.params.get(n) != side_b.params.get(n))
+    param_names = list(dict.fromkeys([*side_a.params, *side_b.params]))
+    changed = tuple(n for n in param_names if side_a.params.get(n) != side_b.params.get(n))
     metric = side_a.objective[0] if side_a.objective else None
     gain, ci = None, None
     if (
@@ -161,7 +161,7 @@ def compare_studies(a: str, b: str) -> StudyComparison:
         and metric in side_b.metrics
     ):
         sa, sb = side_a.metrics[metric].samples, side_b.metrics[metric].samples
-        sign = 1.0 if METRICS.get(metric, "maximize") == "maximize" else -1.0
+        sign = names.sign(metric, default="maximize")
         if all(x > 0 for x in (*sa, *sb)):
             if len(sa) >= 2 and len(sb) >= 2:
                 gain, ci = gain_with_ci(tuple(sb), tuple(sa), sign)
@@ -173,10 +173,7 @@ def compare_studies(a: str, b: str) -> StudyComparison:
 
 
 def _side(ref: StudyRef) -> StudySide:
-    load_report(ref.url, ref.name)  # a clear error for a missing study
-    study = optuna.load_study(
-        storage=keys.open_storage(ref.url, heartbeat=False), study_name=ref.name
-    )
+    study = load_study(ref.url, ref.name)
     report = report_of(study)
     objective = tuple(study.metric_names or ())
     if not objective:
@@ -193,16 +190,16 @@ def _side(ref: StudyRef) -> StudySide:
     if not best:
         return StudySide(ref, None, {}, {}, verdicts, objective, report.directions)
     winner = best[0]
-    params = dict(winner.user_attrs.get(keys.PARAMS_RESOLVED) or winner.params)
+    params = dict(winner.user_attrs.get(names.PARAMS_RESOLVED) or winner.params)
     same = [
         t
         for t in study.get_trials(deepcopy=False)
         if is_verified_feasible(t)
-        and dict(t.user_attrs.get(keys.PARAMS_RESOLVED) or t.params) == params
+        and dict(t.user_attrs.get(names.PARAMS_RESOLVED) or t.params) == params
     ]
     metrics: dict[str, list[float]] = {}
     for t in same:
-        for name, value in (t.user_attrs.get(keys.METRICS) or {}).items():
+        for name, value in (t.user_attrs.get(names.METRICS) or {}).items():
             metrics.setdefault(name, []).append(float(value))
     return StudySide(
         ref,
@@ -363,13 +360,13 @@ def compare_configs(
     values_a, values_b = config_values(spec, a), config_values(spec, b)
     name = f"{spec.name}-compare"
     url = storage_url_for(spec, storage)
-    keys.resolve_url(url)
+    resolve_url(url)
     study, _ = open_study(spec, url, study_name=name)
     notes = []
-    if keys.REFERENCE not in study.user_attrs:
+    if names.REFERENCE not in study.user_attrs:
         notes.append("the baseline ran first to record the reference the gate checks against")
         run_study(spec, RunOptions(trials=1, storage_url=storage, study_name=name))
-        study = optuna.load_study(storage=keys.open_storage(url), study_name=name)
+        study = load_study(url, name, heartbeat=True)
     label_a, label_b = f"A: {a.name}", f"B: {b.name}"
     if label_a == label_b:
         label_a, label_b = f"A: {a}", f"B: {b}"
@@ -379,12 +376,12 @@ def compare_configs(
         url,
         [Variant(label_a, values_a), Variant(label_b, values_b)],
         repeats=repeats,
-        role="compare",
+        role=names.COMPARE,
         on_phase=on_phase,
     )
     metric = spec.objective.metrics[0]
-    direction = METRICS[metric]
-    sign = 1.0 if direction == "maximize" else -1.0
+    direction = names.direction(metric)
+    sign = names.sign(metric)
     results = [
         ConfigResult(
             label, path, values, tuple(measured[label].samples), tuple(measured[label].failures)
@@ -472,8 +469,8 @@ def _print_studies(console: Any, c: StudyComparison) -> None:
     )
     table.add_row("verdicts", _verdicts(c.a.verdicts), _verdicts(c.b.verdicts))
     table.add_section()
-    names = list(dict.fromkeys([*c.a.params, *c.b.params]))
-    for name in names:
+    param_names = list(dict.fromkeys([*c.a.params, *c.b.params]))
+    for name in param_names:
         style = "yellow" if name in c.changed else ""
         table.add_row(
             f"param {escape(name)}",

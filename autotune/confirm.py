@@ -23,12 +23,13 @@ from typing import Any
 
 import optuna
 
-from autotune import storage as keys
+from autotune import names
 from autotune.errors import SpecError
 from autotune.remeasure import Variant, measure_variants
 from autotune.report import is_verified_feasible
-from autotune.spec import StudySpec, direction
+from autotune.spec import StudySpec
 from autotune.stats import t_quantile
+from autotune.storage import load_study
 
 
 @dataclass(frozen=True)
@@ -55,23 +56,54 @@ class Confirmation:
 
 def top_candidates(spec: StudySpec, study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:
     """The k best verified, feasible trials of the search (one per distinct config)."""
-    sign = 1.0 if direction(spec.objective.metrics[0]) == "maximize" else -1.0
+    sign = names.sign(spec.objective.metrics[0])
     seen, out = set(), []
     trials = [
         t
         for t in study.get_trials(deepcopy=False)
-        if is_verified_feasible(t)
-        and t.user_attrs.get(keys.ROLE) in ("search", "retry", "baseline")
+        if is_verified_feasible(t) and t.user_attrs.get(names.ROLE) in names.SEARCH_ROLES
     ]
     for trial in sorted(trials, key=lambda t: -sign * t.values[0]):
-        key = repr(sorted((trial.user_attrs.get(keys.PARAMS_RESOLVED) or {}).items()))
-        if key in seen or trial.user_attrs.get(keys.ROLE) == "baseline":
+        key = repr(sorted((trial.user_attrs.get(names.PARAMS_RESOLVED) or {}).items()))
+        if key in seen or trial.user_attrs.get(names.ROLE) == names.BASELINE:
             continue
         seen.add(key)
         out.append(trial)
         if len(out) == k:
             break
     return out
+
+
+def confirm_study(
+    spec: StudySpec,
+    storage_url: str,
+    study_name: str,
+    *,
+    top_k: int,
+    repeats: int,
+    artifact_dir: str | None = None,
+    on_start: Callable[[], None] | None = None,
+    on_phase: Callable[[int, str], None] | None = None,
+) -> Confirmation | None:
+    """Open the stored study and confirm its top ``top_k`` configs; None when there is nothing
+    to confirm: a multi-objective study (its Pareto front is the answer) or no verified config
+    beyond the baseline. ``on_start`` is called once, just before the first launch."""
+    if len(spec.objective.metrics) != 1:
+        return None
+    study = load_study(storage_url, study_name, heartbeat=True)
+    if not top_candidates(spec, study, top_k):
+        return None
+    if on_start is not None:
+        on_start()
+    return run_confirmation(
+        spec,
+        study,
+        storage_url,
+        top_k=top_k,
+        repeats=repeats,
+        artifact_dir=artifact_dir,
+        on_phase=on_phase,
+    )
 
 
 def run_confirmation(
@@ -95,12 +127,12 @@ def run_confirmation(
     if not candidates:
         raise SpecError("no verified correct trial to confirm yet", key="--study")
     metric = spec.objective.metrics[0]
-    sign = 1.0 if direction(metric) == "maximize" else -1.0
+    sign = names.sign(metric)
     variants = [Variant("baseline", spec.space.baseline_values())]
     for trial in candidates:
         values = {
             n: spec.space.parameter(n).from_optuna(v)
-            for n, v in (trial.user_attrs.get(keys.PARAMS_RESOLVED) or {}).items()
+            for n, v in (trial.user_attrs.get(names.PARAMS_RESOLVED) or {}).items()
         }
         variants.append(Variant(f"trial {trial.number}", values))
     measured = measure_variants(
@@ -109,7 +141,7 @@ def run_confirmation(
         storage_url,
         variants,
         repeats=repeats,
-        role="confirm",
+        role=names.CONFIRM,
         on_phase=on_phase,
         artifact_dir=artifact_dir,
         until=lambda results: _precise(results, sign, spec.workload.target_precision),
@@ -150,7 +182,7 @@ def run_confirmation(
         gain_ci=ci,
         candidates=tuple(results),
     )
-    study.set_user_attr(keys.CONFIRMATION, confirmation.to_dict())
+    study.set_user_attr(names.CONFIRMATION, confirmation.to_dict())
     return confirmation
 
 
@@ -180,7 +212,8 @@ def _feasible_rounds(study: optuna.Study, label: str) -> bool:
     rounds = [
         t
         for t in study.get_trials(deepcopy=False)
-        if t.user_attrs.get(keys.ROLE) == "confirm" and t.user_attrs.get(keys.VARIANT) == label
+        if t.user_attrs.get(names.ROLE) == names.CONFIRM
+        and t.user_attrs.get(names.VARIANT) == label
     ]
     return bool(rounds) and all(is_verified_feasible(t) for t in rounds)
 

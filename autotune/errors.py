@@ -9,37 +9,13 @@ is retried and never counted against the configuration::
     AutotuneError
     ├── SpecError                 the user's input (spec, search space, CLI value) is invalid
     ├── PreflightError            the study cannot start (engine missing, baseline broken, ...)
-    ├── CandidateError            the configuration is bad; carries a reason from REASONS
+    ├── CandidateError            the configuration is bad; carries a reason (names.py)
     └── InfrastructureError       not the configuration's fault (port taken, disk full, storage)
 """
 
 from __future__ import annotations
 
-#: Reasons a trial can fail, with what each means. The README's "When things go wrong"
-#: section mirrors this table.
-CANDIDATE_REASONS: dict[str, str] = {
-    "invalid_config": "the engine rejected its arguments",
-    "startup_failed": "the server exited before it was ready",
-    "startup_timeout": "the server was not ready within the startup timeout",
-    "oom": "the server ran out of GPU or CPU memory",
-    "server_crashed": "the server died during verification or benchmark",
-    "hang": "no token arrived within the request deadline",
-    "request_errors": "too many requests failed during the benchmark",
-    "incorrect_output": "the output diverged from the pinned reference",
-    "unverifiable": "the server's answers carry nothing the gate can check (e.g. no text)",
-    "patch_failed": "a selected patch could not be applied",
-    "constraint_violated": "the sampled parameters violate a search-space constraint",
-    "duplicate": "another worker is running the same parameters right now (not launched)",
-    "slo_violated": "a measured value broke a service-level constraint",
-    "pruned_early": "correct, but clearly slower than earlier trials after its first repeat",
-}
-INFRA_REASONS: dict[str, str] = {
-    "port_taken": "the chosen port was taken by another process",
-    "disk_full": "no space left on the device",
-    "storage_unreachable": "the study storage could not be written",
-    "orphan_process": "a process of an earlier server could not be stopped",
-    "interrupted": "the run was killed or interrupted while this trial ran",
-}
+from autotune.names import CANDIDATE_REASONS, INFRA_REASONS
 
 
 class AutotuneError(Exception):
@@ -77,7 +53,8 @@ class PreflightError(AutotuneError):
 
 
 class TrialFailure(AutotuneError):
-    """A trial ended without a correct measurement. ``reason`` is a key of the tables above."""
+    """A trial ended without a correct measurement. ``reason`` is a key of
+    :data:`autotune.names.CANDIDATE_REASONS` or :data:`~autotune.names.INFRA_REASONS`."""
 
     def __init__(self, reason: str, detail: str = "", *, evidence: dict | None = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)

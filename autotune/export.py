@@ -18,7 +18,7 @@ from typing import Any
 import optuna
 import yaml
 
-from autotune import storage as keys
+from autotune import names
 from autotune.engines import build_engine
 from autotune.errors import SpecError
 from autotune.gate_reference import describe_checks
@@ -59,9 +59,9 @@ def export_trial(
     baseline_metrics: dict[str, float] | None = None,
 ) -> ExportResult:
     values = {}
-    for name, value in (trial.user_attrs.get(keys.PARAMS_RESOLVED) or trial.params).items():
+    for name, value in (trial.user_attrs.get(names.PARAMS_RESOLVED) or trial.params).items():
         values[name] = spec.space.parameter(name).from_optuna(value)
-    metrics = trial.user_attrs.get(keys.METRICS) or {}
+    metrics = trial.user_attrs.get(names.METRICS) or {}
     if baseline_reason is not None:
         title = f"the BASELINE (trial {trial.number}): no configuration beat it"
         notes = (
@@ -80,9 +80,9 @@ def export_trial(
         metrics=metrics,
         title=title,
         notes=notes,
-        verified=describe_checks(trial.user_attrs.get(keys.CHECK)),
+        verified=describe_checks(trial.user_attrs.get(names.CHECK)),
         baseline_metrics=baseline_metrics,
-        engine_version=(trial.user_attrs.get(keys.SERVER) or {}).get("engine_version"),
+        engine_version=(trial.user_attrs.get(names.SERVER) or {}).get("engine_version"),
     )
     return dataclasses.replace(result, baseline_reason=baseline_reason)
 
@@ -179,7 +179,7 @@ def export_best(
                 base,
                 out,
                 baseline_reason=reason,
-                baseline_metrics=base.user_attrs.get(keys.METRICS) or None,
+                baseline_metrics=base.user_attrs.get(names.METRICS) or None,
             )
         ]
     best = best_trials(study)
@@ -187,7 +187,7 @@ def export_best(
         raise SpecError(
             f"study {study.study_name!r} has no verified correct trial to export", key="--study"
         )
-    confirmation = study.user_attrs.get(keys.CONFIRMATION)
+    confirmation = study.user_attrs.get(names.CONFIRMATION)
     if len(study.directions) == 1 and require_confirmed:
         if confirmation is None:
             raise SpecError(
@@ -208,7 +208,7 @@ def export_best(
             key="--pareto",
         )
     base = verified_baseline(study)
-    base_metrics = (base.user_attrs.get(keys.METRICS) or None) if base is not None else None
+    base_metrics = (base.user_attrs.get(names.METRICS) or None) if base is not None else None
     if not pareto:
         return [export_trial(spec, best[0], out, baseline_metrics=base_metrics)]
     results = []

@@ -31,18 +31,13 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial
 
-from autotune import storage as keys
+from autotune import names
 from autotune.engines.base import DroppedChoice, Engine
 from autotune.patching import PatchError, discover_patches
 from autotune.space import Parameter, SearchSpace
 
 #: how many sampled trials after the baseline are one-change neighbours
 EARLY_NEIGHBOURS = 2
-#: study attribute: the choices dropped on this machine, with why
-MACHINE_LIMITS = "machine_limits"
-#: study attribute: the early neighbours planned; trial attribute: which one a trial is
-EARLY_PROPOSALS = "early_proposals"
-EARLY_PROPOSAL = "early_proposal"
 
 _SAFE_PATCH_KINDS = ("optimization", "fix")
 
@@ -144,10 +139,10 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self._base.before_trial(study, trial)
-        if "fixed_params" in trial.system_attrs or keys.ROLE in trial.user_attrs:
+        if "fixed_params" in trial.system_attrs or names.ROLE in trial.user_attrs:
             return  # enqueued: the baseline, a retry, a confirmation or ablation variant
         used = {
-            t.user_attrs.get(EARLY_PROPOSAL)
+            t.user_attrs.get(names.EARLY_PROPOSAL)
             for t in study.get_trials(deepcopy=False)
             if t.number != trial.number
         }
@@ -156,9 +151,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             return
         neighbour = todo[0]
         attrs = {
-            keys.ROLE: "search",
-            keys.PINNED: neighbour.values,
-            EARLY_PROPOSAL: neighbour.label,
+            names.ROLE: names.SEARCH,
+            names.PINNED: neighbour.values,
+            names.EARLY_PROPOSAL: neighbour.label,
         }
         for key, value in attrs.items():
             study._storage.set_trial_user_attr(trial._trial_id, key, value)  # noqa: SLF001
@@ -224,8 +219,8 @@ def record_plan(
 ) -> None:
     """What was dropped on this machine and why, and the early neighbours planned."""
     study.set_user_attr(
-        MACHINE_LIMITS,
+        names.MACHINE_LIMITS,
         [{"parameter": d.parameter, "value": d.value, "reason": d.reason} for d in dropped],
     )
-    if EARLY_PROPOSALS not in study.user_attrs:
-        study.set_user_attr(EARLY_PROPOSALS, [n.label for n in neighbours])
+    if names.EARLY_PROPOSALS not in study.user_attrs:
+        study.set_user_attr(names.EARLY_PROPOSALS, [n.label for n in neighbours])

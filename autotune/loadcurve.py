@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from autotune import storage as keys
+from autotune import names
 from autotune.bench import (
     BenchResult,
     PhaseResult,
@@ -341,12 +341,12 @@ async def _probe(
 def record_curve(trial: Any, bench: BenchResult) -> None:
     """Store a trial's intervals, load curve and goodput search (``optuna.Trial``)."""
     if bench.ci:
-        trial.set_user_attr(keys.METRICS_CI, bench.ci)
+        trial.set_user_attr(names.METRICS_CI, bench.ci)
     if len(bench.load_curve) > 1:
         curve = {
             level: {k: round(v, 4) for k, v in metrics.items()}
             for level, metrics in bench.load_curve.items()
         }
-        trial.set_user_attr(keys.LOAD_CURVE, curve)
+        trial.set_user_attr(names.LOAD_CURVE, curve)
     if bench.goodput is not None:
-        trial.set_user_attr(keys.GOODPUT, bench.goodput)
+        trial.set_user_attr(names.GOODPUT, bench.goodput)

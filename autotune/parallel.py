@@ -11,7 +11,7 @@
   split evenly.
 
 The workers coordinate only through the study's storage (the baseline, the reference,
-heartbeats, the constant-liar TPE sampler and the duplicate-config guard of ``objective.py``),
+heartbeats, the constant-liar TPE sampler and the duplicate-config guard of ``trial.py``),
 exactly as workers on different machines do. That storage must serve concurrent writers
 safely, which SQLite does not (see :func:`check_storage`): ``--parallel`` needs PostgreSQL or
 MySQL.
@@ -38,11 +38,11 @@ from typing import IO, Any
 
 from rich.console import Console
 
-from autotune import storage as keys
+from autotune import names
 from autotune.engines import build_engine
 from autotune.errors import SpecError
 from autotune.spec import load_spec
-from autotune.storage import is_sqlite, resolve_url
+from autotune.storage import artifact_dir_for, is_sqlite, resolve_url
 from autotune.strategy import warm_start_from
 from autotune.study import open_study, preflight, storage_url_for
 from autotune.workload import check_workload
@@ -50,7 +50,6 @@ from autotune.workload import check_workload
 #: env var naming the GPUs a worker's servers see
 GPU_ENV = "CUDA_VISIBLE_DEVICES"
 #: study user attribute recording that trials ran in parallel (numbers not comparable)
-CONTENTION_ATTR = "parallel_contention_warning"
 CONTENTION_WARNING = (
     "parallel trials contend for shared resources (PCIe, memory bandwidth, host CPU, caches), "
     "so their measurements are comparable with each other only roughly and not with solo runs; "
@@ -355,7 +354,7 @@ def run_parallel(
         console.print(f"[yellow]workload:[/] {changed}")
     name = study.study_name
     study.set_user_attr(
-        CONTENTION_ATTR,
+        names.PARALLEL_CONTENTION,
         {
             "message": CONTENTION_WARNING,
             "workers": count,
@@ -368,7 +367,7 @@ def run_parallel(
         console.print(
             f"[yellow]only {count} workers: --trials {options.trials} < --parallel {workers}[/]"
         )
-    log_dir = keys.artifact_dir(url, name, options.artifact_dir) / "workers"
+    log_dir = artifact_dir_for(url, name, options.artifact_dir) / "workers"
     log_dir.mkdir(parents=True, exist_ok=True)
     child_env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="160")
 

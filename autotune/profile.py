@@ -42,7 +42,7 @@ import httpx
 import optuna
 import psutil
 
-from autotune import storage as keys
+from autotune import names
 from autotune._proc import free_port
 from autotune.client import build_client
 from autotune.engines import build_engine
@@ -53,7 +53,6 @@ from autotune.server import ServerProcess
 from autotune.spec import StudySpec
 from autotune.trace_breakdown import Breakdown, breakdown, has_steps, load_trace
 
-PROFILES_ATTR = "profiles"
 HOST = "127.0.0.1"
 DEFAULT_TOKENS = 128
 DEFAULT_PROMPT = "1 2 3"
@@ -110,7 +109,7 @@ def default_trials(study: optuna.Study) -> list[tuple[int, str]]:
     chosen: list[tuple[int, str]] = []
     baseline = verified_baseline(study)
     if baseline is not None:
-        chosen.append((baseline.number, "baseline"))
+        chosen.append((baseline.number, names.BASELINE))
     best = best_trials(study)
     if best and (baseline is None or best[0].number != baseline.number):
         chosen.append((best[0].number, "best"))
@@ -136,7 +135,7 @@ def run_profiles(
         missing = [n for n in trials if n not in by_number]
         if missing:
             raise SpecError(f"no trial {missing[0]} in study {study.study_name!r}", key="--trial")
-        chosen = [(n, by_number[n].user_attrs.get(keys.ROLE) or "trial") for n in trials]
+        chosen = [(n, by_number[n].user_attrs.get(names.ROLE) or "trial") for n in trials]
     else:
         chosen = default_trials(study)
     engine = build_engine(spec)
@@ -314,14 +313,16 @@ def _cpu_delta(
 
 
 def _store(study: optuna.Study, result: ProfileResult) -> None:
-    profiles = dict(study.user_attrs.get(PROFILES_ATTR) or {})
+    profiles = dict(study.user_attrs.get(names.PROFILES) or {})
     profiles[str(result.trial)] = result.to_dict()
-    study.set_user_attr(PROFILES_ATTR, profiles)
+    study.set_user_attr(names.PROFILES, profiles)
 
 
 def sort_profiles(stored: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """A study's stored profiles (its ``profiles`` attribute), baseline first, then by trial."""
-    return sorted(stored.values(), key=lambda p: (p.get("role") != "baseline", p.get("trial", 0)))
+    return sorted(
+        stored.values(), key=lambda p: (p.get("role") != names.BASELINE, p.get("trial", 0))
+    )
 
 
 def table_rows(profiles: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:

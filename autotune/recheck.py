@@ -42,12 +42,13 @@ from typing import Any
 
 import optuna
 
-from autotune import storage as keys
+from autotune import names
 from autotune.ablation import changes_from_baseline, revert
 from autotune.engines import build_engine
 from autotune.errors import SpecError
 from autotune.remeasure import Variant, measure_variants
-from autotune.spec import METRICS, load_spec
+from autotune.spec import load_spec
+from autotune.storage import open_storage
 
 RECORD_PREFIX = "# autotune-record: "
 RECORD_VERSION = 1
@@ -236,19 +237,22 @@ def run_recheck(
     spec = load_spec(spec_path or Path(record.get("spec") or ""))
     values = _values(spec, record, best_path)
     metric = spec.objective.metrics[0]
-    sign = 1.0 if METRICS[metric] == "maximize" else -1.0
+    sign = names.sign(metric)
     url = storage or spec.storage or spec.default_storage()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%f")
     name = f"recheck-{spec.name}-{stamp}"
     study = optuna.create_study(
-        storage=keys.open_storage(url), study_name=name, directions=spec.objective.directions
+        storage=open_storage(url), study_name=name, directions=spec.objective.directions
     )
-    study.set_user_attr(keys.SPEC_PATH, str(spec.path))
-    study.set_user_attr("recheck_of", {"file": str(best_path.resolve()), **record})
+    study.set_user_attr(names.SPEC_PATH, str(spec.path))
+    study.set_user_attr(names.RECHECK_OF, {"file": str(best_path.resolve()), **record})
     baseline_values = spec.space.baseline_values()
-    variants = [Variant("baseline", baseline_values, role="baseline"), Variant("exported", values)]
+    variants = [
+        Variant("baseline", baseline_values, role=names.BASELINE),
+        Variant("exported", values),
+    ]
     measured = measure_variants(
-        spec, study, url, variants, repeats=rounds, role="confirm", on_phase=on_phase
+        spec, study, url, variants, repeats=rounds, role=names.CONFIRM, on_phase=on_phase
     )
     base, exported = (_measured(study, measured[v.label], metric) for v in variants)
     verdict = judge(
@@ -269,7 +273,7 @@ def run_recheck(
         else:
             revert_variants = [Variant(f"revert:{n}", revert(spec, values, n)) for n in changes]
             again = measure_variants(
-                spec, study, url, revert_variants, repeats=1, role="ablation", on_phase=on_phase
+                spec, study, url, revert_variants, repeats=1, role=names.ABLATION, on_phase=on_phase
             )
             reverted = {
                 v.label.removeprefix("revert:"): _measured(study, again[v.label], metric)
@@ -292,7 +296,7 @@ def run_recheck(
         recorded_engine_version=record.get("engine_version"),
     )
     study.set_user_attr(
-        "recheck",
+        names.RECHECK,
         {
             "status": verdict.status,
             "reason": verdict.reason,
@@ -333,10 +337,10 @@ def _measured(study: Any, m: Any, metric: str) -> Measured:
     details = []
     for outcome in m.outcomes:
         trial = study.trials[outcome.number]
-        bench = trial.user_attrs.get(keys.BENCH) or {}
+        bench = trial.user_attrs.get(names.BENCH) or {}
         spreads.append(float((bench.get("spread") or {}).get(metric, 0.0)))
         if outcome.verdict != "correct":
-            detail = str(trial.user_attrs.get(keys.FAIL_DETAIL) or "")[:200]
+            detail = str(trial.user_attrs.get(names.FAIL_DETAIL) or "")[:200]
             details.append(f"{outcome.verdict}" + (f" ({detail})" if detail else ""))
     return Measured(
         samples=tuple(m.samples), failures=tuple(details), spread=max(spreads, default=0.0)

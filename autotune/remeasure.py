@@ -16,11 +16,14 @@ from typing import Any
 
 import optuna
 
-from autotune import storage as keys
+from autotune import names
 from autotune.engines import build_engine
 from autotune.errors import InfrastructureError
-from autotune.objective import TrialContext, TrialOutcome, TrialRunner
+from autotune.record import TrialOutcome
 from autotune.spec import StudySpec
+from autotune.storage import artifact_dir_for, artifact_store
+from autotune.study import quiet_optuna
+from autotune.trial import TrialContext, TrialRunner
 
 
 @dataclass(frozen=True)
@@ -64,13 +67,14 @@ def measure_variants(
     With ``until``, ``repeats`` is the minimum: rounds go on, up to ``max_rounds``, until
     ``until(results)`` says the measurements are precise enough (confirmation's rule).
     """
+    quiet_optuna()
     engine = build_engine(spec)
-    artifacts_path = keys.artifact_dir(storage_url, study.study_name, artifact_dir)
+    artifacts_path = artifact_dir_for(storage_url, study.study_name, artifact_dir)
     ctx = TrialContext(
         spec=spec,
         engine=engine,
         log_dir=artifacts_path / "logs",
-        artifacts=keys.artifact_store(artifacts_path),
+        artifacts=artifact_store(artifacts_path),
         on_phase=on_phase or (lambda _n, _p: None),
         study=study,
         allow_pruning=False,
@@ -99,10 +103,10 @@ def _measure_once(
     study.enqueue_trial(
         spec.space.to_optuna_params(variant.values),
         user_attrs={
-            keys.ROLE: variant.role or role,
-            keys.VARIANT: variant.label,
-            keys.PINNED: dict(variant.values),
-            "round": round_index,
+            names.ROLE: variant.role or role,
+            names.VARIANT: variant.label,
+            names.PINNED: dict(variant.values),
+            names.ROUND: round_index,
         },
     )
     # Optuna runs the oldest waiting trial first: a retry queued earlier may come before ours.
@@ -112,6 +116,6 @@ def _measure_once(
         if runner.last is None:
             raise RuntimeError("a re-measurement ended without an outcome")
         trial = study.trials[runner.last.number]
-        if trial.user_attrs.get(keys.VARIANT) == variant.label:
+        if trial.user_attrs.get(names.VARIANT) == variant.label:
             return runner.last
     raise RuntimeError(f"variant {variant.label!r} was never run (other trials were queued)")

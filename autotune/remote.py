@@ -23,11 +23,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 import httpx
-import optuna
 from rich.markup import escape
 from rich.table import Table
 
-from autotune import storage as keys
+from autotune import names
 from autotune.bench import BenchResult, bench_summary
 from autotune.client import build_transport
 from autotune.engines.dialect import RequestDialect
@@ -49,6 +48,7 @@ from autotune.gate import (
 from autotune.loadcurve import run_benchmark
 from autotune.server_metrics import MetricsMap, ServerMetricsRecorder
 from autotune.spec import StudySpec, WorkloadSpec
+from autotune.storage import load_study
 from autotune.workload import describe, reference_requests
 
 #: a benchmark with more failed requests than this fraction is reported failed (as a trial)
@@ -258,11 +258,8 @@ async def bench_remote(
 def study_reference(url: str, name: str) -> Reference:
     """The study's pinned reference (recorded by its baseline trial), or a SpecError."""
 
-    try:
-        study = optuna.load_study(storage=keys.open_storage(url, heartbeat=False), study_name=name)
-    except KeyError:
-        raise SpecError(f"no study named {name!r} in {url}", key="--study") from None
-    stored = study.user_attrs.get(keys.REFERENCE)
+    study = load_study(url, name)
+    stored = study.user_attrs.get(names.REFERENCE)
     if stored is None:
         raise SpecError(
             f"study {name!r} has no reference yet (its baseline trial never completed); "

@@ -16,8 +16,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import storage as keys
-from autotune.errors import SpecError
+from autotune import names
+from autotune.storage import load_study
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class StudyReport:
 
 def is_verified_feasible(trial: FrozenTrial) -> bool:
     """Correct, measured, and within every constraint: the only trials that can be best."""
-    if trial.state != TrialState.COMPLETE or trial.user_attrs.get(keys.CORRECT) is not True:
+    if trial.state != TrialState.COMPLETE or trial.user_attrs.get(names.CORRECT) is not True:
         return False
     return all(v <= 0.0 for v in trial.constraints.values())
 
@@ -64,7 +64,7 @@ def is_verified_feasible(trial: FrozenTrial) -> bool:
 def verified_baseline(study: optuna.Study) -> FrozenTrial | None:
     """The baseline trial that recorded the reference (verified by definition), if it ran."""
     for trial in study.get_trials(deepcopy=False):
-        if trial.user_attrs.get(keys.ROLE) == "baseline" and is_verified_feasible(trial):
+        if trial.user_attrs.get(names.ROLE) == names.BASELINE and is_verified_feasible(trial):
             return trial
     return None
 
@@ -77,7 +77,7 @@ def baseline_reason(study: optuna.Study) -> str | None:
     baseline = verified_baseline(study)
     if baseline is None:
         return None
-    confirmation = study.user_attrs.get(keys.CONFIRMATION)
+    confirmation = study.user_attrs.get(names.CONFIRMATION)
     if confirmation is not None:
         if confirmation.get("winner") is None:
             return "no candidate passed every confirmation round"
@@ -90,7 +90,9 @@ def baseline_reason(study: optuna.Study) -> str | None:
         return None
     trials = study.get_trials(deepcopy=False)
     searched = [
-        t for t in trials if is_verified_feasible(t) and t.user_attrs.get(keys.ROLE) != "baseline"
+        t
+        for t in trials
+        if is_verified_feasible(t) and t.user_attrs.get(names.ROLE) != names.BASELINE
     ]
     if not searched:
         return "no search trial was verified correct"
@@ -108,7 +110,7 @@ def best_trials(study: optuna.Study) -> list[FrozenTrial]:
         return []
     if baseline_reason(study) is not None:
         return [verified_baseline(study)]
-    confirmed = (study.user_attrs.get(keys.CONFIRMATION) or {}).get("winner")
+    confirmed = (study.user_attrs.get(names.CONFIRMATION) or {}).get("winner")
     if confirmed is not None:
         by_number = {t.number: t for t in candidates}
         if confirmed in by_number:
@@ -142,48 +144,38 @@ def verdict_of(trial: FrozenTrial) -> str:
         return "running"
     if trial.state == TrialState.WAITING:
         return "waiting"
-    reason = trial.user_attrs.get(keys.FAIL_REASON)
+    reason = trial.user_attrs.get(names.FAIL_REASON)
     if reason:
         return "incorrect" if reason == "incorrect_output" else reason
-    if trial.user_attrs.get(keys.CORRECT) is True:
+    if trial.user_attrs.get(names.CORRECT) is True:
         return "correct"
     if trial.state == TrialState.FAIL:
-        return "interrupted" if trial.user_attrs.get(keys.SERVER) else "failed"
+        return "interrupted" if trial.user_attrs.get(names.SERVER) else "failed"
     return trial.state.name.lower()
 
 
 def row_of(trial: FrozenTrial, best: set[int]) -> TrialRow:
-    server = trial.user_attrs.get(keys.SERVER) or {}
+    server = trial.user_attrs.get(names.SERVER) or {}
     return TrialRow(
         number=trial.number,
         state=trial.state.name,
-        role=trial.user_attrs.get(keys.ROLE, ""),
+        role=trial.user_attrs.get(names.ROLE, ""),
         verdict=verdict_of(trial),
-        detail=str(trial.user_attrs.get(keys.FAIL_DETAIL, "")),
-        params=dict(trial.user_attrs.get(keys.PARAMS_RESOLVED) or trial.params),
-        metrics=dict(trial.user_attrs.get(keys.METRICS) or {}),
+        detail=str(trial.user_attrs.get(names.FAIL_DETAIL, "")),
+        params=dict(trial.user_attrs.get(names.PARAMS_RESOLVED) or trial.params),
+        metrics=dict(trial.user_attrs.get(names.METRICS) or {}),
         values=tuple(trial.values) if trial.values else None,
         startup_s=server.get("startup_s"),
         feasible=is_verified_feasible(trial),
         is_best=trial.number in best,
-        checks=dict(trial.user_attrs.get(keys.CHECK) or {}),
-        server_metrics=dict(trial.user_attrs.get("server_metrics") or {}),
-        ci=dict(trial.user_attrs.get(keys.METRICS_CI) or {}),
+        checks=dict(trial.user_attrs.get(names.CHECK) or {}),
+        server_metrics=dict(trial.user_attrs.get(names.SERVER_METRICS) or {}),
+        ci=dict(trial.user_attrs.get(names.METRICS_CI) or {}),
     )
 
 
 def load_report(storage_url: str, study_name: str) -> StudyReport:
-    storage = keys.open_storage(storage_url, heartbeat=False)
-    try:
-        study = optuna.load_study(storage=storage, study_name=study_name)
-    except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise SpecError(
-            f"no study named {study_name!r} in this storage "
-            f"(studies: {', '.join(names) or 'none'})",
-            key="--study",
-        ) from None
-    return report_of(study)
+    return report_of(load_study(storage_url, study_name))
 
 
 def report_of(study: optuna.Study) -> StudyReport:
@@ -193,7 +185,7 @@ def report_of(study: optuna.Study) -> StudyReport:
     reasons = Counter(r.verdict for r in rows if r.verdict not in ("correct", "running", "waiting"))
     metric_names = tuple(study.metric_names or []) if study.metric_names else ()
     attrs = dict(study.user_attrs)
-    reference = attrs.pop(keys.REFERENCE, None)
+    reference = attrs.pop(names.REFERENCE, None)
     return StudyReport(
         name=study.study_name,
         directions=tuple(d.name.lower() for d in study.directions),
@@ -209,6 +201,6 @@ def report_of(study: optuna.Study) -> StudyReport:
         }
         if reference
         else None,
-        engine_version=attrs.get(keys.ENGINE_VERSION),
+        engine_version=attrs.get(names.ENGINE_VERSION),
         attrs=attrs,
     )

@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import FrozenTrial
 from sqlalchemy.engine import make_url
 
-from autotune import storage as keys
+from autotune import names
 from autotune.errors import AutotuneError
 from autotune.report import StudyReport, TrialRow
 from autotune.spec import load_spec
@@ -84,7 +84,7 @@ def row_of(report: StudyReport, number: int) -> TrialRow:
 
 def model_of(trials: list[FrozenTrial], source: ReportSource) -> str:
     for trial in trials:
-        argv = (trial.user_attrs.get(keys.SERVER) or {}).get("argv") or []
+        argv = (trial.user_attrs.get(names.SERVER) or {}).get("argv") or []
         for flag in ("--model", "--served-model-name"):
             if flag in argv and argv.index(flag) + 1 < len(argv):
                 return str(argv[argv.index(flag) + 1])
@@ -96,13 +96,13 @@ def model_of(trials: list[FrozenTrial], source: ReportSource) -> str:
 
 def engine_of(trials: list[FrozenTrial], report: StudyReport, source: ReportSource) -> str:
     versions = {
-        (t.user_attrs.get(keys.SERVER) or {}).get("engine_version")
+        (t.user_attrs.get(names.SERVER) or {}).get("engine_version")
         for t in trials
-        if (t.user_attrs.get(keys.SERVER) or {}).get("engine_version")
+        if (t.user_attrs.get(names.SERVER) or {}).get("engine_version")
     }
     if report.engine_version:
         versions.add(report.engine_version)
-    kind = spec_kind(source.spec_path or report.attrs.get(keys.SPEC_PATH))
+    kind = spec_kind(source.spec_path or report.attrs.get(names.SPEC_PATH))
     text = ", ".join(sorted(map(str, versions))) or "version unknown"
     return f"{kind} {text}" if kind else text
 
@@ -124,7 +124,7 @@ def objective_names(
     its spec's path), else what the confirmation or ablation measured."""
     if study.metric_names:
         return tuple(study.metric_names)
-    path = source.spec_path or report.attrs.get(keys.SPEC_PATH)
+    path = source.spec_path or report.attrs.get(names.SPEC_PATH)
     if path:
         try:
             metrics = tuple(load_spec(Path(path)).objective.metrics)
@@ -132,7 +132,7 @@ def objective_names(
             metrics = ()
         if len(metrics) == len(report.directions):
             return metrics
-    for key in (keys.CONFIRMATION, keys.ABLATION):
+    for key in (names.CONFIRMATION, names.ABLATION_REPORT):
         data = report.attrs.get(key)
         if data and len(report.directions) == 1:
             return (data["metric"],)

@@ -28,13 +28,12 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune import storage as keys
+from autotune import names
 from autotune.gate_reference import describe_checks
 from autotune.report import (
     StudyReport,
     TrialRow,
     baseline_reason,
-    load_report,
     report_of,
     verified_baseline,
 )
@@ -61,6 +60,7 @@ from autotune.report_plots import (
     roofline_section,
 )
 from autotune.report_profile import section as step_time_section
+from autotune.storage import load_study
 
 __all__ = ["ReportSource", "build_report", "write_report"]
 
@@ -96,9 +96,7 @@ def write_report(
     storage_url: str, study_name: str, out: Path, *, spec_path: str | None = None
 ) -> Path:
     """Load the study, build the page and write it atomically to ``out``."""
-    load_report(storage_url, study_name)  # raises SpecError for an unknown study
-    storage = keys.open_storage(storage_url, heartbeat=False)
-    study = optuna.load_study(storage=storage, study_name=study_name)
+    study = load_study(storage_url, study_name)  # a SpecError for an unknown study
     page = build_report(study, ReportSource(storage_url, spec_path))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
@@ -143,7 +141,7 @@ def _header(
         f"<span class='chip' style='background:{colour(v)}'>{esc(v)}: {n}</span>"
         for v, n in counts.most_common()
     )
-    servers = [t.user_attrs.get(keys.SERVER) or {} for t in trials]
+    servers = [t.user_attrs.get(names.SERVER) or {} for t in trials]
     hosts = sorted({s.get("hostname") for s in servers if s.get("hostname")})
     devices = sorted(
         {
@@ -152,7 +150,7 @@ def _header(
             if s.get("devices")
         }
     )
-    roofline = report.attrs.get(keys.ROOFLINE) or {}
+    roofline = report.attrs.get(names.ROOFLINE) or {}
     hardware = ", ".join(hosts) or "unknown"
     if devices:
         hardware += f"; devices {'; '.join(devices)}"
@@ -209,7 +207,7 @@ def _winner(
             "why each one was rejected.</div></section>"
         )
     baseline = verified_baseline(study)
-    base_params = dict((baseline.user_attrs.get(keys.PARAMS_RESOLVED) or {}) if baseline else {})
+    base_params = dict((baseline.user_attrs.get(names.PARAMS_RESOLVED) or {}) if baseline else {})
     reason = baseline_reason(study)
     parts = [head]
     if reason is not None:
@@ -228,18 +226,18 @@ def _winner(
         parts.append(diff_table(base_params, row.params, ("baseline", f"trial {number}")))
         parts.append(_metrics_line(report, row, baseline))
         parts.append(f"<p><b>checks passed</b>: {esc(describe_checks(row.checks))}</p>")
-    parts.append(_confirmation_html(report.attrs.get(keys.CONFIRMATION)))
+    parts.append(_confirmation_html(report.attrs.get(names.CONFIRMATION)))
     parts.append(_export_html(study, report, source))
     parts.append("</section>")
     return "".join(parts)
 
 
 def _metrics_line(report: StudyReport, row: TrialRow, baseline: FrozenTrial | None) -> str:
-    base_metrics = (baseline.user_attrs.get(keys.METRICS) or {}) if baseline else {}
-    names = list(report.metric_names) or sorted(row.metrics)
-    names += [m for m in sorted(row.metrics) if m not in names]
+    base_metrics = (baseline.user_attrs.get(names.METRICS) or {}) if baseline else {}
+    shown = list(report.metric_names) or sorted(row.metrics)
+    shown += [m for m in sorted(row.metrics) if m not in shown]
     cells = []
-    for name in names:
+    for name in shown:
         if name not in row.metrics:
             continue
         value = row.metrics[name]
@@ -289,14 +287,14 @@ def _confirmation_html(data: dict | None) -> str:
 
 
 def _export_html(study: optuna.Study, report: StudyReport, source: ReportSource) -> str:
-    spec = source.spec_path or report.attrs.get(keys.SPEC_PATH) or "SPEC.yaml"
+    spec = source.spec_path or report.attrs.get(names.SPEC_PATH) or "SPEC.yaml"
     words = ["autotune", "export", "--spec", spec]
     if source.spec_path is None:
         words += ["--study", report.name, "--storage", safe_url(source.storage_url)]
     words += ["-o", "best.yaml"]
     if len(report.best) > 1:
         words.append("--pareto")
-    elif report.attrs.get(keys.CONFIRMATION) is None and baseline_reason(study) is None:
+    elif report.attrs.get(names.CONFIRMATION) is None and baseline_reason(study) is None:
         words.append("--allow-unconfirmed")
     return (
         "<h3>Deploy it</h3><pre id='export-command'>"
@@ -331,7 +329,7 @@ def _failures(report: StudyReport, trials: list[FrozenTrial]) -> str:
 
 
 def _evidence_html(row: TrialRow, trial: FrozenTrial) -> str:
-    evidence = trial.user_attrs.get(keys.EVIDENCE) or {}
+    evidence = trial.user_attrs.get(names.EVIDENCE) or {}
     parts = [f"<p><b>detail</b>: {esc(row.detail) or '(none recorded)'}</p>"]
     params = ", ".join(f"{k}={v}" for k, v in row.params.items())
     parts.append(f"<p><b>config</b>: <code>{esc(params) or '(baseline)'}</code></p>")

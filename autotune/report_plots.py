@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune import storage as keys
+from autotune import names
 from autotune.report import StudyReport, best_trials, is_verified_feasible
 from autotune.report_format import colour, end_of, esc, iso, ramp, row_of, slug
 
@@ -366,7 +366,7 @@ def pareto_section(
 
 
 def ablation_section(report: StudyReport, figures: Figures) -> str:
-    data = report.attrs.get(keys.ABLATION)
+    data = report.attrs.get(names.ABLATION_REPORT)
     head = "<section id='ablation'><h2>Which change bought what (ablation)</h2>"
     if not data:
         return (
@@ -433,7 +433,7 @@ def ablation_section(report: StudyReport, figures: Figures) -> str:
 
 
 def roofline_section(report: StudyReport, figures: Figures) -> str:
-    data = report.attrs.get(keys.ROOFLINE)
+    data = report.attrs.get(names.ROOFLINE)
     head = "<section id='roofline'><h2>How far from the hardware</h2>"
     if not data or not data.get("tokens_per_s"):
         return (

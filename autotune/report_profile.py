@@ -11,14 +11,15 @@ import html
 from collections.abc import Callable
 from typing import Any
 
-from autotune.profile import PROFILES_ATTR, sort_profiles, table_rows
+from autotune import names
+from autotune.profile import sort_profiles, table_rows
 
 HEAD = "<section id='step-time'><h2>Where the step time goes</h2>"
 
 
 def section(attrs: dict[str, Any], plot: Callable[[Any, str], str]) -> str:
     """HTML for the section; ``plot(fig, name)`` renders a plotly figure into the page."""
-    stored = attrs.get(PROFILES_ATTR)
+    stored = attrs.get(names.PROFILES)
     if not stored:
         return (
             f"{HEAD}<p class='note'>No profile stored. <code>autotune profile</code> launches "
@@ -28,20 +29,20 @@ def section(attrs: dict[str, Any], plot: Callable[[Any, str], str]) -> str:
     import plotly.graph_objects as go  # heavy: only when there is something to draw
 
     profiles = sort_profiles(stored)
-    names = [f"trial {p['trial']} ({p['role']})" for p in profiles]
+    labels = [f"trial {p['trial']} ({p['role']})" for p in profiles]
     categories: list[str] = []
     for p in profiles:
         categories += [c for c in p["per_token_ms"] if c not in categories]
     fig = go.Figure(
         [
-            go.Bar(name=c, x=names, y=[p["per_token_ms"].get(c, 0.0) for p in profiles])
+            go.Bar(name=c, x=labels, y=[p["per_token_ms"].get(c, 0.0) for p in profiles])
             for c in categories
         ]
     )
     fig.add_trace(
         go.Scatter(
             name="client per token (profiled)",
-            x=names,
+            x=labels,
             y=[p["profiled_ms_per_token"] for p in profiles],
             mode="markers",
             marker={"symbol": "diamond", "size": 12, "color": "black"},

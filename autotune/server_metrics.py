@@ -27,8 +27,6 @@ from typing import Any
 
 import httpx
 
-#: trial user attribute holding the record built here
-SERVER_METRICS_ATTR = "server_metrics"
 METRICS_PATH = "/metrics"
 #: seconds between gauge samples while a benchmark runs (one small GET; vLLM's page is a few kB)
 SAMPLE_INTERVAL_S = 1.0

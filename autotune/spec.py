@@ -12,27 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune import workload as sources  # prompts, file or synthetic: see workload.py
 from autotune._yaml import YamlDoc, check_keys, load_yaml
 from autotune.engines.registry import engine_class, engine_names
 from autotune.errors import SpecError
-from autotune.space import SearchSpace, load_space
+from autotune.names import METRIC_DIRECTIONS, direction
+from autotune.space import SearchSpace
+from autotune.space_yaml import load_space
 from autotune.storage import check_url, study_name_problem
 
-#: metrics a study can optimise, with the direction that is better
-METRICS: dict[str, str] = {
-    "decode_tokens_per_s": "maximize",
-    "output_tokens_per_s": "maximize",
-    "requests_per_s": "maximize",
-    "ttft_p50_ms": "minimize",
-    "ttft_p95_ms": "minimize",
-    "ttft_p99_ms": "minimize",
-    "itl_p50_ms": "minimize",
-    "itl_p95_ms": "minimize",
-    "itl_p99_ms": "minimize",
-    "e2e_p95_ms": "minimize",
-    # the highest concurrency whose workload.slo holds (see loadcurve.py)
-    "goodput": "maximize",
-}
+ENGINE_KINDS = ("vllm", "command")
 
 
 @dataclass(frozen=True)
@@ -133,11 +122,6 @@ class ObjectiveSpec:
     @property
     def directions(self) -> list[str]:
         return [direction(m) for m in self.metrics]
-
-
-def direction(metric: str) -> str:
-    """The better direction of a metric name, a level's (``output_tokens_per_s@16``) too."""
-    return METRICS[metric.split("@", 1)[0]]
 
 
 @dataclass(frozen=True)
@@ -373,7 +357,6 @@ def _check(doc: YamlDoc, raw: Any) -> CheckSpec:
 
 
 def _workload(doc: YamlDoc, raw: Any, base: Path, model: ModelSpec) -> WorkloadSpec:
-    from autotune import workload as sources  # prompts, file or synthetic: see workload.py
 
     keys = {
         "prompts",
@@ -475,7 +458,7 @@ def _curve(doc: YamlDoc, raw: dict[str, Any]) -> dict[str, Any]:
 
 def _slo(doc: YamlDoc, key: str, text: Any) -> SloSpec:
     match = _SLO_RE.match(str(text))
-    if not match or match.group(1).split("@", 1)[0] not in METRICS:
+    if not match or match.group(1).split("@", 1)[0] not in METRIC_DIRECTIONS:
         raise doc.error(key, f"expected '<metric> <= <number>' with a known metric, got {text!r}")
     try:
         bound = float(match.group(3))
@@ -521,11 +504,11 @@ def _objective(doc: YamlDoc, raw: Any) -> ObjectiveSpec:
         if (
             not isinstance(metric, str)
             or not re.fullmatch(r"[a-z0-9_]+(@[0-9]+)?", metric)
-            or (metric.split("@", 1)[0] not in METRICS)
+            or (metric.split("@", 1)[0] not in METRIC_DIRECTIONS)
         ):
             raise doc.error(
                 f"objective.metrics[{index}]" if "metrics" in raw else "objective.metric",
-                f"unknown metric {metric!r} (one of {', '.join(METRICS)})",
+                f"unknown metric {metric!r} (one of {', '.join(METRIC_DIRECTIONS)})",
             )
     slos = [
         _slo(doc, f"objective.constraints[{index}]", text)

@@ -1,14 +1,16 @@
-"""Where a study lives: the storage URL, its engine options, the attribute keys, the artifacts.
+"""Where a study lives: the storage URL, its engine options, opening a study, the artifacts.
 
 Nothing here adds tables of its own: trial values, constraints and namespaced ``user_attrs`` go
 into Optuna's RDB storage, so ``optuna-dashboard`` and plain ``optuna.load_study`` read
-everything autotune writes. This is the only module that knows the key names.
+everything autotune writes. The attribute keys live in :mod:`autotune.names`.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,38 +22,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from autotune.errors import SpecError
-
-# --- trial attribute keys (user_attrs) ---------------------------------------------------------
-CORRECT = "correct"  # True, False, or None when never verified
-FAIL_REASON = "fail_reason"
-FAIL_DETAIL = "fail_detail"
-EVIDENCE = "evidence"  # log tail, exit code, signal, first divergence ...
-METRICS = "metrics"
-BENCH = "bench"  # spread, repeats, request counts
-SERVER = "server"  # argv, env (redacted), startup_s, engine_version, pid/pgid, host, worker
-CHECK = "check"
-PARAMS_RESOLVED = "params_resolved"  # values as the engine got them (int_list as lists)
-PINNED = "pinned_params"  # exact values of an ablation/confirmation variant
-VARIANT = "variant"  # label of an ablation/confirmation variant
-ROLE = "role"  # "baseline" | "search" | "retry" | "ablation" | "confirm"
-RETRY_OF = "retry_of"
-WORKER = "worker"  # the autotune process running the trial: machine, hostname, pid, create_time
-DUPLICATE_OF = "duplicate_of"  # set while a trial waits for a running trial with its parameters
-PHASE = "phase"
-SPECULATIVE = "speculative"  # spec-decode acceptance from /metrics (engines/vllm/speculative.py)
-METRICS_CI = "metrics_ci"  # 95% t interval per metric: name -> [low, high, n]
-LOAD_CURVE = "load_curve"  # concurrency level -> that level's metrics
-GOODPUT = "goodput"  # the goodput search: value, SLOs, every level probed
-# --- study attribute keys ----------------------------------------------------------------------
-REFERENCE = "reference"
-SPEC_PATH = "spec_path"
-ENGINE_VERSION = "engine_version"
-ROOFLINE = "roofline"
-ABLATION = "ablation"
-CONFIRMATION = "confirmation"
-
-#: the constraint key that marks a trial whose configuration is bad (not measured, never best)
-CORRECTNESS_CONSTRAINT = "correct"
 
 HEARTBEAT_INTERVAL_S = 10
 HEARTBEAT_GRACE_S = 30
@@ -185,7 +155,35 @@ def open_storage(url: str, *, heartbeat: bool = True) -> optuna.storages.RDBStor
         raise SpecError(message, key="--storage") from None
 
 
-def artifact_dir(url: str, study_name: str, override: str | None = None) -> Path:
+def load_study(
+    url: str,
+    name: str,
+    *,
+    heartbeat: bool = False,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
+) -> optuna.Study:
+    """The existing study ``name`` at ``url``: how every command that reads or extends a study
+    opens it. A missing study is a SpecError naming the studies that are there; nothing is
+    created, so a mistyped ``--study`` never leaves an empty study behind. ``heartbeat`` for
+    commands that run trials in it (a killed run's trials are then found and failed)."""
+    storage = open_storage(url, heartbeat=heartbeat)
+    try:
+        return optuna.load_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner)
+    except KeyError:
+        studies = optuna.study.get_all_study_names(storage=storage)
+        raise SpecError(
+            f"no study named {name!r} in {_shown(url)} (studies: {', '.join(studies) or 'none'})",
+            key="--study",
+        ) from None
+
+
+def _shown(url: str) -> str:
+    """The URL as an error message may print it: a database password stays out."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def artifact_dir_for(url: str, study_name: str, override: str | None = None) -> Path:
     """Server logs and verified outputs live beside an SQLite file, or where the user says.
 
     The name is checked first: ``--study ../../x`` must not put artifacts outside the storage
@@ -217,6 +215,12 @@ def artifact_store(directory: Path) -> FileSystemArtifactStore:
             f"the artifact directory is not writable: {directory}", key="--artifact-dir"
         )
     return FileSystemArtifactStore(str(directory))
+
+
+def dashboard_command(url: str, artifacts: Path, port: int) -> list[str]:
+    """``optuna-dashboard`` on the study's storage and artifacts, bound to 127.0.0.1."""
+    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
+    return [exe, url, "--host", "127.0.0.1", "--port", str(port), "--artifact-dir", str(artifacts)]
 
 
 def _writable(directory: Path) -> bool:

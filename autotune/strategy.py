@@ -50,7 +50,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import storage as keys
+from autotune import names
 from autotune.errors import SpecError
 from autotune.report import is_verified_feasible
 from autotune.space import Parameter, SearchSpace
@@ -300,9 +300,9 @@ def _history(study: optuna.Study, sign: float) -> _History:
         if not t.params:
             continue
         tried.add(config_key(t.params))
-        if t.user_attrs.get(keys.FAIL_REASON) == "constraint_violated":
+        if t.user_attrs.get(names.FAIL_REASON) == "constraint_violated":
             continue  # never launched: the space's constraints already exclude it
-        constraint = t.constraints.get(keys.CORRECTNESS_CONSTRAINT)
+        constraint = t.constraints.get(names.CORRECTNESS_CONSTRAINT)
         if constraint is not None and constraint > 0:
             bad.append(dict(t.params))  # crashed, failed the gate, or did not start
         elif t.state == TrialState.COMPLETE and t.values and t.values[0] > 0:
@@ -342,7 +342,7 @@ class AutoSampler(optuna.samplers.BaseSampler):
         return {}
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        if "fixed_params" in trial.system_attrs or keys.ROLE in trial.user_attrs:
+        if "fixed_params" in trial.system_attrs or names.ROLE in trial.user_attrs:
             return  # enqueued: passes through untouched
         self._plans[trial.number] = self.propose(study, trial.number)
 
@@ -511,18 +511,18 @@ def warm_start_configs(
         (t for t in source.get_trials(deepcopy=False) if is_verified_feasible(t)),
         key=lambda t: -sign * t.values[0],
     )
-    names = set(space.names)
+    known = set(space.names)
     out: list[tuple[int, dict[str, Any]]] = []
     seen: set[str] = set()
     for t in ranked:
-        if t.user_attrs.get(keys.ROLE) == "baseline":
+        if t.user_attrs.get(names.ROLE) == "baseline":
             continue
-        values = t.user_attrs.get(keys.PARAMS_RESOLVED) or {
+        values = t.user_attrs.get(names.PARAMS_RESOLVED) or {
             name: space.parameter(name).from_optuna(v)
             for name, v in t.params.items()
-            if name in names
+            if name in known
         }
-        values = {k: v for k, v in values.items() if k in names}
+        values = {k: v for k, v in values.items() if k in known}
         if not values or not all(space.parameter(k).contains(v) for k, v in values.items()):
             continue
         if space.violated(values):
@@ -551,7 +551,7 @@ def warm_start(
         origin = f"{source.study_name}#{number}"
         study.enqueue_trial(
             space.to_optuna_params(values),
-            user_attrs={keys.ROLE: "search", keys.PINNED: values, WARM_START_FROM: origin},
+            user_attrs={names.ROLE: "search", names.PINNED: values, WARM_START_FROM: origin},
         )
         lines.append(f"warm start: queued {origin}")
     study.set_user_attr(WARM_START_FROM, source.study_name)

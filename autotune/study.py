@@ -18,10 +18,9 @@ duplicate), so no wait trusts a holder that is gone.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,22 +28,44 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune import _proc, strategy
-from autotune import storage as keys
+from autotune import names, strategy
+from autotune.cleanup import (
+    cleanup_stale,
+    enqueue_retry,
+    on_optuna_stale,
+    reclaim_trial,
+    trial_dead_reason,
+)
 from autotune.engines import build_engine
 from autotune.engines.base import DroppedChoice, Engine
 from autotune.errors import AutotuneError, InfrastructureError, PreflightError, SpecError
 from autotune.guide import GuidedSampler, Neighbour, early_neighbours, record_plan
-from autotune.objective import TrialContext, TrialOutcome, TrialRunner
+from autotune.model.roofline import roofline_from_spec
+from autotune.record import TrialOutcome
 from autotune.spec import StudySpec, spec_error_for_missing_model
+from autotune.storage import (
+    artifact_dir_for,
+    artifact_store,
+    check_reachable,
+    check_study_name,
+    open_storage,
+    resolve_url,
+    sqlite_file,
+)
+from autotune.trial import TrialContext, TrialRunner
 from autotune.workload import check_workload
 
 #: trials whose parameters violate constraints are retried by the sampler up to this many
 #: times per counted trial before the run gives up on the space
 MAX_UNLAUNCHED_PER_TRIAL = 50
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+def quiet_optuna() -> None:
+    """Optuna's per-trial INFO lines and experimental-API warnings would drown autotune's own
+    output. Called where a run starts (the CLI, :func:`run_study`, re-measurements), never at
+    import: importing autotune must not change a host program's logging."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 @dataclass(frozen=True)
@@ -74,6 +95,32 @@ class RunSummary:
 
 def storage_url_for(spec: StudySpec, override: str | None) -> str:
     return override or spec.storage or spec.default_storage()
+
+
+def study_target(
+    spec: StudySpec, study: str | None, storage: str | None, *, existing: bool
+) -> tuple[str, str]:
+    """(storage URL, study name), both checked before anything is written: the name (one
+    rule for ``--study`` and the spec's ``study:``), the URL (in-memory SQLite refused, the
+    directory there), and either that the SQLite file exists (``existing``: commands that read
+    a study never create an empty database) or that a database server answers (``run``: a bad
+    URL is refused before the artifact directory is made)."""
+    name = check_study_name(study) if study is not None else spec.name
+    url = storage_url_for(spec, storage)
+    where = {"key": "--storage"}
+    if storage is None and spec.storage is not None:
+        where = {"key": "storage", "file": str(spec.path)}
+    resolve_url(url, **where)
+    database = sqlite_file(url)
+    if existing:
+        if database is not None and not database.is_file():
+            raise SpecError(
+                f"no study storage at {database} (run `autotune run` first, or give --storage)",
+                **where,
+            )
+    else:
+        check_reachable(url, **where)
+    return url, name
 
 
 def preflight(spec: StudySpec, engine: Engine, *, validate: bool = True) -> list[DroppedChoice]:
@@ -155,10 +202,12 @@ def open_study(
     if chosen != first_choice:  # resumed without --sampler: the study's own strategy
         study.sampler = make_sampler(chosen)
     if created:
-        study.set_user_attr(keys.SPEC_PATH, str(spec.path))
+        study.set_user_attr(names.SPEC_PATH, str(spec.path))
         study.set_metric_names(list(spec.objective.metrics))  # `show` reads each one's interval
         # The baseline is trial 0: engine defaults, no patches. It records the reference.
-        study.enqueue_trial(spec.space.baseline_optuna_params(), user_attrs={keys.ROLE: "baseline"})
+        study.enqueue_trial(
+            spec.space.baseline_optuna_params(), user_attrs={names.ROLE: names.BASELINE}
+        )
     return study, created
 
 
@@ -167,7 +216,7 @@ def _open_storage(url: str, attempts: int = 4) -> optuna.storages.RDBStorage:
     losers get IntegrityError/ProgrammingError ("already exists") once, then find them made."""
     for attempt in range(attempts):
         try:
-            return keys.open_storage(url)
+            return open_storage(url)
         except SpecError as exc:
             transient = "IntegrityError" in str(exc) or "ProgrammingError" in str(exc)
             if not transient or attempt == attempts - 1:
@@ -195,194 +244,6 @@ def build_sampler(
     )
 
 
-def cleanup_stale(study: optuna.Study, *, this_host_only: bool = True) -> list[str]:
-    """Reclaim every RUNNING trial whose worker is dead; one line per trial reclaimed.
-
-    Dead means: the worker recorded on this machine is gone (no such pid, or the pid now
-    belongs to a process started at another time), or, for a worker elsewhere (or one that had
-    not recorded itself yet), Optuna's heartbeat is older than the grace. A trial whose worker
-    lives is never touched, however long it runs.
-    """
-    stale = _stale_ids(study)
-    messages: list[str] = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        why = dead_reason(trial, stale)
-        if why is not None:
-            messages += reclaim_trial(study, trial, why, this_host_only=this_host_only)
-    return messages
-
-
-def dead_reason(trial: optuna.trial.FrozenTrial, stale_ids: Collection[int]) -> str | None:
-    """Why a RUNNING trial's worker is known dead, or None while it may be alive."""
-    if trial.state != TrialState.RUNNING:
-        return None
-    worker = _worker_of(trial)
-    if worker is not None and worker.get("pid") and _proc.on_this_machine(worker):
-        if _proc.same_process(int(worker["pid"]), worker.get("create_time")):
-            return None
-        return f"its worker (pid {worker['pid']} on this machine) is gone"
-    if trial._trial_id in stale_ids:  # noqa: SLF001
-        return "its worker's heartbeat stopped"
-    return None
-
-
-def trial_dead_reason(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> str | None:
-    """:func:`dead_reason` for one trial, reading the heartbeats only when they decide."""
-    worker = _worker_of(trial)
-    if worker is not None and worker.get("pid") and _proc.on_this_machine(worker):
-        return dead_reason(trial, ())
-    return dead_reason(trial, _stale_ids(study))
-
-
-def _worker_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
-    worker = trial.user_attrs.get(keys.WORKER)
-    if isinstance(worker, dict):
-        return worker
-    # older records: only the server's "hostname:pid" worker string
-    server = trial.user_attrs.get(keys.SERVER) or {}
-    host, _, pid = str(server.get("worker") or "").rpartition(":")
-    if host and pid.isdigit():
-        return {"hostname": host, "pid": int(pid)}
-    return None
-
-
-def _stale_ids(study: optuna.Study) -> set[int]:
-    try:
-        return set(study._storage._get_stale_trial_ids(study._study_id))  # noqa: SLF001
-    except (AttributeError, NotImplementedError, AssertionError):
-        return set()
-
-
-def reclaim_trial(
-    study: optuna.Study,
-    trial: optuna.trial.FrozenTrial,
-    why: str,
-    *,
-    this_host_only: bool = True,
-) -> list[str]:
-    """Stop a dead trial's leftover processes, mark it ``interrupted`` (FAIL), queue its
-    parameters again; one line (none if another worker did it first, nothing left to stop)."""
-    return reclaim(study, trial, why, this_host_only=this_host_only)[1]
-
-
-def reclaim(
-    study: optuna.Study,
-    trial: optuna.trial.FrozenTrial,
-    why: str,
-    *,
-    taken_over_by: int | None = None,
-    this_host_only: bool = True,
-) -> tuple[bool, list[str]]:
-    """:func:`reclaim_trial`, also saying whether this call marked the trial (False: another
-    worker was first). With ``taken_over_by`` nothing is queued: that trial runs the
-    parameters instead (see ``TrialRunner._settle_duplicate``)."""
-    storage = study._storage  # noqa: SLF001
-    stopped = _stop_leftovers(trial, this_host_only=this_host_only)
-    marked = False
-    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-        storage.set_trial_user_attr(trial._trial_id, keys.FAIL_REASON, "interrupted")  # noqa: SLF001
-        storage.set_trial_user_attr(
-            trial._trial_id,  # noqa: SLF001
-            keys.FAIL_DETAIL,
-            f"the run was killed while this trial ran ({why})",
-        )
-        marked = bool(storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL))  # noqa: SLF001
-    parts = [stopped] if stopped else []
-    if marked:
-        parts.append("marked interrupted")
-        if taken_over_by is None:
-            enqueue_retry(study, trial)
-            parts.append("re-enqueued")
-        else:
-            parts.append(f"taken over by trial {taken_over_by}")
-    if not parts:
-        return marked, []
-    return marked, [f"trial {trial.number}: {why}: " + ", ".join(parts)]
-
-
-def stop_recorded_server(
-    trial: optuna.trial.FrozenTrial, *, this_host_only: bool = True
-) -> list[str]:
-    """Stop what a trial recorded (its server group and tracked descendants), if still there."""
-    stopped = _stop_leftovers(trial, this_host_only=this_host_only)
-    return [f"trial {trial.number}: {stopped}"] if stopped else []
-
-
-def _stop_leftovers(trial: optuna.trial.FrozenTrial, *, this_host_only: bool = True) -> str | None:
-    """Stop the server group and every descendant recorded for ``trial``.
-
-    Pids are reused, so each is signalled only while its create time matches the record. The
-    group is signalled unless its leader's pid now belongs to another process (then the group
-    id cannot be the server's any more: Linux never reuses a pid that is still a group id).
-    """
-    server = trial.user_attrs.get(keys.SERVER) or {}
-    pid, pgid = server.get("pid"), server.get("pgid")
-    tracked: dict[int, float | None] = {}
-    for entry in server.get("descendants") or []:
-        with contextlib.suppress(TypeError, ValueError, IndexError):
-            tracked[int(entry[0])] = None if entry[1] is None else float(entry[1])
-    if not pid and not tracked:
-        return None
-    if this_host_only and not _proc.on_this_machine(server):
-        return "its server is on another machine (run `autotune cleanup` there)"
-    group = pgid
-    if pid:
-        if _proc.same_process(int(pid), server.get("create_time")):
-            tracked[int(pid)] = server.get("create_time")
-        elif _proc.create_time(int(pid)) is not None:
-            group = None  # the pid was reused: not our group
-    if not _proc.group_members(group, tracked=tracked):
-        return None
-    survivors = _proc.stop_group(group, tracked=tracked, grace_s=5.0)
-    if survivors:
-        return f"could not stop pids {survivors}"
-    escaped = len(set(tracked) - {pid})
-    extra = f" and {escaped} tracked descendant(s)" if escaped else ""
-    return f"stopped its leftover server (pgid {pgid}){extra}"
-
-
-def _on_optuna_stale(
-    messages: list[str],
-) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
-    """Optuna fails a stale trial itself at the start of ``optimize``; should that beat
-    :func:`cleanup_stale` to it, still stop its leftover server and queue it again, unless its
-    worker is alive on this machine (only its heartbeat was late): its server is left alone."""
-
-    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        worker = _worker_of(trial)
-        if (
-            worker is not None
-            and worker.get("pid")
-            and _proc.on_this_machine(worker)
-            and _proc.same_process(int(worker["pid"]), worker.get("create_time"))
-        ):
-            messages.append(
-                f"trial {trial.number}: failed by Optuna for a late heartbeat; its worker "
-                f"(pid {worker['pid']}) lives, so its server was left to it"
-            )
-            return
-        messages.extend(stop_recorded_server(trial))
-        enqueue_retry(study, trial)
-        messages.append(f"trial {trial.number}: heartbeat stopped: failed by Optuna, re-enqueued")
-
-    return callback
-
-
-def enqueue_retry(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-    """Queue ``trial``'s exact configuration again. A pinned trial (an early one-change
-    neighbour, an ablation or confirmation variant) leaves parameters out on purpose: its pin
-    travels with the retry, or the sampler would fill the gaps with other values."""
-    role = trial.user_attrs.get(keys.ROLE, "search")
-    user_attrs = {
-        keys.ROLE: "baseline" if role == "baseline" else "retry",
-        keys.RETRY_OF: trial.number,
-    }
-    for key in (keys.PINNED, keys.VARIANT):
-        if trial.user_attrs.get(key) is not None:
-            user_attrs[key] = trial.user_attrs[key]
-    study.enqueue_trial(dict(trial.params), user_attrs=user_attrs)
-
-
 def run_study(
     spec: StudySpec,
     options: RunOptions,
@@ -391,10 +252,10 @@ def run_study(
     on_trial: Callable[[TrialOutcome, optuna.Study], None] | None = None,
     log_dir: Path | None = None,
     extra_env: dict[str, str] | None = None,
-    extra_flags: dict[str, Any] | None = None,
     on_notice: Callable[[str], None] | None = None,
 ) -> RunSummary:
     """Run ``options.trials`` launched trials (resuming the study if it exists)."""
+    quiet_optuna()
     engine = build_engine(spec)
     dropped = preflight(spec, engine, validate=options.validate)
     for choice in dropped:
@@ -403,10 +264,10 @@ def run_study(
     url = storage_url_for(spec, options.storage_url)
     # A bad storage URL or an unwritable artifact directory is bad input: found before the
     # storage is touched.
-    keys.resolve_url(url)
-    keys.check_reachable(url)
-    artifacts = keys.artifact_store(
-        keys.artifact_dir(url, options.study_name or spec.name, options.artifact_dir)
+    resolve_url(url)
+    check_reachable(url)
+    artifacts = artifact_store(
+        artifact_dir_for(url, options.study_name or spec.name, options.artifact_dir)
     )
     study, _created = open_study(
         spec,
@@ -428,12 +289,14 @@ def run_study(
     summary.cleaned = cleanup_stale(study)
     backend = getattr(study._storage, "_backend", study._storage)  # noqa: SLF001
     if hasattr(backend, "heartbeat_stale_trial_callback"):
-        backend.heartbeat_stale_trial_callback = _on_optuna_stale(summary.cleaned)
+        backend.heartbeat_stale_trial_callback = on_optuna_stale(summary.cleaned)
     if not _created:
         _wait_for_creator(study)
-    if study.user_attrs.get(keys.REFERENCE) is None and not _baseline_pending(study):
-        study.enqueue_trial(spec.space.baseline_optuna_params(), user_attrs={keys.ROLE: "baseline"})
-    artifacts_path = keys.artifact_dir(url, study.study_name, options.artifact_dir)
+    if study.user_attrs.get(names.REFERENCE) is None and not _baseline_pending(study):
+        study.enqueue_trial(
+            spec.space.baseline_optuna_params(), user_attrs={names.ROLE: names.BASELINE}
+        )
+    artifacts_path = artifact_dir_for(url, study.study_name, options.artifact_dir)
     ctx = TrialContext(
         spec=spec,
         engine=engine,
@@ -442,11 +305,10 @@ def run_study(
         on_phase=on_phase or (lambda _n, _p: None),
         study=study,
         extra_env=dict(extra_env or {}),
-        extra_flags=dict(extra_flags or {}),
     )
-    study.set_user_attr(keys.ENGINE_VERSION, engine.version())
-    if spec.roofline and keys.ROOFLINE not in study.user_attrs:
-        study.set_user_attr(keys.ROOFLINE, _roofline(spec))
+    study.set_user_attr(names.ENGINE_VERSION, engine.version())
+    if spec.roofline and names.ROOFLINE not in study.user_attrs:
+        study.set_user_attr(names.ROOFLINE, _roofline(spec))
     runner = TrialRunner(ctx)
     launched = 0
     unlaunched = 0
@@ -489,7 +351,7 @@ def run_study(
         if outcome.infrastructure:
             infra_in_a_row += 1
             trial = study.trials[outcome.number]
-            if trial.user_attrs.get(keys.RETRY_OF) is None:
+            if trial.user_attrs.get(names.RETRY_OF) is None:
                 enqueue_retry(study, trial)
             if infra_in_a_row >= spec.max_consecutive_infra_failures:
                 summary.stopped_because = (
@@ -499,9 +361,9 @@ def run_study(
             continue
         infra_in_a_row = 0
         launched += 1
-        if outcome.role == "baseline" and outcome.verdict != "correct":
+        if outcome.role == names.BASELINE and outcome.verdict != "correct":
             trial = study.trials[outcome.number]
-            detail = trial.user_attrs.get(keys.FAIL_DETAIL, "")
+            detail = trial.user_attrs.get(names.FAIL_DETAIL, "")
             raise PreflightError(
                 f"the baseline (trial {outcome.number}) failed: "
                 f"{outcome.verdict}: {detail}. Nothing else can be judged "
@@ -512,8 +374,6 @@ def run_study(
 
 def _roofline(spec: StudySpec) -> dict[str, Any]:
     """The spec's decode roofline, stored once so `show` can say how far each config is."""
-    from autotune.model.roofline import roofline_from_spec
-
     try:
         return roofline_from_spec(spec.roofline, spec.model.path).to_dict()
     except (KeyError, ValueError, AutotuneError) as exc:
@@ -525,7 +385,7 @@ def _roofline(spec: StudySpec) -> dict[str, Any]:
 def _baseline_pending(study: optuna.Study) -> bool:
     return any(
         t.state in (TrialState.WAITING, TrialState.RUNNING)
-        and t.user_attrs.get(keys.ROLE) == "baseline"
+        and t.user_attrs.get(names.ROLE) == names.BASELINE
         for t in study.get_trials(deepcopy=False)
     )
 
@@ -547,11 +407,11 @@ def _wait_for_reference(study: optuna.Study, notes: list[str], poll_s: float = 1
     gone, or its holder is found dead.
     """
     while True:
-        if study.user_attrs.get(keys.REFERENCE) is not None:
+        if study.user_attrs.get(names.REFERENCE) is not None:
             return
         trials = study.get_trials(deepcopy=False)
         waiting = any(
-            t.state == TrialState.WAITING and t.user_attrs.get(keys.ROLE) == "baseline"
+            t.state == TrialState.WAITING and t.user_attrs.get(names.ROLE) == names.BASELINE
             for t in trials
         )
         if waiting:
@@ -559,7 +419,7 @@ def _wait_for_reference(study: optuna.Study, notes: list[str], poll_s: float = 1
         running = [
             t
             for t in trials
-            if t.state == TrialState.RUNNING and t.user_attrs.get(keys.ROLE) == "baseline"
+            if t.state == TrialState.RUNNING and t.user_attrs.get(names.ROLE) == names.BASELINE
         ]
         if not running:
             return  # the caller's trial will fail visibly with "no reference"

@@ -43,12 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune import names
 from autotune.errors import SpecError
 
-#: study user attribute: {"hash", "source", "length_unit", "requests", ...}
-WORKLOAD_ATTR = "workload"
-#: study user attribute: every accepted change of the workload (``--allow-workload-change``)
-WORKLOAD_CHANGES_ATTR = "workload_changes"
 #: at most this many distinct workload prompts get a reference (correctness under load);
 #: a 10,000-line file must not make the baseline answer 10,000 prompts twice
 REFERENCE_PROMPTS_MAX = 32
@@ -461,7 +458,7 @@ def workload_hash(workload: Any) -> str:
 
 
 def describe(workload: Any) -> dict[str, Any]:
-    """What the study stores about its workload (user attribute :data:`WORKLOAD_ATTR`)."""
+    """What the study stores about its workload (user attribute :data:`autotune.names.WORKLOAD`)."""
     return {
         "hash": workload_hash(workload),
         "source": getattr(workload, "source", "inline"),
@@ -478,9 +475,9 @@ def check_workload(study: Any, spec: Any, *, allow_change: bool = False) -> str 
     :class:`SpecError` naming the spec file and ``workload`` when it changed and was not allowed.
     """
     current = describe(spec.workload)
-    stored = study.user_attrs.get(WORKLOAD_ATTR)
+    stored = study.user_attrs.get(names.WORKLOAD)
     if stored is None:
-        study.set_user_attr(WORKLOAD_ATTR, current)
+        study.set_user_attr(names.WORKLOAD, current)
         return None
     if stored.get("hash") == current["hash"]:
         return None
@@ -495,10 +492,10 @@ def check_workload(study: Any, spec: Any, *, allow_change: bool = False) -> str 
             key="workload",
         )
     trials = len(study.get_trials(deepcopy=False))
-    changes = list(study.user_attrs.get(WORKLOAD_CHANGES_ATTR) or [])
+    changes = list(study.user_attrs.get(names.WORKLOAD_CHANGES) or [])
     changes.append({"from": stored, "to": current, "after_trials": trials})
-    study.set_user_attr(WORKLOAD_CHANGES_ATTR, changes)
-    study.set_user_attr(WORKLOAD_ATTR, current)
+    study.set_user_attr(names.WORKLOAD_CHANGES, changes)
+    study.set_user_attr(names.WORKLOAD, current)
     return (
         f"workload changed after {trials} trials (--allow-workload-change): "
         f"{str(stored.get('hash'))[:12]} -> {current['hash'][:12]}; earlier trials were "

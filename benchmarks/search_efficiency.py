@@ -76,9 +76,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune import storage as keys
+from autotune import names
 from autotune.report import best_trials
-from autotune.space import SearchSpace, load_space
+from autotune.space import SearchSpace
+from autotune.space_yaml import load_space
 from autotune.strategy import AutoSampler, build_sampler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -460,19 +461,23 @@ def run_optuna(
     """The autotune loop in-process: baseline first, then the sampler, the objective's policy."""
     noise_rng = random.Random(seed)
     study = optuna.create_study(direction="maximize", sampler=sampler)
-    study.enqueue_trial(space.baseline_optuna_params(), user_attrs={keys.ROLE: "baseline"})
+    study.enqueue_trial(space.baseline_optuna_params(), user_attrs={names.ROLE: "baseline"})
     run = RunResult(name, seed)
     outcome_of: dict[int, Outcome] = {}
     launched = 0
     while launched < budget:
         trial = study.ask()
-        role = trial.user_attrs.get(keys.ROLE, "search")
-        values = space.suggest_baseline(trial) if role == "baseline" else space.suggest(trial)
-        trial.set_user_attr(keys.PARAMS_RESOLVED, values)
-        trial.set_user_attr(keys.ROLE, role)
+        role = trial.user_attrs.get(names.ROLE, "search")
+        values = (
+            space.suggest(trial, only=space.baseline_names())
+            if role == "baseline"
+            else space.suggest(trial)
+        )
+        trial.set_user_attr(names.PARAMS_RESOLVED, values)
+        trial.set_user_attr(names.ROLE, role)
         if space.violated(values):
-            trial.set_user_attr(keys.FAIL_REASON, "constraint_violated")
-            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 1.0)
+            trial.set_user_attr(names.FAIL_REASON, "constraint_violated")
+            trial.set_constraint(names.CORRECTNESS_CONSTRAINT, 1.0)
             study.tell(trial, state=TrialState.PRUNED)
             run.unlaunched += 1
             if run.unlaunched > MAX_UNLAUNCHED_PER_TRIAL * budget:
@@ -483,18 +488,18 @@ def run_optuna(
         outcome_of[trial.number] = outcome
         run.wrong_launched += outcome.started and not outcome.correct
         if not outcome.started:
-            trial.set_user_attr(keys.FAIL_REASON, outcome.failure or "startup_failed")
-            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 1.0)
+            trial.set_user_attr(names.FAIL_REASON, outcome.failure or "startup_failed")
+            trial.set_constraint(names.CORRECTNESS_CONSTRAINT, 1.0)
             study.tell(trial, state=TrialState.PRUNED)
         elif gate and not outcome.correct:
-            trial.set_user_attr(keys.FAIL_REASON, "incorrect_output")
-            trial.set_user_attr(keys.CORRECT, False)
-            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 1.0)
+            trial.set_user_attr(names.FAIL_REASON, "incorrect_output")
+            trial.set_user_attr(names.CORRECT, False)
+            trial.set_constraint(names.CORRECTNESS_CONSTRAINT, 1.0)
             study.tell(trial, state=TrialState.PRUNED)
         else:
             # without the gate every started config is taken as correct
-            trial.set_user_attr(keys.CORRECT, True)
-            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
+            trial.set_user_attr(names.CORRECT, True)
+            trial.set_constraint(names.CORRECTNESS_CONSTRAINT, 0.0)
             study.tell(trial, measured(outcome, land.noise, noise_rng))
         best = best_trials(study)
         _record(

@@ -10,9 +10,10 @@ from pathlib import Path
 import optuna
 import yaml
 
-from autotune import storage as keys
+from autotune import names
 from autotune.errors import PreflightError
 from autotune.spec import load_spec
+from autotune.storage import open_storage
 from autotune.study import RunOptions, open_study, run_study
 from tests.builders import write_fake_spec
 
@@ -68,9 +69,9 @@ def build_rich_study(directory: Path, *, ablate: bool = True) -> Path:
         {"max_num_seqs": 8, "fault": None},
         {"max_num_seqs": 4, "fault": None},
     ):
-        study.enqueue_trial(values, user_attrs={keys.ROLE: "search"})
+        study.enqueue_trial(values, user_attrs={names.ROLE: "search"})
     run_study(spec, RunOptions(trials=6, validate=False))
-    study = optuna.load_study(storage=keys.open_storage(url), study_name=spec.name)
+    study = optuna.load_study(storage=open_storage(url), study_name=spec.name)
     run_confirmation(spec, study, url, top_k=1, repeats=2)
     if ablate:
         run_ablation(spec, study, url, repeats=2)
@@ -83,7 +84,7 @@ def _store_recorded_profiles(study: optuna.Study) -> None:
     breakdown of the real vLLM CPU trace fixture (labelled as such in its notes), so the
     report's step-time section is drawn and checked in the browser."""
     from autotune.engines.vllm.profile import RECIPE
-    from autotune.profile import PROFILES_ATTR, result_from_traces
+    from autotune.profile import result_from_traces
     from autotune.report import best_trials
 
     fixture = Path(__file__).parent / "fixtures" / "vllm_cpu_profile_rank0.trace.json.gz"
@@ -97,7 +98,7 @@ def _store_recorded_profiles(study: optuna.Study) -> None:
             **result.to_dict(),
             "notes": ["test double: breakdown of a recorded vLLM CPU trace, not this trial's"],
         }
-    study.set_user_attr(PROFILES_ATTR, stored)
+    study.set_user_attr(names.PROFILES, stored)
 
 
 def build_broken_study(directory: Path) -> Path:
@@ -113,7 +114,7 @@ def build_broken_study(directory: Path) -> Path:
 
 def add_synthetic_studies(url: str) -> None:
     """A two-objective study with a front, and a study with one trial still running."""
-    storage = keys.open_storage(url, heartbeat=False)
+    storage = open_storage(url, heartbeat=False)
     multi = optuna.create_study(
         storage=storage, study_name="multi", directions=["maximize", "minimize"]
     )
@@ -128,13 +129,13 @@ def add_synthetic_studies(url: str) -> None:
                 },
                 values=[tps, ttft],
                 user_attrs={
-                    keys.CORRECT: True,
-                    keys.ROLE: "baseline" if i == 0 else "search",
-                    keys.PARAMS_RESOLVED: {"max_num_seqs": seqs},
-                    keys.METRICS: {"decode_tokens_per_s": tps, "ttft_p95_ms": ttft},
-                    keys.CHECK: {"passed": True},
+                    names.CORRECT: True,
+                    names.ROLE: "baseline" if i == 0 else "search",
+                    names.PARAMS_RESOLVED: {"max_num_seqs": seqs},
+                    names.METRICS: {"decode_tokens_per_s": tps, "ttft_p95_ms": ttft},
+                    names.CHECK: {"passed": True},
                 },
-                system_attrs={f"constraints:{keys.CORRECTNESS_CONSTRAINT}": 0.0},
+                system_attrs={f"constraints:{names.CORRECTNESS_CONSTRAINT}": 0.0},
             )
         )
     running = optuna.create_study(storage=storage, study_name="running", direction="maximize")
@@ -146,12 +147,12 @@ def add_synthetic_studies(url: str) -> None:
             },
             value=100.0,
             user_attrs={
-                keys.CORRECT: True,
-                keys.ROLE: "baseline",
-                keys.PARAMS_RESOLVED: {"max_num_seqs": 1},
-                keys.METRICS: {"decode_tokens_per_s": 100.0},
+                names.CORRECT: True,
+                names.ROLE: "baseline",
+                names.PARAMS_RESOLVED: {"max_num_seqs": 1},
+                names.METRICS: {"decode_tokens_per_s": 100.0},
             },
-            system_attrs={f"constraints:{keys.CORRECTNESS_CONSTRAINT}": 0.0},
+            system_attrs={f"constraints:{names.CORRECTNESS_CONSTRAINT}": 0.0},
         )
     )
     running.ask({"max_num_seqs": optuna.distributions.CategoricalDistribution([1, 2, 4, 8])})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import optuna
 from typer.testing import CliRunner
 
-from autotune import storage as keys
+from autotune import names
 from autotune.ablation import HELPS, NO_EFFECT, changes_from_baseline, revert
 from autotune.cli import app
 from autotune.spec import load_spec
@@ -81,7 +81,7 @@ def test_ablate_finds_the_change_that_matters_and_the_one_that_does_not(tmp_path
     )
     assert result.exit_code == 0, result.output
     study = optuna.load_study(study_name="ablate", storage=spec.default_storage())
-    report = study.user_attrs[keys.ABLATION]
+    report = study.user_attrs[names.ABLATION_REPORT]
     assert report["min_effect"] == 0.3
     assert report["noise_band"] >= 0.3 * report["best_median"]
     verdicts = {c["parameter"]: c["verdict"] for c in report["contributions"]}
@@ -93,7 +93,7 @@ def test_ablate_finds_the_change_that_matters_and_the_one_that_does_not(tmp_path
     assert report["minimal_values"] == {"max_num_seqs": 32, "block_size": 16}
     assert report["minimal_keeps_gain"] is True
     assert "no effect" in result.output and "helps" in result.output
-    ablation_trials = [t for t in study.trials if t.user_attrs.get(keys.ROLE) == "ablation"]
+    ablation_trials = [t for t in study.trials if t.user_attrs.get(names.ROLE) == "ablation"]
     assert len(ablation_trials) == 4 * 5 + 5  # 4 variants x 5 rounds, then the minimal x 5
-    assert all(t.user_attrs.get(keys.CORRECT) for t in ablation_trials)
+    assert all(t.user_attrs.get(names.CORRECT) for t in ablation_trials)
     assert (tmp_path / "minimal.yaml").exists()

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.errors import SpecError
-from autotune.space import load_space
+from autotune.space_yaml import load_space
 from autotune.spec import load_spec
 from tests.builders import fake_spec, write_fake_spec
 
@@ -518,13 +518,13 @@ def test_study_key_is_a_checked_name(tmp_path: Path, name: str) -> None:
 
 
 def test_artifact_dir_stays_under_the_storage_directory(tmp_path: Path) -> None:
-    from autotune import storage as keys
+    from autotune.storage import artifact_dir_for
 
     url = f"sqlite:///{tmp_path / 'db' / 's.db'}"
-    assert keys.artifact_dir(url, "my.study-1") == tmp_path / "db" / "my.study-1-artifacts"
+    assert artifact_dir_for(url, "my.study-1") == tmp_path / "db" / "my.study-1-artifacts"
     for name in ("../x", "..", "a/../../b"):
         with pytest.raises(SpecError):
-            keys.artifact_dir(url, name)
+            artifact_dir_for(url, name)
 
 
 @pytest.mark.parametrize("command", ["show", "export", "confirm", "ablate", "cleanup"])

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from autotune import storage as keys
+from autotune import names
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
 from tests.builders import write_demo_spec, write_fake_spec
@@ -51,7 +51,7 @@ def run_baseline_then(spec_path: Path, params: dict) -> optuna.Study:
     spec = load_spec(spec_path)
     study, created = open_study(spec, spec.default_storage())
     assert created
-    study.enqueue_trial(params, user_attrs={keys.ROLE: "search"})
+    study.enqueue_trial(params, user_attrs={names.ROLE: "search"})
     summary = run_study(spec, RunOptions(trials=2, seed=0, validate=False))
     assert summary.stopped_because is None, summary.stopped_because
     return optuna.load_study(study_name=spec.name, storage=spec.default_storage())
@@ -61,26 +61,26 @@ def assert_rejected_under_load(study: optuna.Study, params: dict, spec_path: Pat
     """The verdicts both tests require; returns the faulty trial's first divergence."""
     spec = load_spec(spec_path)
     baseline, faulty = study.trials
-    assert baseline.user_attrs[keys.ROLE] == "baseline"
+    assert baseline.user_attrs[names.ROLE] == "baseline"
     assert baseline.state == TrialState.COMPLETE, baseline.user_attrs
     assert faulty.params == params
     attrs = faulty.user_attrs
     assert faulty.state == TrialState.PRUNED
-    assert attrs[keys.FAIL_REASON] == "incorrect_output", (
-        attrs.get(keys.FAIL_REASON),
-        attrs.get(keys.FAIL_DETAIL),
+    assert attrs[names.FAIL_REASON] == "incorrect_output", (
+        attrs.get(names.FAIL_REASON),
+        attrs.get(names.FAIL_DETAIL),
     )
-    assert attrs[keys.CORRECT] is False
+    assert attrs[names.CORRECT] is False
     assert faulty.system_attrs.get("constraints:correct") == 1.0
-    assert "diverged under load" in attrs[keys.FAIL_DETAIL]
+    assert "diverged under load" in attrs[names.FAIL_DETAIL]
     # the quiet (sequential) check ran and passed; only the under-load check failed it
-    check = attrs[keys.CHECK]
+    check = attrs[names.CHECK]
     assert check["passed"] is True, check
     assert check["problems"] == [] and check["first_divergence"] is None
     assert check["prompts_checked"] == len(spec.check.prompts)
     assert check["under_load_checked"] > 0
     assert 1 <= check["under_load_divergent"] <= check["under_load_checked"]
-    divergence = attrs[keys.EVIDENCE]["first_divergence"]
+    divergence = attrs[names.EVIDENCE]["first_divergence"]
     assert divergence["kind"] == "token_under_load"
     assert divergence["prompt"] in spec.workload.prompts  # a benchmark request, text as evidence
     assert divergence["got_text"] != divergence["expected_text"]
@@ -142,6 +142,6 @@ def test_prompt_shared_by_check_and_workload_is_judged_at_its_own_length(tmp_pat
     study = run_baseline_then(spec_path, {"fault": None})
     for trial in study.trials:
         assert trial.state == TrialState.COMPLETE, trial.user_attrs
-        check = trial.user_attrs[keys.CHECK]
+        check = trial.user_attrs[names.CHECK]
         assert check["under_load_divergent"] == 0
         assert 0 < check["under_load_checked"] < spec.workload.num_requests

@@ -11,7 +11,7 @@ import httpx
 import optuna
 import psutil
 
-from autotune import storage as keys
+from autotune import names
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
 from tests.builders import write_fake_spec
@@ -46,7 +46,7 @@ def test_dashboard_serves_the_study(tmp_path):
     run_study(spec, RunOptions(trials=1, validate=False))  # the baseline, with its artifacts
     study, _ = open_study(spec, spec.default_storage())
     trial = study.ask()
-    trial.set_user_attr(keys.FAIL_REASON, "oom")
+    trial.set_user_attr(names.FAIL_REASON, "oom")
     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     # --port 0: the dashboard binds a port the OS picks, read back from the process itself
     proc = subprocess.Popen(
@@ -79,10 +79,10 @@ def test_dashboard_serves_the_study(tmp_path):
         assert detail["name"] == "dash"
         by_number = {t["number"]: t for t in detail["trials"]}
         attrs = {a["key"]: a["value"] for a in by_number[trial.number]["user_attrs"]}
-        assert attrs[keys.FAIL_REASON] == "oom"
+        assert attrs[names.FAIL_REASON] == "oom"
         # the baseline's server log and verified outputs are artifacts the dashboard can show
-        names = sorted(a["filename"] for a in by_number[0]["artifacts"])
-        assert len(names) == 2 and names[1] == "trial-00000.log", names
+        files = sorted(a["filename"] for a in by_number[0]["artifacts"])
+        assert len(files) == 2 and files[1] == "trial-00000.log", files
         artifact = by_number[0]["artifacts"][0]
         served = httpx.get(
             f"http://127.0.0.1:{port}/artifacts/{studies[0]['study_id']}/"

@@ -8,12 +8,13 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune import storage as keys
+from autotune import names
 from autotune.engines import build_engine
 from autotune.engines.base import DroppedChoice
-from autotune.guide import EARLY_PROPOSAL, EARLY_PROPOSALS, early_neighbours, record_plan
+from autotune.guide import early_neighbours, record_plan
 from autotune.spec import load_spec
 from autotune.study import open_study
+from autotune.trial import suggest_values
 from tests.builders import ROOT
 
 FP8_DROPPED = [DroppedChoice("kv_cache_dtype", "fp8", "no AVX-512")]
@@ -30,14 +31,9 @@ def first_trials(tmp_path, seed: int, dropped, n: int = 3) -> list[dict]:
     out = []
     for _ in range(n):
         trial = study.ask()
-        pinned = trial.user_attrs.get(keys.PINNED)
-        if pinned is not None:  # what TrialRunner._run does
-            values = spec.space.suggest_pinned(trial, pinned)
-        elif trial.user_attrs.get(keys.ROLE) == "baseline":
-            values = spec.space.suggest_baseline(trial)
-        else:
-            values = spec.space.suggest(trial)
-        out.append({"role": trial.user_attrs.get(keys.ROLE, "search"), "values": values})
+        role = trial.user_attrs.get(names.ROLE, names.SEARCH)
+        values = suggest_values(spec.space, trial, role)  # what TrialRunner._run does
+        out.append({"role": trial.user_attrs.get(names.ROLE, "search"), "values": values})
         study.tell(trial, 100.0)
     return out, study, spec
 
@@ -60,8 +56,8 @@ def test_first_three_trials_never_include_the_fault_and_change_something_safe(
     assert all(len(c) == 1 for c in changed), changed
     assert changed[0] != changed[1]
     # recorded: the plan in the study, the label in each neighbour trial
-    labels = study.user_attrs[EARLY_PROPOSALS]
-    assert [t.user_attrs.get(EARLY_PROPOSAL) for t in study.trials[1:3]] == labels
+    labels = study.user_attrs[names.EARLY_PROPOSALS]
+    assert [t.user_attrs.get(names.EARLY_PROPOSAL) for t in study.trials[1:3]] == labels
 
 
 def test_a_patch_of_kind_fault_or_experimental_is_never_a_neighbour():
@@ -77,14 +73,14 @@ def test_a_patch_of_kind_fault_or_experimental_is_never_a_neighbour():
 
 def test_after_the_neighbours_the_sampler_takes_over(tmp_path):
     trials, study, _ = first_trials(tmp_path, 0, [], n=5)
-    assert [t.user_attrs.get(EARLY_PROPOSAL) is not None for t in study.trials] == [
+    assert [t.user_attrs.get(names.EARLY_PROPOSAL) is not None for t in study.trials] == [
         False,
         True,
         True,
         False,
         False,
     ]
-    assert all(keys.PINNED not in t.user_attrs for t in study.trials[3:])
+    assert all(names.PINNED not in t.user_attrs for t in study.trials[3:])
     assert len(trials[3]["values"]) == len(
         [p for p in load_spec(ROOT / "studies" / "demo.yaml").space.parameters]
     )
@@ -98,6 +94,6 @@ def test_resume_does_not_repeat_a_neighbour(tmp_path):
     for _ in range(3):  # three runs of one trial each, each with a fresh sampler
         study, _ = open_study(spec, url, seed=1, neighbours=neighbours)
         trial = study.ask()
-        labels.append(trial.user_attrs.get(EARLY_PROPOSAL))
+        labels.append(trial.user_attrs.get(names.EARLY_PROPOSAL))
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     assert labels == [None, neighbours[0].label, neighbours[1].label]

@@ -16,7 +16,7 @@ import optuna
 import pytest
 import yaml
 
-from autotune import storage as keys
+from autotune import names
 from autotune.spec import load_spec
 from autotune.study import open_study
 from tests.builders import DEMO_MODEL, write_demo_spec
@@ -85,15 +85,15 @@ def test_study_file_holds_three_verified_trials(study_dir):
     trials = load(spec).trials
     assert len(trials) == 3
     baseline = trials[0]
-    assert baseline.user_attrs[keys.ROLE] == "baseline"
-    assert baseline.user_attrs[keys.CORRECT] is True
-    assert baseline.user_attrs[keys.METRICS]["decode_tokens_per_s"] > 0
-    server = baseline.user_attrs[keys.SERVER]
+    assert baseline.user_attrs[names.ROLE] == "baseline"
+    assert baseline.user_attrs[names.CORRECT] is True
+    assert baseline.user_attrs[names.METRICS]["decode_tokens_per_s"] > 0
+    server = baseline.user_attrs[names.SERVER]
     assert server["engine_version"] == "0.32.0" and server["startup_s"] > 0
     assert server["stopped_cleanly"] is True
     assert "VLLM_API_KEY" in server["env"] and server["env"]["VLLM_API_KEY"] == "***"
     assert "--host" in server["argv"] and "127.0.0.1" in server["argv"]
-    assert load(spec).user_attrs[keys.REFERENCE]["tolerance"] > 0
+    assert load(spec).user_attrs[names.REFERENCE]["tolerance"] > 0
 
 
 def test_fault_patch_is_recorded_incorrect_and_never_best(study_dir):
@@ -103,13 +103,13 @@ def test_fault_patch_is_recorded_incorrect_and_never_best(study_dir):
     assert faulty, "the enqueued fault trial ran"
     for trial in faulty:
         assert trial.state == optuna.trial.TrialState.PRUNED
-        assert trial.user_attrs[keys.FAIL_REASON] == "incorrect_output"
-        assert trial.user_attrs[keys.CORRECT] is False
-        divergence = trial.user_attrs[keys.EVIDENCE]["first_divergence"]
+        assert trial.user_attrs[names.FAIL_REASON] == "incorrect_output"
+        assert trial.user_attrs[names.CORRECT] is False
+        divergence = trial.user_attrs[names.EVIDENCE]["first_divergence"]
         assert divergence["position"] == 0
         assert divergence["expected_text"] != divergence["got_text"]
-        assert keys.METRICS not in trial.user_attrs  # never scored
-        assert trial.constraints[keys.CORRECTNESS_CONSTRAINT] > 0
+        assert names.METRICS not in trial.user_attrs  # never scored
+        assert trial.constraints[names.CORRECTNESS_CONSTRAINT] > 0
     from autotune.report import best_trials
 
     assert all(t.params.get("qkv_shard_swap") is not True for t in best_trials(study))
@@ -210,6 +210,6 @@ def test_resume_adds_trials_and_keeps_the_old_ones(study_dir):
     trials = load(spec).trials
     assert len(trials) == len(before) + 1
     assert {t.number: (t.state, t.values) for t in trials[: len(before)]} == before
-    assert trials[-1].user_attrs[keys.ROLE] == "search"
+    assert trials[-1].user_attrs[names.ROLE] == "search"
     # the reference was recorded once, by the first baseline, and reused
-    assert sum(1 for t in trials if t.user_attrs.get(keys.ROLE) == "baseline") == 1
+    assert sum(1 for t in trials if t.user_attrs.get(names.ROLE) == "baseline") == 1

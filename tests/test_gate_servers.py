@@ -17,7 +17,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from autotune import storage as keys
+from autotune import names
 from autotune.errors import PreflightError
 from autotune.report import best_trials, is_verified_feasible
 from autotune.spec import load_spec
@@ -75,13 +75,13 @@ def dialect_study(dialect_run) -> tuple[str, optuna.Study]:
 def test_reference_records_what_the_server_allows(dialect_study) -> None:
     dialect, study = dialect_study
     compared_by, teacher = DIALECTS[dialect]
-    capabilities = study.user_attrs[keys.REFERENCE]["capabilities"]
+    capabilities = study.user_attrs[names.REFERENCE]["capabilities"]
     assert capabilities["token_ids"] is (dialect == "vllm")
     assert capabilities["token_strings"] is (dialect != "text")
     assert capabilities["teacher_forced"] == teacher
     baseline = study.trials[0]
     assert baseline.state == TrialState.COMPLETE
-    assert baseline.user_attrs[keys.CHECK]["checks"]["compared_by"] == compared_by
+    assert baseline.user_attrs[names.CHECK]["checks"]["compared_by"] == compared_by
 
 
 def test_fluent_but_wrong_config_is_rejected_and_never_measured(dialect_study) -> None:
@@ -89,10 +89,10 @@ def test_fluent_but_wrong_config_is_rejected_and_never_measured(dialect_study) -
     corrupt = next(t for t in study.trials if t.params.get("fault") == "corrupt_words")
     attrs = corrupt.user_attrs
     assert corrupt.state == TrialState.PRUNED
-    assert attrs[keys.FAIL_REASON] == "incorrect_output"
-    assert attrs[keys.CORRECT] is False
-    assert keys.METRICS not in attrs and keys.BENCH not in attrs
-    divergence = attrs[keys.EVIDENCE]["first_divergence"]
+    assert attrs[names.FAIL_REASON] == "incorrect_output"
+    assert attrs[names.CORRECT] is False
+    assert names.METRICS not in attrs and names.BENCH not in attrs
+    divergence = attrs[names.EVIDENCE]["first_divergence"]
     assert divergence["expected_text"] != divergence["got_text"]
     expected_kind = "text" if dialect == "text" else "token"
     assert divergence["kind"] == expected_kind
@@ -108,8 +108,8 @@ def test_harmless_change_passes_with_the_checks_that_ran(dialect_study) -> None:
     good = next(
         t for t in study.trials if t.params.get("max_num_seqs") == 4 and not t.params.get("fault")
     )
-    assert good.state == TrialState.COMPLETE, good.user_attrs.get(keys.FAIL_DETAIL)
-    check = good.user_attrs[keys.CHECK]
+    assert good.state == TrialState.COMPLETE, good.user_attrs.get(names.FAIL_DETAIL)
+    check = good.user_attrs[names.CHECK]
     assert check["checks"]["compared_by"] == compared_by
     assert check["checks"]["teacher_forced"] == teacher
     # Under load, every response is compared by ids where the stream carries them, else text.
@@ -127,8 +127,8 @@ def test_server_without_text_stops_the_study_at_its_baseline(tmp_path: Path) -> 
         run_study(spec, RunOptions(trials=3, storage_url=url))
     study = optuna.load_study(study_name=spec.name, storage=url)
     assert len(study.trials) == 1  # nothing launched after the baseline
-    assert study.trials[0].user_attrs[keys.FAIL_REASON] == "unverifiable"
-    assert study.user_attrs.get(keys.REFERENCE) is None
+    assert study.trials[0].user_attrs[names.FAIL_REASON] == "unverifiable"
+    assert study.user_attrs.get(names.REFERENCE) is None
 
 
 def test_cli_refuses_a_server_without_text_with_exit_3(tmp_path: Path) -> None:

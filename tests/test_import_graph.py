@@ -69,22 +69,11 @@ VOCABULARY_ALLOWED = {
 VOCABULARY_EXEMPT_DIRS = ("autotune/engines/vllm/", "autotune/testing/")
 
 #: modules other branches of #11 reshape: in-function imports still there (module -> reason)
-IN_FUNCTION_PENDING = {
-    "autotune/cli.py": "h-11b: thin cli.py",
-    "autotune/study.py": "h-11b (roofline via cli/trial)",
-    "autotune/spec.py": "h-11b: config/ package",
-    "autotune/objective.py": "h-11b: trial.py",
-}
+IN_FUNCTION_PENDING: dict[str, str] = {}
 #: import cycles still there, as the sorted module names of the cycle -> reason
-CYCLES_PENDING = {
-    ("autotune.objective", "autotune.study"): "h-11b: objective.py -> trial.py + record.py",
-}
+CYCLES_PENDING: dict[tuple[str, ...], str] = {}
 #: modules over MAX_LINES still there -> reason
-SIZE_PENDING = {
-    "autotune/cli.py": "h-11b: thin cli.py + render.py",
-    "autotune/objective.py": "h-11b: trial.py + record.py",
-    "autotune/space.py": "h-11b: space.py + space_yaml.py + constraints.py",
-}
+SIZE_PENDING = {}
 
 
 def _modules() -> dict[str, Path]:

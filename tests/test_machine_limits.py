@@ -6,7 +6,7 @@ from __future__ import annotations
 import optuna
 from typer.testing import CliRunner
 
-from autotune import guide
+from autotune import names
 from autotune.cli import app
 from autotune.engines import build_engine
 from autotune.engines.base import DroppedChoice
@@ -136,7 +136,7 @@ def test_run_drops_with_one_notice_records_it_and_never_launches_it(tmp_path, mo
     assert "AVX-512 or AMX" in notices[0]
     spec = load_spec(spec_path)
     study = optuna.load_study(study_name="limits", storage=spec.default_storage())
-    recorded = study.user_attrs[guide.MACHINE_LIMITS]
+    recorded = study.user_attrs[names.MACHINE_LIMITS]
     assert [(r["parameter"], r["value"]) for r in recorded] == [("kv_cache_dtype", "fp8")]
     assert "AVX-512" in recorded[0]["reason"]
     assert len([t for t in study.trials if t.state.is_finished()]) >= 4

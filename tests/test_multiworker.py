@@ -30,12 +30,11 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from autotune import storage as keys
+from autotune import names
 from autotune.engines.vllm.engine import VllmEngine
 from autotune.engines.vllm.machine import CPU_BIND_ENV
 from autotune.errors import SpecError
 from autotune.parallel import (
-    CONTENTION_ATTR,
     GPU_ENV,
     DevicePlanSpec,
     build_plan,
@@ -43,6 +42,7 @@ from autotune.parallel import (
     parse_ids,
     split_trials,
 )
+from autotune.storage import open_storage
 from tests.helpers import needs_pg  # the pg_url fixture is conftest.py's
 
 
@@ -137,7 +137,7 @@ def run_all(argvs: list[list[str]], cwd: Path) -> list[subprocess.CompletedProce
 
 
 def load(url: str, name: str) -> optuna.Study:
-    return optuna.load_study(storage=keys.open_storage(url, heartbeat=False), study_name=name)
+    return optuna.load_study(storage=open_storage(url, heartbeat=False), study_name=name)
 
 
 def counted(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
@@ -147,12 +147,12 @@ def counted(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenT
     return [
         t
         for t in trials
-        if t.user_attrs.get(keys.ROLE) in TUNING_ROLES
+        if t.user_attrs.get(names.ROLE) in TUNING_ROLES
         and (
             t.state == TrialState.COMPLETE
             or (
                 t.state == TrialState.PRUNED
-                and t.user_attrs.get(keys.FAIL_REASON) not in NOT_LAUNCHED
+                and t.user_attrs.get(names.FAIL_REASON) not in NOT_LAUNCHED
             )
         )
     ]
@@ -191,24 +191,24 @@ def assert_clean_study(
     assert [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)] == []
     # exactly the requested number of launched trials, the baseline among them
     assert len(counted(trials)) == launched, [
-        (t.number, t.state.name, t.user_attrs.get(keys.FAIL_REASON)) for t in trials
+        (t.number, t.state.name, t.user_attrs.get(names.FAIL_REASON)) for t in trials
     ]
     # exactly one baseline trial and one reference
-    baselines = [t for t in trials if t.user_attrs.get(keys.ROLE) == "baseline"]
+    baselines = [t for t in trials if t.user_attrs.get(names.ROLE) == "baseline"]
     assert len(baselines) == 1, [(t.number, t.state.name) for t in baselines]
     assert baselines[0].state == TrialState.COMPLETE
-    assert study.user_attrs.get(keys.REFERENCE) is not None
+    assert study.user_attrs.get(names.REFERENCE) is not None
     # none half-written: a verdict on every finished trial
     for t in trials:
         if t.state == TrialState.COMPLETE:
-            assert t.user_attrs.get(keys.CORRECT) is True, t.number
-            assert t.user_attrs.get(keys.METRICS), t.number
+            assert t.user_attrs.get(names.CORRECT) is True, t.number
+            assert t.user_attrs.get(names.METRICS), t.number
             assert t.values is not None, t.number
         else:
-            assert t.user_attrs.get(keys.FAIL_REASON), (t.number, t.state.name)
+            assert t.user_attrs.get(names.FAIL_REASON), (t.number, t.state.name)
     # no infrastructure faults either (e.g. a worker sampling a trial before the reference)
     assert [
-        (t.number, t.user_attrs.get(keys.FAIL_REASON), t.user_attrs.get(keys.FAIL_DETAIL))
+        (t.number, t.user_attrs.get(names.FAIL_REASON), t.user_attrs.get(names.FAIL_DETAIL))
         for t in trials
         if t.state == TrialState.FAIL
     ] == []
@@ -217,7 +217,7 @@ def assert_clean_study(
     # sampled and checked against the running trials; its server starts only after that check,
     # so the server's own start time is the start that counts. A trial asked while an equal
     # one was finishing (seen: 0.2 s) is no overlap of servers.
-    launched_trials = [t for t in trials if t.user_attrs.get(keys.FAIL_REASON) not in NOT_LAUNCHED]
+    launched_trials = [t for t in trials if t.user_attrs.get(names.FAIL_REASON) not in NOT_LAUNCHED]
     for i, a in enumerate(launched_trials):
         for b in launched_trials[i + 1 :]:
             if a.params == b.params:
@@ -226,11 +226,11 @@ def assert_clean_study(
                 assert a_before_b or b_before_a, (a.number, b.number, a.params)
     # no server survives: neither a recorded pid nor any process of this test's servers
     for t in trials:
-        pid = (t.user_attrs.get(keys.SERVER) or {}).get("pid")
+        pid = (t.user_attrs.get(names.SERVER) or {}).get("pid")
         if pid:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc = psutil.Process(pid)
-                created = t.user_attrs[keys.SERVER].get("create_time")
+                created = t.user_attrs[names.SERVER].get("create_time")
                 assert proc.status() == psutil.STATUS_ZOMBIE or (
                     created is not None and abs(proc.create_time() - created) > 1.0
                 ), f"trial {t.number}'s server (pid {pid}) is still running"
@@ -256,7 +256,7 @@ def test_three_workers_share_one_postgres_study(pg_url: str, tmp_path: Path) -> 
     study = assert_clean_study(pg_url, token, launched=3 * 2, token=token, root=tmp_path)
     # every worker launched exactly its two trials (the baseline counts for whoever ran it)
     per_worker = collections.Counter(
-        t.user_attrs[keys.SERVER]["worker"] for t in counted(study.get_trials(deepcopy=False))
+        t.user_attrs[names.SERVER]["worker"] for t in counted(study.get_trials(deepcopy=False))
     )
     assert sorted(per_worker.values()) == [2, 2, 2], per_worker
 
@@ -287,11 +287,11 @@ def test_parallel_runs_exact_trials_and_records_devices(pg_url: str, tmp_path: P
     assert "[w0]" in result.stdout and "[w1]" in result.stdout
     assert "contend" in result.stdout
     study = assert_clean_study(pg_url, token, launched=5, token=token, root=tmp_path)
-    assert study.user_attrs[CONTENTION_ATTR]["workers"] == 2
+    assert study.user_attrs[names.PARALLEL_CONTENTION]["workers"] == 2
 
     by_worker: dict[str, set[str]] = collections.defaultdict(set)
     for t in counted(study.get_trials(deepcopy=False)):
-        server = t.user_attrs[keys.SERVER]
+        server = t.user_attrs[names.SERVER]
         devices = server["devices"]
         assert set(devices) == {CPU_BIND_ENV}, devices
         assert server["env"][CPU_BIND_ENV] == devices[CPU_BIND_ENV]  # the server really got it
@@ -306,7 +306,7 @@ def test_parallel_runs_exact_trials_and_records_devices(pg_url: str, tmp_path: P
                 [
                     t
                     for t in study.get_trials(deepcopy=False)
-                    if t.user_attrs.get(keys.SERVER, {}).get("worker") == w
+                    if t.user_attrs.get(names.SERVER, {}).get("worker") == w
                 ]
             )
         )
@@ -350,7 +350,7 @@ def test_parallel_ctrl_c_stops_every_worker_cleanly(pg_url: str, tmp_path: Path)
                     for t in load(pg_url, token).get_trials(
                         deepcopy=False, states=(TrialState.RUNNING,)
                     )
-                    if (t.user_attrs.get(keys.SERVER) or {}).get("pid")
+                    if (t.user_attrs.get(names.SERVER) or {}).get("pid")
                 ]
                 if len(running) >= 2:
                     running_at_signal = [t.number for t in running]
@@ -376,11 +376,11 @@ def test_parallel_ctrl_c_stops_every_worker_cleanly(pg_url: str, tmp_path: Path)
     for number in running_at_signal:
         t = by_number[number]
         if t.state == TrialState.FAIL:
-            assert t.user_attrs.get(keys.FAIL_REASON) == "interrupted", number
-            assert t.user_attrs[keys.SERVER].get("stopped_cleanly") is not None, number
+            assert t.user_attrs.get(names.FAIL_REASON) == "interrupted", number
+            assert t.user_attrs[names.SERVER].get("stopped_cleanly") is not None, number
         else:
             assert t.state in (TrialState.COMPLETE, TrialState.PRUNED), number
-    assert any(t.user_attrs.get(keys.FAIL_REASON) == "interrupted" for t in trials)
+    assert any(t.user_attrs.get(names.FAIL_REASON) == "interrupted" for t in trials)
     assert fake_servers(token) == []
 
 

@@ -8,7 +8,7 @@ import optuna
 import yaml
 from typer.testing import CliRunner
 
-from autotune import storage as keys
+from autotune import names
 from autotune.cli import app
 from autotune.report import best_trials
 from autotune.spec import load_spec
@@ -55,7 +55,7 @@ def test_slo_constraint_confirmation_and_export(tmp_path):
     by_params = {tuple(sorted(t.params.items())): t for t in study.trials[1:]}
     breaking = by_params[tuple(sorted(FAST_BUT_SLO_BREAKING.items()))]
     assert breaking.state == optuna.trial.TrialState.COMPLETE
-    assert breaking.user_attrs[keys.CORRECT] is True
+    assert breaking.user_attrs[names.CORRECT] is True
     assert breaking.constraints["slo:ttft_p95_ms"] > 0  # measured, correct, but infeasible
     assert breaking.number not in {t.number for t in best_trials(study)}
 
@@ -70,7 +70,7 @@ def test_slo_constraint_confirmation_and_export(tmp_path):
     )
     assert result.exit_code == 0, result.output
     confirmation = optuna.load_study(study_name="slo", storage=spec.default_storage()).user_attrs[
-        keys.CONFIRMATION
+        names.CONFIRMATION
     ]
     labels = [c["label"] for c in confirmation["candidates"]]
     assert labels[0] == "baseline" and len(labels) == 3
@@ -104,13 +104,13 @@ def test_multi_objective_front_and_pareto_export(tmp_path):
     spec, study = run_enqueued(spec_path, [FAST_BUT_SLO_BREAKING, SLOW_FEASIBLE, FAST_FEASIBLE])
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
     front = best_trials(study)
-    assert all(t.user_attrs[keys.CORRECT] for t in front)
+    assert all(t.user_attrs[names.CORRECT] for t in front)
     on_front = [t.params for t in front]
     assert FAST_BUT_SLO_BREAKING in on_front and FAST_FEASIBLE in on_front, [
         (t.params, t.values) for t in study.trials
     ]
     # every trial here is correct, so autotune's front must be Optuna's own Pareto front
-    assert all(t.user_attrs.get(keys.CORRECT) for t in study.trials)
+    assert all(t.user_attrs.get(names.CORRECT) for t in study.trials)
     assert {t.number for t in front} == {t.number for t in study.best_trials}
     runner = CliRunner()
     single = runner.invoke(
@@ -138,11 +138,11 @@ def test_clearly_losing_trial_is_pruned_after_its_first_repeat(tmp_path):
     last = study.trials[-1]
     assert last.params == SLOW_FEASIBLE
     assert last.state == optuna.trial.TrialState.PRUNED
-    assert last.user_attrs[keys.FAIL_REASON] == "pruned_early"
-    assert last.user_attrs[keys.CORRECT] is True  # verified, just slower
+    assert last.user_attrs[names.FAIL_REASON] == "pruned_early"
+    assert last.user_attrs[names.CORRECT] is True  # verified, just slower
     assert list(last.intermediate_values) == [0]  # one repeat measured, the second saved
-    assert keys.CORRECTNESS_CONSTRAINT in last.constraints
-    assert last.constraints[keys.CORRECTNESS_CONSTRAINT] == 0.0
+    assert names.CORRECTNESS_CONSTRAINT in last.constraints
+    assert last.constraints[names.CORRECTNESS_CONSTRAINT] == 0.0
 
 
 def test_confirmation_interval_is_honest_about_two_rounds():

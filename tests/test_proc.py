@@ -30,12 +30,14 @@ import httpx
 import optuna
 from optuna.trial import TrialState
 
-from autotune import _proc
-from autotune import storage as keys
+from autotune import _proc, names
+from autotune.cleanup import cleanup_stale, enqueue_retry
 from autotune.engines.base import LaunchConfig
-from autotune.objective import TrialRunner, _running_duplicate
+from autotune.record import running_duplicate
 from autotune.server import ServerProcess
-from autotune.study import _wait_for_reference, cleanup_stale
+from autotune.storage import open_storage
+from autotune.study import _wait_for_reference
+from autotune.trial import TrialRunner
 
 
 def launch_config(tag: str, *extra: str) -> LaunchConfig:
@@ -175,7 +177,7 @@ def record_of(proc: subprocess.Popen[bytes]) -> dict:
 
 def new_study(tmp_path: Path) -> optuna.Study:
     # no heartbeats at all: only the recorded worker can tell that it is dead
-    storage = keys.open_storage(f"sqlite:///{tmp_path / 'liveness.db'}", heartbeat=False)
+    storage = open_storage(f"sqlite:///{tmp_path / 'liveness.db'}", heartbeat=False)
     return optuna.create_study(storage=storage, study_name="liveness")
 
 
@@ -183,11 +185,11 @@ def holding(study: optuna.Study, worker: dict, *, role: str = "search", server=N
     """A RUNNING trial held by ``worker``, with parameters {"x": 1}."""
     trial = study.ask()
     trial.suggest_categorical("x", [1, 2])
-    trial.set_user_attr(keys.PARAMS_RESOLVED, {"x": trial.params["x"]})
-    trial.set_user_attr(keys.ROLE, role)
-    trial.set_user_attr(keys.WORKER, worker)
+    trial.set_user_attr(names.PARAMS_RESOLVED, {"x": trial.params["x"]})
+    trial.set_user_attr(names.ROLE, role)
+    trial.set_user_attr(names.WORKER, worker)
     if server is not None:
-        trial.set_user_attr(keys.SERVER, server)
+        trial.set_user_attr(names.SERVER, server)
     return trial
 
 
@@ -245,10 +247,10 @@ def test_cleanup_reclaims_a_dead_workers_trial_at_once_and_spares_a_live_one(
         server.wait(timeout=10)
         record = frozen(study, dead)
         assert record.state == TrialState.FAIL
-        assert record.user_attrs[keys.FAIL_REASON] == "interrupted"
+        assert record.user_attrs[names.FAIL_REASON] == "interrupted"
         assert frozen(study, alive).state == TrialState.RUNNING
         waiting = study.get_trials(states=(TrialState.WAITING,))
-        assert [t.user_attrs.get(keys.RETRY_OF) for t in waiting] == [dead.number]
+        assert [t.user_attrs.get(names.RETRY_OF) for t in waiting] == [dead.number]
         assert cleanup_stale(study) == []  # nothing twice
     finally:
         for proc in (live_worker, dead_worker, server):
@@ -263,29 +265,29 @@ def test_a_duplicate_waits_for_its_live_holder_and_takes_its_outcome(tmp_path: P
         holder = holding(study, record_of(worker))
         runner = TrialRunner(_Ctx())  # type: ignore[arg-type]
         trial = proposing(study, holder)
-        assert _running_duplicate(trial, {"x": holder.params["x"]}).number == holder.number
+        assert running_duplicate(trial, {"x": holder.params["x"]}).number == holder.number
         thread, result = in_thread(
             lambda: runner._settle_duplicate(trial, "search", frozen(study, holder))
         )
         wait_until(
-            lambda: frozen(study, trial).user_attrs.get(keys.DUPLICATE_OF) == holder.number,
+            lambda: frozen(study, trial).user_attrs.get(names.DUPLICATE_OF) == holder.number,
             "the duplicate to wait",
         )
         # a waiter is never taken for a holder by a third proposal
         third = proposing(study, holder)
-        assert _running_duplicate(third, {"x": holder.params["x"]}).number == holder.number
+        assert running_duplicate(third, {"x": holder.params["x"]}).number == holder.number
         study.tell(third, state=TrialState.FAIL)
         assert thread.is_alive(), result  # the holder lives and runs: keep waiting
-        holder.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
-        holder.set_user_attr(keys.CORRECT, True)
+        holder.set_constraint(names.CORRECTNESS_CONSTRAINT, 0.0)
+        holder.set_user_attr(names.CORRECT, True)
         study.tell(holder, 12.5)
         thread.join(timeout=30)
         assert isinstance(result.get("error"), optuna.TrialPruned), result
         record = frozen(study, trial)
-        assert record.user_attrs[keys.FAIL_REASON] == "duplicate"
-        assert record.user_attrs[keys.EVIDENCE]["duplicate_of"] == holder.number
-        assert record.user_attrs[keys.EVIDENCE]["outcome"] == "correct"
-        assert record.system_attrs[f"constraints:{keys.CORRECTNESS_CONSTRAINT}"] == 0.0
+        assert record.user_attrs[names.FAIL_REASON] == "duplicate"
+        assert record.user_attrs[names.EVIDENCE]["duplicate_of"] == holder.number
+        assert record.user_attrs[names.EVIDENCE]["outcome"] == "correct"
+        assert record.system_attrs[f"constraints:{names.CORRECTNESS_CONSTRAINT}"] == 0.0
         assert runner.last is not None and runner.last.verdict == "duplicate"
         assert runner.notes == []
     finally:
@@ -308,7 +310,7 @@ def test_a_duplicate_takes_over_when_its_holders_worker_dies_while_it_waits(
             lambda: runner._settle_duplicate(trial, "search", frozen(study, holder))
         )
         wait_until(
-            lambda: frozen(study, trial).user_attrs.get(keys.DUPLICATE_OF) == holder.number,
+            lambda: frozen(study, trial).user_attrs.get(names.DUPLICATE_OF) == holder.number,
             "the duplicate to wait",
         )
         worker.kill()  # kill -9 of the holder's autotune: its server stays up
@@ -317,11 +319,11 @@ def test_a_duplicate_takes_over_when_its_holders_worker_dies_while_it_waits(
         assert result.get("value") == "retry", result
         server.wait(timeout=10)  # the leftover server was stopped
         assert frozen(study, holder).state == TrialState.FAIL
-        assert frozen(study, holder).user_attrs[keys.FAIL_REASON] == "interrupted"
+        assert frozen(study, holder).user_attrs[names.FAIL_REASON] == "interrupted"
         record = frozen(study, trial)
-        assert record.user_attrs[keys.RETRY_OF] == holder.number
-        assert record.user_attrs[keys.ROLE] == "retry"
-        assert record.user_attrs[keys.DUPLICATE_OF] is None
+        assert record.user_attrs[names.RETRY_OF] == holder.number
+        assert record.user_attrs[names.ROLE] == "retry"
+        assert record.user_attrs[names.DUPLICATE_OF] is None
         # it runs the parameters itself: nothing queued, so they run once
         assert study.get_trials(states=(TrialState.WAITING,)) == []
         assert len(runner.notes) == 1 and runner.notes[0].endswith(
@@ -349,7 +351,7 @@ def test_waiting_for_the_baseline_reclaims_it_when_its_worker_dies(tmp_path: Pat
         assert frozen(study, baseline).state == TrialState.FAIL
         waiting = study.get_trials(states=(TrialState.WAITING,))
         assert [
-            (t.user_attrs.get(keys.ROLE), t.user_attrs.get(keys.RETRY_OF)) for t in waiting
+            (t.user_attrs.get(names.ROLE), t.user_attrs.get(names.RETRY_OF)) for t in waiting
         ] == [("baseline", baseline.number)]
         assert len(notes) == 1 and notes[0].endswith("marked interrupted, re-enqueued")
     finally:
@@ -365,15 +367,15 @@ def test_two_workers_that_found_each_other_do_not_wait_forever(tmp_path: Path) -
     try:
         low = holding(study, record_of(worker))
         high = proposing(study, low)
-        high.set_user_attr(keys.PARAMS_RESOLVED, {"x": high.params["x"]})
-        high.set_user_attr(keys.WORKER, record_of(worker))
+        high.set_user_attr(names.PARAMS_RESOLVED, {"x": high.params["x"]})
+        high.set_user_attr(names.WORKER, record_of(worker))
         assert low.number < high.number
         runner_low, runner_high = TrialRunner(_Ctx()), TrialRunner(_Ctx())  # type: ignore[arg-type]
         high_thread, high_result = in_thread(
             lambda: runner_high._settle_duplicate(high, "search", frozen(study, low))
         )
         wait_until(
-            lambda: frozen(study, high).user_attrs.get(keys.DUPLICATE_OF) == low.number,
+            lambda: frozen(study, high).user_attrs.get(names.DUPLICATE_OF) == low.number,
             "the higher trial to wait",
         )
         low_thread, low_result = in_thread(
@@ -382,14 +384,14 @@ def test_two_workers_that_found_each_other_do_not_wait_forever(tmp_path: Path) -
         low_thread.join(timeout=30)
         assert not low_thread.is_alive(), "the lower trial must stop waiting and run"
         assert low_result == {"value": "search"}
-        assert frozen(study, low).user_attrs.get(keys.DUPLICATE_OF) is None
+        assert frozen(study, low).user_attrs.get(names.DUPLICATE_OF) is None
         assert high_thread.is_alive(), high_result  # still waiting on the lower one
-        low.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
-        low.set_user_attr(keys.CORRECT, True)
+        low.set_constraint(names.CORRECTNESS_CONSTRAINT, 0.0)
+        low.set_user_attr(names.CORRECT, True)
         study.tell(low, 3.0)
         high_thread.join(timeout=30)
         assert isinstance(high_result.get("error"), optuna.TrialPruned), high_result
-        assert frozen(study, high).user_attrs[keys.EVIDENCE]["duplicate_of"] == low.number
+        assert frozen(study, high).user_attrs[names.EVIDENCE]["duplicate_of"] == low.number
     finally:
         worker.kill()
         worker.wait()
@@ -398,16 +400,15 @@ def test_two_workers_that_found_each_other_do_not_wait_forever(tmp_path: Path) -
 def test_a_retry_of_a_pinned_trial_keeps_its_pin(tmp_path: Path) -> None:
     """An early one-change neighbour leaves parameters out on purpose; its retry (after a kill
     or an infrastructure fault) must be the same config, not the sampler's fill-in."""
-    from autotune.study import enqueue_retry
 
     study = new_study(tmp_path)
     trial = study.ask()
     trial.suggest_categorical("x", [1, 2])
-    trial.set_user_attr(keys.PINNED, {"x": trial.params["x"]})
-    trial.set_user_attr(keys.ROLE, "search")
+    trial.set_user_attr(names.PINNED, {"x": trial.params["x"]})
+    trial.set_user_attr(names.ROLE, "search")
     study.tell(trial, state=TrialState.FAIL)
     enqueue_retry(study, frozen(study, trial))
     (queued,) = study.get_trials(states=(TrialState.WAITING,))
-    assert queued.user_attrs[keys.PINNED] == {"x": trial.params["x"]}
-    assert queued.user_attrs[keys.RETRY_OF] == trial.number
-    assert queued.user_attrs[keys.ROLE] == "retry"
+    assert queued.user_attrs[names.PINNED] == {"x": trial.params["x"]}
+    assert queued.user_attrs[names.RETRY_OF] == trial.number
+    assert queued.user_attrs[names.ROLE] == "retry"

@@ -16,10 +16,10 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from autotune import storage as keys
+from autotune import names
 from autotune.cli import app
 from autotune.errors import PreflightError
-from autotune.profile import PROFILES_ATTR, default_trials, sort_profiles, table_rows
+from autotune.profile import default_trials, sort_profiles, table_rows
 from autotune.report import best_trials
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
@@ -82,7 +82,7 @@ def test_profile_baseline_and_best_on_real_vllm(tmp_path: Path) -> None:
     spec_path = write_demo_spec(tmp_path, SPACE, name="prof")
     spec = load_spec(spec_path)
     study, _ = open_study(spec, spec.default_storage())
-    study.enqueue_trial({"max_num_seqs": 64}, user_attrs={keys.ROLE: "search"})
+    study.enqueue_trial({"max_num_seqs": 64}, user_attrs={names.ROLE: names.SEARCH})
     summary = run_study(spec, RunOptions(trials=2, seed=0, validate=False))
     assert summary.stopped_because is None, summary.stopped_because
 
@@ -96,7 +96,7 @@ def test_profile_baseline_and_best_on_real_vllm(tmp_path: Path) -> None:
     assert "Where the step time goes" in ran.output
 
     study = optuna.load_study(study_name="prof", storage=spec.default_storage())
-    profiles = study.user_attrs[PROFILES_ATTR]
+    profiles = study.user_attrs[names.PROFILES]
     assert set(profiles) == {"0", "1"}
     assert profiles["0"]["role"] == "baseline"
     for profile in profiles.values():
@@ -124,8 +124,8 @@ def test_default_choice_is_the_baseline_and_the_best(tmp_path: Path) -> None:
     study, _ = open_study(spec, spec.default_storage())
     with pytest.raises(PreflightError, match="no verified baseline"):
         default_trials(study)
-    study.enqueue_trial({"decode_ms": 2}, user_attrs={keys.ROLE: "search"})
-    study.enqueue_trial({"decode_ms": 30}, user_attrs={keys.ROLE: "search"})
+    study.enqueue_trial({"decode_ms": 2}, user_attrs={names.ROLE: "search"})
+    study.enqueue_trial({"decode_ms": 30}, user_attrs={names.ROLE: "search"})
     summary = run_study(spec, RunOptions(trials=3, seed=0, validate=False))
     assert summary.stopped_because is None, summary.stopped_because
     study = optuna.load_study(study_name="pick", storage=spec.default_storage())

@@ -9,11 +9,12 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from autotune import storage as keys
+from autotune import names
 from autotune.cli import app
 from autotune.export import export_values
 from autotune.recheck import Measured, blame_slower, blame_wrong, judge, read_record
 from autotune.spec import load_spec
+from autotune.storage import open_storage
 from autotune.study import RunOptions, open_study, run_study
 from tests.builders import write_fake_spec
 
@@ -37,7 +38,7 @@ def _exported_study(tmp_path):
     spec_path = write_fake_spec(tmp_path, SPACE, name="rechk")
     spec = load_spec(spec_path)
     study, _ = open_study(spec, spec.default_storage())
-    study.enqueue_trial({"decode_ms": 10, "fault": None}, user_attrs={keys.ROLE: "search"})
+    study.enqueue_trial({"decode_ms": 10, "fault": None}, user_attrs={names.ROLE: "search"})
     summary = run_study(spec, RunOptions(trials=2, seed=0, validate=False))
     assert summary.stopped_because is None, summary.stopped_because
     out = tmp_path / "best.yaml"
@@ -62,14 +63,14 @@ def test_recheck_of_a_fresh_export_exits_0(tmp_path):
     name = next(
         s.study_name
         for s in optuna.get_all_study_summaries(
-            keys.open_storage(load_spec(spec_path).default_storage(), heartbeat=False)
+            open_storage(load_spec(spec_path).default_storage(), heartbeat=False)
         )
         if s.study_name.startswith("recheck-")
     )
     study = optuna.load_study(study_name=name, storage=load_spec(spec_path).default_storage())
-    roles = [(t.user_attrs[keys.ROLE], t.user_attrs[keys.VARIANT]) for t in study.trials]
+    roles = [(t.user_attrs[names.ROLE], t.user_attrs[names.VARIANT]) for t in study.trials]
     assert roles == [("baseline", "baseline"), ("confirm", "exported")]  # two launches
-    assert all(t.user_attrs[keys.CORRECT] is True for t in study.trials)
+    assert all(t.user_attrs[names.CORRECT] is True for t in study.trials)
     assert study.user_attrs["recheck"]["status"] == "ok"
 
 
@@ -88,13 +89,13 @@ def test_recheck_names_the_parameter_that_breaks_the_output(tmp_path):
     assert "wrong: the exported config no longer passes: incorrect_output" in ran.output
     assert "guilty parameter: fault" in ran.output
     url = spec.default_storage()
-    names = [s.study_name for s in optuna.get_all_study_summaries(keys.open_storage(url))]
-    [name] = [n for n in names if n.startswith("recheck-")]
+    studies = [s.study_name for s in optuna.get_all_study_summaries(open_storage(url))]
+    [name] = [n for n in studies if n.startswith("recheck-")]
     study = optuna.load_study(study_name=name, storage=url)
-    variants = [t.user_attrs[keys.VARIANT] for t in study.trials]
+    variants = [t.user_attrs[names.VARIANT] for t in study.trials]
     # baseline, exported, then each change reverted once (decode_ms alone does not fix it)
     assert variants == ["baseline", "exported", "revert:decode_ms", "revert:fault"]
-    verdicts = [t.user_attrs.get(keys.FAIL_REASON) for t in study.trials]
+    verdicts = [t.user_attrs.get(names.FAIL_REASON) for t in study.trials]
     assert verdicts == [None, "incorrect_output", "incorrect_output", None]
     assert study.user_attrs["recheck"]["guilty"] == ["fault"]
 

@@ -10,8 +10,9 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
+from autotune import names
 from autotune.cli import app
-from autotune.server_metrics import SERVER_METRICS_ATTR, parse
+from autotune.server_metrics import parse
 from autotune.spec import load_spec
 from autotune.study import RunOptions, run_study
 from tests.builders import write_fake_spec
@@ -119,7 +120,7 @@ def test_trial_stores_server_metrics_and_show_flags_preemptions(study_with_refer
     spec_path, spec = study_with_reference
     study = optuna.load_study(storage=spec.default_storage(), study_name=spec.name)
     trial = study.trials[0]
-    record = trial.user_attrs[SERVER_METRICS_ATTR]
+    record = trial.user_attrs[names.SERVER_METRICS]
     assert record["available"] is True
     # the `preempt` fault counts one preemption per completed request
     assert record["total"]["preemptions"] > 0

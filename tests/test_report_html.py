@@ -18,8 +18,8 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from autotune import storage as keys
 from autotune.cli import app
+from autotune.storage import open_storage
 from tests.browser import CHROMIUM
 from tests.helpers import IN_CI, needs_pg
 from tests.report_studies import add_synthetic_studies, build_broken_study, build_rich_study
@@ -109,8 +109,8 @@ def test_report_from_postgresql(studies, pg_url, tmp_path) -> None:
     rich_db = f"sqlite:///{studies['rich'].parent / 'rich.db'}"
     optuna.copy_study(
         from_study_name="rich",
-        from_storage=keys.open_storage(rich_db, heartbeat=False),
-        to_storage=keys.open_storage(pg, heartbeat=False),
+        from_storage=open_storage(rich_db, heartbeat=False),
+        to_storage=open_storage(pg, heartbeat=False),
         to_study_name=name,
     )
     page = _report(["--study", name, "--storage", pg], tmp_path / "pg.html")

@@ -34,9 +34,8 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from autotune import _proc
-from autotune import storage as keys
-from autotune.errors import CANDIDATE_REASONS
+from autotune import _proc, names
+from autotune.names import CANDIDATE_REASONS
 from tests.builders import fake_spec, save_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,7 +203,7 @@ def wait_for(
 def running_with_server(spec: Path, min_number: int) -> optuna.trial.FrozenTrial | None:
     """A RUNNING trial numbered >= min_number whose server pid is recorded and alive."""
     for trial in load(spec).get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        server = trial.user_attrs.get(keys.SERVER) or {}
+        server = trial.user_attrs.get(names.SERVER) or {}
         if trial.number >= min_number and server.get("pid") and psutil.pid_exists(server["pid"]):
             return trial
     return None
@@ -219,7 +218,7 @@ def with_descendants(
     recorded and exits at once, so two recorded pids can be the child and that intermediate,
     before the detached helper itself has been seen."""
     trial = load(spec).trials[number]
-    server = trial.user_attrs.get(keys.SERVER) or {}
+    server = trial.user_attrs.get(names.SERVER) or {}
     recorded = {pid for pid, _ in server.get("descendants") or []}
     live = {p.pid for p in tagged(tag)} - {server.get("pid")}
     return trial if len(recorded & live) >= count else None
@@ -255,8 +254,8 @@ def kill9_then_resume(
             )
         completed_before = [t.number for t in load(spec).trials if t.state == TrialState.COMPLETE]
         assert 0 in completed_before
-        server = trial.user_attrs[keys.SERVER]
-        assert trial.user_attrs[keys.WORKER]["pid"] == first.pid
+        server = trial.user_attrs[names.SERVER]
+        assert trial.user_attrs[names.WORKER]["pid"] == first.pid
         os.kill(first.pid, signal.SIGKILL)  # autotune only, not its server
         first.wait(timeout=10)
         assert psutil.pid_exists(server["pid"]), "the server must outlive a kill -9 of autotune"
@@ -290,9 +289,9 @@ def kill9_then_resume(
         study = load(spec)
         stale = study.trials[trial.number]
         assert stale.state == TrialState.FAIL
-        assert stale.user_attrs[keys.FAIL_REASON] == "interrupted"
+        assert stale.user_attrs[names.FAIL_REASON] == "interrupted"
         assert "constraints:correct" not in stale.system_attrs  # not held against the config
-        retries = [t for t in study.trials if t.user_attrs.get(keys.RETRY_OF) == trial.number]
+        retries = [t for t in study.trials if t.user_attrs.get(names.RETRY_OF) == trial.number]
         assert len(retries) == 1 and retries[0].params == stale.params
         # cleanup ran before the new trial: the retry was the next trial, and its server ran
         # (its verdict is the correctness gate's business: COMPLETE, or PRUNED as a config fault)
@@ -308,23 +307,23 @@ def kill9_then_resume(
             (
                 t.number,
                 t.state.name,
-                t.user_attrs.get(keys.ROLE),
-                t.user_attrs.get(keys.FAIL_REASON),
+                t.user_attrs.get(names.ROLE),
+                t.user_attrs.get(names.FAIL_REASON),
             )
             for t in study.trials
         ]
         assert retry.state in (TrialState.COMPLETE, TrialState.PRUNED), retry.user_attrs
-        assert retry.user_attrs.get(keys.FAIL_REASON) in (None, *CANDIDATE_REASONS)
-        assert retry.user_attrs[keys.SERVER].get("startup_s"), retry.user_attrs
+        assert retry.user_attrs.get(names.FAIL_REASON) in (None, *CANDIDATE_REASONS)
+        assert retry.user_attrs[names.SERVER].get("startup_s"), retry.user_attrs
         assert retry.datetime_start > stale.datetime_start
         for number in completed_before:  # no completed trial lost
             assert study.trials[number].state == TrialState.COMPLETE
-        assert study.user_attrs.get(keys.REFERENCE) is not None
+        assert study.user_attrs.get(names.REFERENCE) is not None
         # no junk: nothing proposed was left unlaunched, nothing left running or queued
         assert [
-            (t.number, t.user_attrs.get(keys.FAIL_REASON))
+            (t.number, t.user_attrs.get(names.FAIL_REASON))
             for t in study.trials
-            if t.user_attrs.get(keys.FAIL_REASON) in NOT_LAUNCHED
+            if t.user_attrs.get(names.FAIL_REASON) in NOT_LAUNCHED
         ] == []
         assert [t.number for t in study.trials if t.state == TrialState.RUNNING] == []
     finally:
@@ -359,8 +358,8 @@ def test_kill9_during_baseline_startup_then_rerun_at_once(tmp_path: Path) -> Non
             log,
             "the baseline to be RUNNING with its server spawned",
         )
-        assert baseline.number == 0 and not baseline.user_attrs[keys.SERVER].get("startup_s")
-        server_pid = baseline.user_attrs[keys.SERVER]["pid"]
+        assert baseline.number == 0 and not baseline.user_attrs[names.SERVER].get("startup_s")
+        server_pid = baseline.user_attrs[names.SERVER]["pid"]
         os.kill(first.pid, signal.SIGKILL)
         first.wait(timeout=10)
         leftover = {p.pid for p in tagged(tag)}
@@ -380,12 +379,12 @@ def test_kill9_during_baseline_startup_then_rerun_at_once(tmp_path: Path) -> Non
         study = load(spec)
         killed = study.trials[0]
         assert killed.state == TrialState.FAIL
-        assert killed.user_attrs[keys.FAIL_REASON] == "interrupted"
-        retries = [t for t in study.trials if t.user_attrs.get(keys.RETRY_OF) == 0]
+        assert killed.user_attrs[names.FAIL_REASON] == "interrupted"
+        retries = [t for t in study.trials if t.user_attrs.get(names.RETRY_OF) == 0]
         assert len(retries) == 1, [(t.number, t.user_attrs) for t in study.trials]
-        assert retries[0].user_attrs[keys.ROLE] == "baseline"
+        assert retries[0].user_attrs[names.ROLE] == "baseline"
         assert retries[0].state == TrialState.COMPLETE
-        assert study.user_attrs.get(keys.REFERENCE) is not None
+        assert study.user_attrs.get(names.REFERENCE) is not None
         assert [t.number for t in study.trials if t.state == TrialState.RUNNING] == []
     finally:
         for proc in (first, second):
@@ -416,7 +415,7 @@ def test_ctrl_c_exits_130_and_records_interrupted(tmp_path: Path) -> None:
             log,
             "trial 1 to be RUNNING with its server spawned",
         )
-        server_pid = trial.user_attrs[keys.SERVER]["pid"]
+        server_pid = trial.user_attrs[names.SERVER]["pid"]
         time.sleep(0.5)
         os.kill(proc.pid, signal.SIGINT)
         # a bound on a hang, not a speed verdict: three busy CI runs took longer than 30 s
@@ -433,13 +432,13 @@ def test_ctrl_c_exits_130_and_records_interrupted(tmp_path: Path) -> None:
         study = load(spec)
         stopped = study.trials[trial.number]
         assert stopped.state == TrialState.FAIL
-        assert stopped.user_attrs[keys.FAIL_REASON] == "interrupted"
-        assert stopped.user_attrs[keys.SERVER].get("stopped_cleanly") is True
+        assert stopped.user_attrs[names.FAIL_REASON] == "interrupted"
+        assert stopped.user_attrs[names.SERVER].get("stopped_cleanly") is True
         assert study.trials[0].state == TrialState.COMPLETE
-        assert study.user_attrs.get(keys.REFERENCE) is not None
+        assert study.user_attrs.get(names.REFERENCE) is not None
         waiting = [t for t in study.trials if t.state == TrialState.WAITING]
         assert [
-            (t.system_attrs.get("fixed_params"), t.user_attrs.get(keys.RETRY_OF)) for t in waiting
+            (t.system_attrs.get("fixed_params"), t.user_attrs.get(names.RETRY_OF)) for t in waiting
         ] == [(stopped.params, trial.number)]
         assert not [t for t in study.trials if t.state == TrialState.RUNNING]
     finally:
@@ -452,6 +451,6 @@ def test_ctrl_c_exits_130_and_records_interrupted(tmp_path: Path) -> None:
     again.wait(timeout=120)
     assert again.returncode == 0, log2.read_text()[-3000:]
     study = load(spec)
-    retry = next(t for t in study.trials if t.user_attrs.get(keys.RETRY_OF) == trial.number)
+    retry = next(t for t in study.trials if t.user_attrs.get(names.RETRY_OF) == trial.number)
     assert retry.state == TrialState.COMPLETE
     assert tagged(tag) == []

@@ -8,7 +8,7 @@ import optuna
 import pytest
 
 from autotune.errors import SpecError
-from autotune.space import load_space
+from autotune.space_yaml import load_space
 
 GOOD = """
 parameters:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import SpecError
-from autotune.spec import METRICS, direction, load_spec
+from autotune.names import METRIC_DIRECTIONS, direction
+from autotune.spec import load_spec
 from tests.builders import FAKE_CHECK, FAKE_SERVER_COMMAND, FAKE_WORKLOAD, fake_spec, save_spec
 
 SPACE = """
@@ -70,8 +71,8 @@ def test_objective_metrics_and_their_directions(tmp_path: Path) -> None:
 
 
 def test_direction_of_every_metric_and_of_a_load_level() -> None:
-    assert set(METRICS.values()) == {"maximize", "minimize"}
-    for name, better in METRICS.items():
+    assert set(METRIC_DIRECTIONS.values()) == {"maximize", "minimize"}
+    for name, better in METRIC_DIRECTIONS.items():
         assert direction(name) == better
         assert direction(f"{name}@16") == better
     with pytest.raises(KeyError):

@@ -22,9 +22,9 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from autotune import storage as keys
+from autotune import names
 from autotune.engines.vllm import speculative
-from autotune.space import load_space
+from autotune.space_yaml import load_space
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
 from tests.builders import ROOT, write_demo_spec
@@ -173,26 +173,26 @@ def test_vllm_ngram_is_lossless_and_accept_all_is_rejected(tmp_path: Path) -> No
     spec = load_spec(spec_path)
     study, created = open_study(spec, spec.default_storage())
     assert created
-    study.enqueue_trial({**NGRAM, "spec_accept_all": False}, user_attrs={keys.ROLE: "search"})
-    study.enqueue_trial({**NGRAM, "spec_accept_all": True}, user_attrs={keys.ROLE: "search"})
+    study.enqueue_trial({**NGRAM, "spec_accept_all": False}, user_attrs={names.ROLE: "search"})
+    study.enqueue_trial({**NGRAM, "spec_accept_all": True}, user_attrs={names.ROLE: "search"})
     summary = run_study(spec, RunOptions(trials=3, seed=0, validate=False))
     assert summary.stopped_because is None, summary.stopped_because
     study = optuna.load_study(study_name=spec.name, storage=spec.default_storage())
     baseline, ngram, lossy = study.trials
 
-    assert baseline.user_attrs[keys.ROLE] == "baseline"
+    assert baseline.user_attrs[names.ROLE] == "baseline"
     assert baseline.state == TrialState.COMPLETE, baseline.user_attrs
-    assert "--speculative-config" not in baseline.user_attrs[keys.SERVER]["argv"]
-    assert keys.SPECULATIVE not in baseline.user_attrs  # nothing scraped when not speculating
+    assert "--speculative-config" not in baseline.user_attrs[names.SERVER]["argv"]
+    assert names.SPECULATIVE not in baseline.user_attrs  # nothing scraped when not speculating
 
     # n-gram speculation: drafts proposed, some rejected, and the output is the baseline's
-    assert "--speculative-config" in ngram.user_attrs[keys.SERVER]["argv"]
+    assert "--speculative-config" in ngram.user_attrs[names.SERVER]["argv"]
     assert ngram.state == TrialState.COMPLETE, (
-        ngram.user_attrs.get(keys.FAIL_REASON),
-        ngram.user_attrs.get(keys.FAIL_DETAIL),
+        ngram.user_attrs.get(names.FAIL_REASON),
+        ngram.user_attrs.get(names.FAIL_DETAIL),
     )
-    assert ngram.user_attrs[keys.CORRECT] is True
-    stats = ngram.user_attrs[keys.SPECULATIVE]
+    assert ngram.user_attrs[names.CORRECT] is True
+    stats = ngram.user_attrs[names.SPECULATIVE]
     assert "error" not in stats, stats
     assert stats["drafts"] > 0 and stats["draft_tokens"] > 0, stats
     assert 0 <= stats["accepted_tokens"] < stats["draft_tokens"], stats  # some drafts were wrong
@@ -205,7 +205,7 @@ def test_vllm_ngram_is_lossless_and_accept_all_is_rejected(tmp_path: Path) -> No
         "prompt_lookup_max": 3,
         "prompt_lookup_min": 1,
     }
-    check = ngram.user_attrs[keys.CHECK]
+    check = ngram.user_attrs[names.CHECK]
     assert check["passed"] and check["under_load_checked"] > 0, check
 
     # the planted lossy speculation: applied, drafts proposed (from /metrics), then rejected
@@ -214,15 +214,15 @@ def test_vllm_ngram_is_lossless_and_accept_all_is_rejected(tmp_path: Path) -> No
     assert re.search(r"AUTOTUNE_PATCH_APPLIED name=spec_accept_all value=true", log), log[-3000:]
     assert "AUTOTUNE_SPEC_ACCEPT_ALL drafts=" in log, log[-3000:]
     attrs = lossy.user_attrs
-    lossy_stats = attrs[keys.EVIDENCE]["speculative"]
+    lossy_stats = attrs[names.EVIDENCE]["speculative"]
     assert lossy_stats["drafts"] > 0 and lossy_stats["draft_tokens"] > 0, lossy_stats
     # every proposed draft counts as accepted: the counters of a lossy run read 100%
     assert lossy_stats["accepted_tokens"] == lossy_stats["draft_tokens"], lossy_stats
-    assert attrs[keys.SPECULATIVE] == lossy_stats
+    assert attrs[names.SPECULATIVE] == lossy_stats
     assert lossy.state == TrialState.PRUNED
-    assert attrs[keys.FAIL_REASON] == "incorrect_output", attrs.get(keys.FAIL_DETAIL)
-    assert attrs[keys.CORRECT] is False
-    divergence = attrs[keys.EVIDENCE]["first_divergence"]
+    assert attrs[names.FAIL_REASON] == "incorrect_output", attrs.get(names.FAIL_DETAIL)
+    assert attrs[names.CORRECT] is False
+    divergence = attrs[names.EVIDENCE]["first_divergence"]
     assert divergence["prompt"] in spec.check.prompts
     assert divergence["got_text"] != divergence["expected_text"]
 

@@ -5,7 +5,7 @@
 * ``AutoSampler`` never asks for a constraint-violating or already launched config, plans
   its first trials from a balanced design, then the model; it learns a wrong region;
 * ``--warm-start``: the source's best verified configs are queued first, pinned, once;
-* the harness runs a landscape it has never seen (written here) and writes the JSON keys.
+* the harness runs a landscape it has never seen (written here) and writes the JSON names.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 from typer.testing import CliRunner
 
-from autotune import storage as keys
+from autotune import names
 from autotune.cli import app
 from autotune.errors import SpecError
-from autotune.space import load_space
+from autotune.space_yaml import load_space
 from autotune.spec import load_spec
 from autotune.strategy import (
     N_DESIGN,
@@ -147,22 +147,26 @@ def test_unknown_sampler_is_bad_input(tmp_path):
 def _drive(space, land, sampler, launches):
     """The harness's loop, without noise: (config, outcome) per launch, plus the study."""
     study = optuna.create_study(direction="maximize", sampler=sampler)
-    study.enqueue_trial(space.baseline_optuna_params(), user_attrs={keys.ROLE: "baseline"})
+    study.enqueue_trial(space.baseline_optuna_params(), user_attrs={names.ROLE: "baseline"})
     seen = []
     while len(seen) < launches:
         trial = study.ask()
-        role = trial.user_attrs.get(keys.ROLE, "search")
-        values = space.suggest_baseline(trial) if role == "baseline" else space.suggest(trial)
+        role = trial.user_attrs.get(names.ROLE, "search")
+        values = (
+            space.suggest(trial, only=space.baseline_names())
+            if role == "baseline"
+            else space.suggest(trial)
+        )
         assert not space.violated(values), f"asked for a constraint-violating config {values}"
         out = land(values)
         seen.append((dict(trial.params), out))
         if not out.started or not out.correct:
-            trial.set_user_attr(keys.CORRECT, out.started and out.correct)
-            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 1.0)
+            trial.set_user_attr(names.CORRECT, out.started and out.correct)
+            trial.set_constraint(names.CORRECTNESS_CONSTRAINT, 1.0)
             study.tell(trial, state=TrialState.PRUNED)
         else:
-            trial.set_user_attr(keys.CORRECT, True)
-            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
+            trial.set_user_attr(names.CORRECT, True)
+            trial.set_constraint(names.CORRECTNESS_CONSTRAINT, 0.0)
             study.tell(trial, out.true)
     return seen, study
 
@@ -223,8 +227,8 @@ def _source_study(storage, name):
             distributions={k: dists[k] for k in params},
             value=value if correct else None,
             state=TrialState.COMPLETE if correct else TrialState.PRUNED,
-            user_attrs={keys.CORRECT: correct, keys.ROLE: role, keys.PARAMS_RESOLVED: params},
-            system_attrs={f"constraints:{keys.CORRECTNESS_CONSTRAINT}": 0.0 if correct else 1.0},
+            user_attrs={names.CORRECT: correct, names.ROLE: role, names.PARAMS_RESOLVED: params},
+            system_attrs={f"constraints:{names.CORRECTNESS_CONSTRAINT}": 0.0 if correct else 1.0},
         )
         source.add_trial(trial)
 
@@ -244,11 +248,11 @@ def test_warm_start_queues_the_sources_best_verified_configs_once(tmp_path):
     lines = warm_start(study, source, space, top=2)
     assert lines == ["warm start: queued older-vllm#3", "warm start: queued older-vllm#2"]
     waiting = study.get_trials(states=(TrialState.WAITING,))
-    assert [t.user_attrs[keys.PINNED] for t in waiting] == [
+    assert [t.user_attrs[names.PINNED] for t in waiting] == [
         {"mode": "fast", "frac": 0.8},
         {"mode": "fast", "frac": 0.6},
     ]
-    assert all(t.user_attrs[keys.ROLE] == "search" for t in waiting)
+    assert all(t.user_attrs[names.ROLE] == "search" for t in waiting)
     assert study.user_attrs[WARM_START_FROM] == "older-vllm"
     assert warm_start(study, source, space) == []  # once per study
     assert len(study.get_trials(states=(TrialState.WAITING,))) == 2

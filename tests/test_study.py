@@ -11,7 +11,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import storage as keys
+from autotune import names
 from autotune.errors import PreflightError, SpecError
 from autotune.spec import load_spec
 from autotune.study import RunOptions, enqueue_retry, open_study, run_study, storage_url_for
@@ -43,10 +43,10 @@ def test_open_study_creates_it_once_with_the_baseline_queued(tmp_path: Path) -> 
     study, created = open_study(spec, url)
     assert created is True
     assert study.study_name == "opened"
-    assert study.user_attrs[keys.SPEC_PATH] == str(spec.path)
+    assert study.user_attrs[names.SPEC_PATH] == str(spec.path)
     assert study.metric_names == ["decode_tokens_per_s"]
     (baseline,) = study.get_trials(states=(TrialState.WAITING,))
-    assert baseline.user_attrs[keys.ROLE] == "baseline"
+    assert baseline.user_attrs[names.ROLE] == "baseline"
     assert baseline.system_attrs["fixed_params"] == {"max_num_seqs": 8}  # the space's baseline
     again, created = open_study(spec, url)
     assert created is False
@@ -72,25 +72,25 @@ def test_enqueue_retry_keeps_the_config_and_its_pin(tmp_path: Path) -> None:
         params={"max_num_seqs": 2},
         distributions=distributions,
         state=TrialState.FAIL,
-        user_attrs={keys.ROLE: "ablation", keys.PINNED: {"max_num_seqs": 2}, keys.VARIANT: "v"},
+        user_attrs={names.ROLE: "ablation", names.PINNED: {"max_num_seqs": 2}, names.VARIANT: "v"},
     )
     baseline = optuna.trial.create_trial(
         params={"max_num_seqs": 8},
         distributions=distributions,
         state=TrialState.FAIL,
-        user_attrs={keys.ROLE: "baseline"},
+        user_attrs={names.ROLE: "baseline"},
     )
     study.add_trials([pinned, baseline])
     enqueue_retry(study, study.trials[0])
     enqueue_retry(study, study.trials[1])
     first, second = study.get_trials(states=(TrialState.WAITING,))
-    assert first.user_attrs[keys.ROLE] == "retry"
-    assert first.user_attrs[keys.RETRY_OF] == 0
-    assert first.user_attrs[keys.PINNED] == {"max_num_seqs": 2}
-    assert first.user_attrs[keys.VARIANT] == "v"
+    assert first.user_attrs[names.ROLE] == "retry"
+    assert first.user_attrs[names.RETRY_OF] == 0
+    assert first.user_attrs[names.PINNED] == {"max_num_seqs": 2}
+    assert first.user_attrs[names.VARIANT] == "v"
     assert first.system_attrs["fixed_params"] == {"max_num_seqs": 2}
-    assert second.user_attrs[keys.ROLE] == "baseline"  # a retried baseline is still the baseline
-    assert second.user_attrs[keys.RETRY_OF] == 1
+    assert second.user_attrs[names.ROLE] == "baseline"  # a retried baseline is still the baseline
+    assert second.user_attrs[names.RETRY_OF] == 1
 
 
 def test_run_study_runs_the_baseline_first_then_searches(tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def test_run_study_runs_the_baseline_first_then_searches(tmp_path: Path) -> None
     assert all(o.verdict == "correct" for o in summary.outcomes), summary.outcomes
     assert len(summary.outcomes) == 2
     study = optuna.load_study(study_name="loop", storage=summary.storage_url)
-    assert study.user_attrs.get(keys.REFERENCE) is not None
+    assert study.user_attrs.get(names.REFERENCE) is not None
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
 
 

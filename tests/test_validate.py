@@ -14,7 +14,7 @@ import pytest
 
 from autotune.engines.base import ValidationIssue
 from autotune.engines.vllm.validate import NCCL_ENV, validate_space
-from autotune.space import load_space
+from autotune.space_yaml import load_space
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,11 +11,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from autotune import names
 from autotune.cli import app
 from autotune.errors import SpecError
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study
-from autotune.workload import WORKLOAD_ATTR, check_workload, reference_requests, workload_hash
+from autotune.workload import check_workload, reference_requests, workload_hash
 from tests.builders import write_fake_spec
 
 SPACE = """
@@ -159,7 +160,7 @@ def test_resumed_study_with_changed_workload_is_refused(tmp_path) -> None:
     spec = load_spec(path)
     study, _ = open_study(spec, spec.default_storage())
     assert check_workload(study, spec) is None
-    stored = study.user_attrs[WORKLOAD_ATTR]
+    stored = study.user_attrs[names.WORKLOAD]
     assert stored["hash"] == workload_hash(spec.workload) and stored["source"] == "inline"
     # measurement-only fields keep the hash; what is measured changes it
     raw = yaml.safe_load(path.read_text())
@@ -184,6 +185,6 @@ def test_resumed_study_with_changed_workload_is_refused(tmp_path) -> None:
     # allowed: accepted, recorded, the new hash stored
     note = check_workload(study, changed, allow_change=True)
     assert note and "workload changed after" in note
-    assert study.user_attrs[WORKLOAD_ATTR]["hash"] == workload_hash(changed.workload)
+    assert study.user_attrs[names.WORKLOAD]["hash"] == workload_hash(changed.workload)
     assert len(study.user_attrs["workload_changes"]) == 1
     assert RunOptions(trials=1, allow_workload_change=True).allow_workload_change

@@ -33,15 +33,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
-import optuna
 
-from autotune import storage as keys
+from autotune import names
 from autotune.settings import ServerSettings
+from autotune.storage import load_study
 
 #: the JSON flag that turns speculation on (absent = no speculation, nothing to scrape)
 FLAG = "--speculative-config"
 #: trial user attribute holding :meth:`SpecDecodeStats.to_dict`
-ATTR = keys.SPECULATIVE
 SCRAPE_TIMEOUT_S = 10.0
 
 _DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -143,9 +142,9 @@ async def record(
         return None
     stats = await scrape(client)
     stats["config"] = dict(settings.json_flags[FLAG])
-    trial.set_user_attr(ATTR, stats)
+    trial.set_user_attr(names.SPECULATIVE, stats)
     if evidence is not None:
-        evidence[ATTR] = stats
+        evidence[names.SPECULATIVE] = stats
     return stats
 
 
@@ -169,13 +168,13 @@ def show_lines(trials: Iterable[Any]) -> list[str]:
     """``trial N (verdict): <describe>`` for every trial that speculated."""
     lines = []
     for trial in trials:
-        stats = trial.user_attrs.get(ATTR)
+        stats = trial.user_attrs.get(names.SPECULATIVE)
         if not stats:
             continue
         config = stats.get("config") or {}
         shown = ",".join(f"{k}={v}" for k, v in config.items())
-        verdict = trial.user_attrs.get(keys.FAIL_REASON) or (
-            "correct" if trial.user_attrs.get(keys.CORRECT) else trial.state.name.lower()
+        verdict = trial.user_attrs.get(names.FAIL_REASON) or (
+            "correct" if trial.user_attrs.get(names.CORRECT) else trial.state.name.lower()
         )
         lines.append(f"trial {trial.number} ({verdict}; {shown}): {describe(stats)}")
     return lines
@@ -183,7 +182,5 @@ def show_lines(trials: Iterable[Any]) -> list[str]:
 
 def study_lines(storage_url: str, study_name: str) -> list[str]:
     """:func:`show_lines` for a stored study (``autotune show``)."""
-    study = optuna.load_study(
-        storage=keys.open_storage(storage_url, heartbeat=False), study_name=study_name
-    )
+    study = load_study(storage_url, study_name)
     return show_lines(study.get_trials(deepcopy=False))

@@ -1,24 +1,20 @@
-"""One trial, end to end: suggest, launch, prove ready, verify, benchmark, record.
+"""One trial's life, top to bottom: suggest, launch, gate, bench, verdict.
 
-Read :meth:`TrialRunner.__call__` top to bottom to see the whole life of a trial. The verdict
-policy (see ``docs/ARCHITECTURE.md``):
-
-* correct and measured -> COMPLETE with the objective value(s), constraint ``correct`` = 0
-  (and one constraint per SLO, positive when violated);
-* a configuration fault (wrong output, crash, OOM, rejected flags, ...) -> PRUNED with
-  constraint ``correct`` = 1: the sampler learns the region is bad, yet no speed is made up
-  for a config that was never measured, and it can never be the best trial;
-* an infrastructure fault -> FAIL (the sampler ignores it), re-enqueued once.
+Read :meth:`TrialRunner.__call__` then :meth:`TrialRunner._run_server_trial` to follow a trial:
+the space suggests values (``space.py``), they resolve to ``ServerSettings``, the engine builds
+the launch, ``server.py`` starts it and proves it ready, the gate (``check.py``) compares its
+answers with the pinned reference, ``bench.py`` measures, and ``record.py`` writes the verdict
+(COMPLETE, PRUNED for a configuration fault, FAIL for an infrastructure fault). Waiting for a
+trial another worker holds (the baseline's reference, a duplicate's parameters) checks the
+holder's liveness through ``cleanup.py`` on every poll.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import socket
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -27,12 +23,11 @@ from typing import Any
 
 import httpx
 import optuna
-import psutil
-from optuna.artifacts import upload_artifact
 
-from autotune import storage as keys
-from autotune._proc import free_port, machine_id
+from autotune import _proc, names
+from autotune._proc import free_port
 from autotune.bench import BenchResult, bench_summary
+from autotune.cleanup import reclaim, trial_dead_reason, worker_record
 from autotune.client import build_client
 from autotune.engines.base import Engine
 from autotune.engines.vllm import speculative
@@ -49,16 +44,26 @@ from autotune.gate import (
 )
 from autotune.loadcurve import record_curve, run_benchmark
 from autotune.protocol import NoTokenWithin, StreamError
+from autotune.record import (
+    TrialOutcome,
+    record_duplicate,
+    record_early_stop,
+    record_failure,
+    record_measured,
+    running_duplicate,
+    trim,
+    upload_trial_files,
+)
 from autotune.server import ServerProcess
-from autotune.server_metrics import SERVER_METRICS_ATTR, ServerMetricsRecorder
+from autotune.server_metrics import ServerMetricsRecorder
 from autotune.settings import ServerSettings
+from autotune.space import SearchSpace
 from autotune.spec import StudySpec
 from autotune.workload import reference_requests
 
 HOST = "127.0.0.1"
 #: a benchmark with more failed requests than this fraction fails the trial
 MAX_FAILED_FRACTION = 0.02
-_LOG_TAIL_CHARS = 6000
 #: seconds between two looks at a trial this worker waits for (the baseline, a duplicate)
 HOLDER_POLL_S = 1.0
 
@@ -75,7 +80,6 @@ class TrialContext:
     on_phase: Callable[[int, str], None] = lambda _number, _phase: None
     #: extra settings merged into every trial (device plans of parallel workers)
     extra_env: dict[str, str] = field(default_factory=dict)
-    extra_flags: dict[str, Any] = field(default_factory=dict)
     #: the study being run; the baseline stores the reference in its attributes
     study: optuna.Study | None = None
     #: early pruning on intermediate values (off when re-measuring chosen configs)
@@ -90,15 +94,6 @@ class EarlyStop(Exception):
         self.metrics = dict(metrics)
 
 
-@dataclass(frozen=True)
-class TrialOutcome:
-    number: int
-    role: str
-    verdict: str  # "correct" | a failure reason
-    values: tuple[float, ...] | None = None
-    infrastructure: bool = False
-
-
 class TrialRunner:
     """The Optuna objective. Holds the last outcome for the loop in ``study.py``."""
 
@@ -109,12 +104,12 @@ class TrialRunner:
         self.notes: list[str] = []
 
     def __call__(self, trial: optuna.Trial) -> float | list[float]:
-        role = trial.user_attrs.get(keys.ROLE, "search")
+        role = trial.user_attrs.get(names.ROLE, names.SEARCH)
         try:
             return self._run(trial, role)
         except (KeyboardInterrupt, asyncio.CancelledError):
             # Wherever Ctrl-C lands (suggesting, launching, measuring), the trial keeps a reason.
-            self._record_failure(
+            self.last = record_failure(
                 trial,
                 role,
                 InfrastructureError(
@@ -126,50 +121,39 @@ class TrialRunner:
     def _run(self, trial: optuna.Trial, role: str) -> float | list[float]:
         spec = self.ctx.spec
         # Before anything else: who runs this trial, so that its death is known at once on
-        # this machine (study.dead_reason), not only when its heartbeat goes stale.
-        trial.set_user_attr(keys.WORKER, worker_record())
-        pinned = trial.user_attrs.get(keys.PINNED)
-        if pinned is not None:
-            # ablation and confirmation variants: exactly these values, the rest left out
-            values = spec.space.suggest_pinned(trial, pinned)
-        elif role == "baseline":
-            values = spec.space.suggest_baseline(trial)
-        else:
-            values = spec.space.suggest(trial)
-        trial.set_user_attr(keys.PARAMS_RESOLVED, values)
-        trial.set_user_attr(keys.ROLE, role)
-        holder = _running_duplicate(trial, values)
+        # this machine (cleanup.dead_reason), not only when its heartbeat goes stale.
+        trial.set_user_attr(names.WORKER, worker_record())
+        values = suggest_values(spec.space, trial, role)
+        trial.set_user_attr(names.PARAMS_RESOLVED, values)
+        trial.set_user_attr(names.ROLE, role)
+        holder = running_duplicate(trial, values)
         if holder is not None:
             role = self._settle_duplicate(trial, role, holder)
         violated = spec.space.violated(values)
         if violated:
-            self._record_failure(
-                trial,
-                role,
-                CandidateError("constraint_violated", "; ".join(violated)),
-                launched=False,
+            self.last = record_failure(
+                trial, role, CandidateError("constraint_violated", "; ".join(violated))
             )
             raise optuna.TrialPruned(f"constraint_violated: {violated[0]}")
         settings = self._with_worker_settings(spec.space.resolve(values))
         try:
-            if role != "baseline":
+            if role != names.BASELINE:
                 self._await_reference(trial)
             metrics = asyncio.run(self._run_server_trial(trial, role, settings))
         except CandidateError as exc:
-            self._record_failure(trial, role, exc)
+            self.last = record_failure(trial, role, exc)
             raise optuna.TrialPruned(f"{exc.reason}: {exc.detail}") from None
         except EarlyStop as stop:
-            # Verified correct and measured, just clearly slower: no correctness constraint.
-            trial.set_user_attr(keys.METRICS, {k: round(v, 4) for k, v in stop.metrics.items()})
-            trial.set_user_attr(keys.CORRECT, True)
-            trial.set_user_attr(keys.FAIL_REASON, "pruned_early")
-            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
-            self.last = TrialOutcome(trial.number, role, "pruned_early")
+            self.last = record_early_stop(trial, role, stop.metrics)
             raise optuna.TrialPruned("pruned_early") from None
         except InfrastructureError as exc:
-            self._record_failure(trial, role, exc)
+            self.last = record_failure(trial, role, exc)
             raise
-        return self._score(trial, role, metrics)
+        self.last = record_measured(trial, role, spec.objective, metrics)
+        if self.last.values is None:
+            raise optuna.TrialPruned(self.last.verdict)
+        values = self.last.values
+        return values[0] if len(values) == 1 else list(values)
 
     def _await_reference(self, trial: optuna.Trial) -> None:
         """Another worker is running the baseline: wait for its reference before a server is
@@ -180,16 +164,14 @@ class TrialRunner:
         this trial ends ``interrupted`` (FAIL, its parameters queued again by the loop): its
         parameters are not the baseline's, and no reference will come from the dead worker.
         """
-        from autotune.study import reclaim, trial_dead_reason  # study imports this module
-
         study = self.ctx.study
         if study is None:
             return
-        while study.user_attrs.get(keys.REFERENCE) is None:
+        while study.user_attrs.get(names.REFERENCE) is None:
             holders = [
                 t
                 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-                if t.number != trial.number and t.user_attrs.get(keys.ROLE) == "baseline"
+                if t.number != trial.number and t.user_attrs.get(names.ROLE) == names.BASELINE
             ]
             if not holders:
                 return
@@ -227,28 +209,27 @@ class TrialRunner:
 
         Returns the role this trial runs under (takeover); raises ``TrialPruned`` otherwise.
         """
-        from autotune.study import reclaim, trial_dead_reason  # study imports this module
-
         study = trial.study
         storage = study._storage  # noqa: SLF001
-        takes_over = role in ("search", "retry")
-        trial.set_user_attr(keys.DUPLICATE_OF, holder.number)  # a waiter, never a holder
+        takes_over = role in (names.SEARCH, names.RETRY)
+        trial.set_user_attr(names.DUPLICATE_OF, holder.number)  # a waiter, never a holder
         while True:
             current = storage.get_trial(holder._trial_id)  # noqa: SLF001
             if current.state != optuna.trial.TrialState.RUNNING:
                 if takes_over:
-                    self._take_outcome(trial, role, current)  # raises TrialPruned
-                trial.set_user_attr(keys.DUPLICATE_OF, None)
+                    self.last, why = record_duplicate(trial, role, current)
+                    raise optuna.TrialPruned(why)
+                trial.set_user_attr(names.DUPLICATE_OF, None)
                 return role  # a baseline/ablation/confirmation trial measures for itself
             why = trial_dead_reason(study, current)
             if (
                 why is None
-                and current.user_attrs.get(keys.DUPLICATE_OF) == trial.number
+                and current.user_attrs.get(names.DUPLICATE_OF) == trial.number
                 and trial.number < current.number
             ):
                 # Two workers checked at the same moment and each found the other: both would
                 # wait forever. The lower trial number runs; the other keeps waiting on it.
-                trial.set_user_attr(keys.DUPLICATE_OF, None)
+                trial.set_user_attr(names.DUPLICATE_OF, None)
                 return role
             if why is None:
                 self._phase(trial, f"waiting for trial {current.number} (same parameters)")
@@ -260,46 +241,17 @@ class TrialRunner:
             self.notes += lines
             if not marked:
                 continue  # another worker reclaimed it first: its state is final now
-            trial.set_user_attr(keys.DUPLICATE_OF, None)
+            trial.set_user_attr(names.DUPLICATE_OF, None)
             if not takes_over:
                 return role
-            role = "baseline" if current.user_attrs.get(keys.ROLE) == "baseline" else "retry"
-            trial.set_user_attr(keys.ROLE, role)
-            trial.set_user_attr(keys.RETRY_OF, current.number)
-            return role
-
-    def _take_outcome(
-        self, trial: optuna.Trial, role: str, holder: optuna.trial.FrozenTrial
-    ) -> None:
-        """Record ``holder``'s outcome as this duplicate's and end it (PRUNED, not counted)."""
-        study = trial.study
-        storage = study._storage  # noqa: SLF001
-        source = holder
-        for _ in range(16):  # a holder that itself took an outcome points further
-            further = source.user_attrs.get(keys.DUPLICATE_OF)
-            if source.user_attrs.get(keys.FAIL_REASON) != "duplicate" or further is None:
-                break
-            source = storage.get_trial(
-                storage.get_trial_id_from_study_id_trial_number(study._study_id, further)  # noqa: SLF001
+            role = (
+                names.BASELINE
+                if current.user_attrs.get(names.ROLE) == names.BASELINE
+                else names.RETRY
             )
-        verdict = source.user_attrs.get(keys.FAIL_REASON) or (
-            "correct" if source.state == optuna.trial.TrialState.COMPLETE else source.state.name
-        )
-        trial.set_user_attr(keys.FAIL_REASON, "duplicate")
-        trial.set_user_attr(
-            keys.FAIL_DETAIL,
-            f"the sampler proposed the parameters of trial {holder.number} while it ran; "
-            f"waited for it instead of launching a second server; its outcome: {verdict}",
-        )
-        trial.set_user_attr(
-            keys.EVIDENCE,
-            {"duplicate_of": source.number, "outcome": verdict, "values": source.values},
-        )
-        constraint = source.system_attrs.get(f"constraints:{keys.CORRECTNESS_CONSTRAINT}")
-        if constraint is not None:
-            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, float(constraint))
-        self.last = TrialOutcome(trial.number, role, "duplicate")
-        raise optuna.TrialPruned(f"duplicate of trial {holder.number}: {verdict}")
+            trial.set_user_attr(names.ROLE, role)
+            trial.set_user_attr(names.RETRY_OF, current.number)
+            return role
 
     # --- the server part of a trial ---------------------------------------------------------
 
@@ -321,22 +273,22 @@ class TrialRunner:
         }
         if ctx.extra_env:  # a parallel worker's device set (CUDA_VISIBLE_DEVICES, core binding)
             server_attrs["devices"] = dict(ctx.extra_env)
-        trial.set_user_attr(keys.SERVER, server_attrs)
+        trial.set_user_attr(names.SERVER, server_attrs)
         log_path = ctx.log_dir / f"trial-{trial.number:05d}.log"
 
         def on_spawn(pid: int, pgid: int) -> None:
             # Recorded at once: if autotune itself is killed, the next run finds this server.
             server_attrs.update(
-                pid=pid, pgid=pgid, create_time=_create_time(pid), machine=machine_id()
+                pid=pid, pgid=pgid, create_time=_proc.create_time(pid), machine=_proc.machine_id()
             )
             server_attrs["descendants"] = []  # the key exists before the tracking thread runs
-            trial.set_user_attr(keys.SERVER, server_attrs)
+            trial.set_user_attr(names.SERVER, server_attrs)
 
         def on_record(record: dict[str, Any]) -> None:
             # Descendants as they appear (tracking thread), then the teardown record: a later
-            # run stops them too if autotune is killed (study._stop_leftovers).
+            # run stops them too if autotune is killed (cleanup._stop_leftovers).
             server_attrs.update(record)
-            trial.set_user_attr(keys.SERVER, dict(server_attrs))
+            trial.set_user_attr(names.SERVER, dict(server_attrs))
 
         server = ServerProcess(
             launch,
@@ -357,7 +309,7 @@ class TrialRunner:
             ) as client:
                 started = await server.wait_ready(client)
                 server_attrs["startup_s"] = round(started.startup_s, 3)
-                trial.set_user_attr(keys.SERVER, server_attrs)
+                trial.set_user_attr(names.SERVER, server_attrs)
                 problem = ctx.engine.verify_started(settings, server.log_text())
                 if problem:
                     raise CandidateError(
@@ -367,7 +319,7 @@ class TrialRunner:
                 self._phase(trial, "verifying")
                 reference = await self._reference(client, launch.served_model, role, server)
                 check = await self._verify(client, launch.served_model, reference, server)
-                trial.set_user_attr(keys.CHECK, _trim(check.to_dict()))
+                trial.set_user_attr(names.CHECK, trim(check.to_dict()))
                 if not check.passed:
                     evidence = {"first_divergence": asdict(check.first_divergence)}
                     await speculative.record(client, trial, settings, evidence)
@@ -420,15 +372,15 @@ class TrialRunner:
                 server.stop()
             finally:
                 server_attrs["stopped_cleanly"] = server.stopped_cleanly
-                trial.set_user_attr(keys.SERVER, server_attrs)
-                self._upload(trial, log_path)
+                trial.set_user_attr(names.SERVER, server_attrs)
+                upload_trial_files(self.ctx.artifacts, trial, log_path)
 
     async def _reference(
         self, client: httpx.AsyncClient, model: str, role: str, server: ServerProcess
     ) -> Reference:
         study = self.ctx.study
-        stored = study.user_attrs.get(keys.REFERENCE) if study is not None else None
-        if role == "baseline" and stored is None:
+        stored = study.user_attrs.get(names.REFERENCE) if study is not None else None
+        if role == names.BASELINE and stored is None:
             spec = self.ctx.spec
             reference = await record_reference(
                 client,
@@ -452,7 +404,7 @@ class TrialRunner:
                         f"baseline output fails sanity for {prompt!r}: {problem}",
                     )
             if study is not None:
-                study.set_user_attr(keys.REFERENCE, reference.to_dict())
+                study.set_user_attr(names.REFERENCE, reference.to_dict())
             return reference
         if stored is None:
             raise InfrastructureError("interrupted", "no reference recorded yet for this study")
@@ -502,8 +454,8 @@ class TrialRunner:
                 phase_hook=evidence.phase,
             )
         finally:  # stored whatever the benchmark's outcome; never fails the trial
-            trial.set_user_attr(SERVER_METRICS_ATTR, await evidence.stop())
-        trial.set_user_attr(keys.BENCH, bench_summary(bench))
+            trial.set_user_attr(names.SERVER_METRICS, await evidence.stop())
+        trial.set_user_attr(names.BENCH, bench_summary(bench))
         record_curve(trial, bench)
         if bench.hang:
             if not server.alive():
@@ -548,7 +500,7 @@ class TrialRunner:
             methods[method] = methods.get(method, 0) + 1
             if divergence is not None:
                 divergences.append(divergence)
-        check = dict(trial.user_attrs.get(keys.CHECK) or {})
+        check = dict(trial.user_attrs.get(names.CHECK) or {})
         check["under_load_checked"] = len(sample)
         check["under_load_compared_by"] = methods
         check["under_load_divergent"] = len(divergences)
@@ -556,7 +508,7 @@ class TrialRunner:
             check["under_load_skipped"] = (
                 "no benchmark response used a reference prompt at its recorded length"
             )
-        trial.set_user_attr(keys.CHECK, check)
+        trial.set_user_attr(names.CHECK, check)
         if divergences:
             first = divergences[0]
             raise CandidateError(
@@ -566,137 +518,32 @@ class TrialRunner:
                 evidence={"first_divergence": asdict(first)},
             )
 
-    # --- recording --------------------------------------------------------------------------
-
-    def _score(
-        self, trial: optuna.Trial, role: str, metrics: dict[str, float]
-    ) -> float | list[float]:
-        spec = self.ctx.spec
-        trial.set_user_attr(keys.METRICS, {k: round(v, 4) for k, v in metrics.items()})
-        trial.set_user_attr(keys.CORRECT, True)
-        missing = [m for m in spec.objective.metrics if m not in metrics]
-        if missing:
-            self._record_failure(
-                trial,
-                role,
-                CandidateError("request_errors", f"no measurement of {', '.join(missing)}"),
-                launched=True,
-            )
-            raise optuna.TrialPruned("request_errors")
-        trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 0.0)
-        for slo in spec.objective.slos:
-            trial.set_constraint(
-                f"slo:{slo.metric}",
-                slo.violation(metrics[slo.metric]) if slo.metric in metrics else 1.0,
-            )
-        values = tuple(metrics[m] for m in spec.objective.metrics)
-        self.last = TrialOutcome(trial.number, role, "correct", values)
-        return values[0] if len(values) == 1 else list(values)
-
-    def _record_failure(
-        self, trial: optuna.Trial, role: str, exc: TrialFailure, *, launched: bool = True
-    ) -> None:
-        infra = isinstance(exc, InfrastructureError)
-        evidence = dict(exc.evidence)
-        if "log_tail" in evidence:
-            evidence["log_tail"] = str(evidence["log_tail"])[-_LOG_TAIL_CHARS:]
-        trial.set_user_attr(keys.FAIL_REASON, exc.reason)
-        trial.set_user_attr(keys.FAIL_DETAIL, exc.detail[:2000])
-        trial.set_user_attr(keys.EVIDENCE, _trim(evidence))
-        if exc.reason == "incorrect_output":
-            trial.set_user_attr(keys.CORRECT, False)
-        if not infra:
-            trial.set_constraint(keys.CORRECTNESS_CONSTRAINT, 1.0)
-        self.last = TrialOutcome(trial.number, role, exc.reason, None, infrastructure=infra)
-
     def _phase(self, trial: optuna.Trial, phase: str) -> None:
         self.ctx.on_phase(trial.number, phase)
 
-    def _upload(self, trial: optuna.Trial, log_path: Path) -> None:
-        if self.ctx.artifacts is None or not log_path.exists():
-            return
-        try:
-            upload_artifact(
-                artifact_store=self.ctx.artifacts,
-                file_path=str(log_path),
-                study_or_trial=trial,
-                mimetype="text/plain",
-                encoding="utf-8",
-            )
-            outputs = {k: trial.user_attrs.get(k) for k in (keys.CHECK, keys.EVIDENCE)}
-            with tempfile.NamedTemporaryFile(
-                "w", suffix=f"-trial{trial.number}-outputs.json", delete=False
-            ) as handle:
-                json.dump(outputs, handle, indent=2, default=str)
-            upload_artifact(
-                artifact_store=self.ctx.artifacts,
-                file_path=handle.name,
-                study_or_trial=trial,
-                mimetype="application/json",
-            )
-            os.unlink(handle.name)
-        except OSError:
-            pass  # artifacts are a convenience; the trial's record is in the storage
-
     def _with_worker_settings(self, settings: ServerSettings) -> ServerSettings:
-        if not self.ctx.extra_env and not self.ctx.extra_flags:
+        if not self.ctx.extra_env:
             return settings
         env = dict(settings.env)
         env.update(self.ctx.extra_env)
-        flags = dict(settings.flags)
-        flags.update(self.ctx.extra_flags)
         return ServerSettings(
-            flags=flags, json_flags=settings.json_flags, env=env, patches=settings.patches
+            flags=settings.flags, json_flags=settings.json_flags, env=env, patches=settings.patches
         )
 
 
-def _running_duplicate(
-    trial: optuna.Trial, values: dict[str, Any]
-) -> optuna.trial.FrozenTrial | None:
-    """Another RUNNING trial with exactly these parameters (not one that itself waits as a
-    duplicate), if any."""
-    study = trial.study
-    for other in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if (
-            other.number != trial.number
-            and other.user_attrs.get(keys.PARAMS_RESOLVED) == values
-            and other.user_attrs.get(keys.DUPLICATE_OF) is None
-        ):
-            return other
-    return None
-
-
-def worker_record() -> dict[str, Any]:
-    """This autotune process, as a trial records its worker: a later run on this machine knows
-    it dead the moment the pid is gone or belongs to a process started at another time."""
-    pid = os.getpid()
-    return {
-        "machine": machine_id(),
-        "hostname": socket.gethostname(),
-        "pid": pid,
-        "create_time": _create_time(pid),
-    }
+def suggest_values(space: SearchSpace, trial: optuna.Trial, role: str) -> dict[str, Any]:
+    """The trial's parameter values: a pinned variant (ablation, confirmation, an early
+    neighbour) gets exactly its values, the baseline its ``baseline:`` values, and every other
+    trial what the sampler proposes; whatever is left out runs at the engine's default."""
+    pinned = trial.user_attrs.get(names.PINNED)
+    if pinned is not None:
+        return space.suggest(trial, only=pinned)
+    if role == names.BASELINE:
+        return space.suggest(trial, only=space.baseline_names())
+    return space.suggest(trial)
 
 
 def _api_key() -> str:
     """A per-trial key. Hex, never token_urlsafe: a key starting with '-' is parsed as an
     option by the server's argparse ('--api-key: expected one argument')."""
     return secrets.token_hex(24)
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
-def _trim(data: Any, limit: int = 4000) -> Any:
-    """Keep stored attributes small: long strings are cut from the front (tails matter)."""
-    if isinstance(data, str):
-        return data if len(data) <= limit else "..." + data[-limit:]
-    if isinstance(data, dict):
-        return {k: _trim(v, limit) for k, v in data.items()}
-    if isinstance(data, list | tuple):
-        return [_trim(v, limit) for v in data]
-    return data

@@ -1,0 +1,158 @@
+"""The names autotune writes into a study, in one table: attribute keys, roles, failure reasons,
+metric names and their directions, and how an ``int_list`` value travels through Optuna.
+
+Why one module: these strings are the study's on-disk format. ``optuna-dashboard``, plain
+``optuna.load_study`` and every earlier study read them back, so a key spelled twice drifts
+apart silently. Nothing here imports from autotune (every other module may import this one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+# --- trial attribute keys (user_attrs) ---------------------------------------------------------
+CORRECT = "correct"  # True, False, or None when never verified
+FAIL_REASON = "fail_reason"
+FAIL_DETAIL = "fail_detail"
+EVIDENCE = "evidence"  # log tail, exit code, signal, first divergence ...
+METRICS = "metrics"
+BENCH = "bench"  # spread, repeats, request counts
+SERVER = "server"  # argv, env (redacted), startup_s, engine_version, pid/pgid, host, worker
+CHECK = "check"
+PARAMS_RESOLVED = "params_resolved"  # values as the engine got them (int_list as lists)
+PINNED = "pinned_params"  # exact values of an ablation/confirmation variant
+VARIANT = "variant"  # label of an ablation/confirmation variant
+ROLE = "role"  # one of ROLES
+RETRY_OF = "retry_of"
+WORKER = "worker"  # the autotune process running the trial: machine, hostname, pid, create_time
+DUPLICATE_OF = "duplicate_of"  # set while a trial waits for a running trial with its parameters
+SPECULATIVE = "speculative"  # spec-decode acceptance from /metrics (autotune.speculative)
+METRICS_CI = "metrics_ci"  # 95% t interval per metric: name -> [low, high, n]
+LOAD_CURVE = "load_curve"  # concurrency level -> that level's metrics
+GOODPUT = "goodput"  # the goodput search: value, SLOs, every level probed
+SERVER_METRICS = "server_metrics"  # the server's own /metrics over the benchmark
+EARLY_PROPOSAL = "early_proposal"  # label of the one-change neighbour this trial runs (guide.py)
+ROUND = "round"  # which interleaved round of a re-measurement a variant's trial belongs to
+# --- study attribute keys ----------------------------------------------------------------------
+REFERENCE = "reference"
+SPEC_PATH = "spec_path"
+ENGINE_VERSION = "engine_version"
+ROOFLINE = "roofline"
+ABLATION_REPORT = "ablation"
+CONFIRMATION = "confirmation"
+RECHECK = "recheck"
+WORKLOAD = "workload"  # the pinned workload: its hash and what it is made of (workload.py)
+WORKLOAD_CHANGES = "workload_changes"  # each accepted workload change on resume
+MACHINE_LIMITS = "machine_limits"  # choices this machine cannot run, and why (guide.py)
+EARLY_PROPOSALS = "early_proposals"  # the one-change neighbours planned first (guide.py)
+RECHECK_OF = "recheck_of"  # the exported file a recheck study checks
+PROFILES = "profiles"  # step-time breakdowns by trial (``autotune profile``, profile.py)
+#: trials ran in parallel, so their numbers compare with each other only roughly
+PARALLEL_CONTENTION = "parallel_contention_warning"
+
+#: the constraint key that marks a trial whose configuration is bad (not measured, never best)
+CORRECTNESS_CONSTRAINT = "correct"
+#: prefix of a constraint per service-level objective: ``slo:<metric>``
+SLO_CONSTRAINT_PREFIX = "slo:"
+
+
+def slo_constraint(metric: str) -> str:
+    return f"{SLO_CONSTRAINT_PREFIX}{metric}"
+
+
+def constraint_attr(name: str) -> str:
+    """The system attribute under which Optuna keeps constraint ``name`` of a trial."""
+    return f"constraints:{name}"
+
+
+# --- trial roles -------------------------------------------------------------------------------
+Role = Literal["baseline", "search", "retry", "ablation", "confirm", "compare"]
+BASELINE: Role = "baseline"  # the engine's defaults (plus the space's ``baseline:`` values)
+SEARCH: Role = "search"  # proposed by the sampler
+RETRY: Role = "retry"  # an infrastructure failure's parameters, run once more
+ABLATION: Role = "ablation"  # one change of the best config reverted
+CONFIRM: Role = "confirm"  # a top config re-measured against the baseline
+COMPARE: Role = "compare"  # a config measured for ``autotune compare``
+ROLES: tuple[Role, ...] = (BASELINE, SEARCH, RETRY, ABLATION, CONFIRM, COMPARE)
+#: the roles whose trials come from the search itself (candidates for "best")
+SEARCH_ROLES: tuple[Role, ...] = (SEARCH, RETRY, BASELINE)
+
+# --- verdicts and failure reasons --------------------------------------------------------------
+#: the verdict of a trial that was verified correct and measured
+CORRECT_VERDICT = "correct"
+
+#: Reasons a trial can fail, with what each means. The README's "When things go wrong"
+#: table explains each one; keep them in step.
+CANDIDATE_REASONS: dict[str, str] = {
+    "invalid_config": "the engine rejected its arguments",
+    "startup_failed": "the server exited before it was ready",
+    "startup_timeout": "the server was not ready within the startup timeout",
+    "oom": "the server ran out of GPU or CPU memory",
+    "server_crashed": "the server died during verification or benchmark",
+    "hang": "no token arrived within the request deadline",
+    "request_errors": "too many requests failed during the benchmark",
+    "incorrect_output": "the output diverged from the pinned reference",
+    "unverifiable": "the server's answers carry nothing the gate can check (e.g. no text)",
+    "patch_failed": "a selected patch could not be applied",
+    "constraint_violated": "the sampled parameters violate a search-space constraint",
+    "duplicate": "another worker is running the same parameters right now (not launched)",
+    "pruned_early": "correct, but clearly slower than earlier trials after its first repeat",
+}
+INFRA_REASONS: dict[str, str] = {
+    "port_taken": "the chosen port was taken by another process",
+    "disk_full": "no space left on the device",
+    "storage_unreachable": "the study storage could not be written",
+    "orphan_process": "a process of an earlier server could not be stopped",
+    "interrupted": "the run was killed or interrupted while this trial ran",
+}
+
+# --- metrics -----------------------------------------------------------------------------------
+Direction = Literal["maximize", "minimize"]
+#: latency percentiles the benchmark reports, each as ``<kind>_p<q>_ms``
+LATENCY_KINDS = ("ttft", "itl", "e2e")
+PERCENTILES = (50, 95, 99)
+
+
+def latency_metric(kind: str, q: int) -> str:
+    return f"{kind}_p{q}_ms"
+
+
+#: every metric the benchmark reports and a study can optimise, with the direction that is better
+METRIC_DIRECTIONS: dict[str, Direction] = {
+    "decode_tokens_per_s": "maximize",
+    "output_tokens_per_s": "maximize",
+    "requests_per_s": "maximize",
+    **{latency_metric(k, q): "minimize" for k in LATENCY_KINDS for q in PERCENTILES},
+    # the highest concurrency whose workload.slo holds (see loadcurve.py)
+    "goodput": "maximize",
+}
+
+
+def direction(metric: str, default: Direction | None = None) -> Direction:
+    """Whether more of ``metric`` is better (``maximize``) or less (``minimize``); a level's
+    metric (``output_tokens_per_s@16``) has its base metric's direction. An unknown metric is
+    a KeyError unless a ``default`` is given (a study read back may name anything)."""
+    base = metric.split("@", 1)[0]
+    if default is not None and base not in METRIC_DIRECTIONS:
+        return default
+    return METRIC_DIRECTIONS[base]
+
+
+def sign(metric: str, default: Direction | None = None) -> float:
+    """+1 where more is better, -1 where less is: ``sign * value`` always grows with quality."""
+    return 1.0 if direction(metric, default) == "maximize" else -1.0
+
+
+# --- int_list values ---------------------------------------------------------------------------
+# Optuna's categorical choices must be scalars, so a list of ints travels as "1,2,4".
+
+
+def int_list_label(value: Iterable[Any]) -> str:
+    """``[1, 2, 4]`` -> ``"1,2,4"``, the form Optuna stores."""
+    return ",".join(str(int(v)) for v in value)
+
+
+def parse_int_list(label: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``."""
+    return [int(v) for v in label.split(",") if v != ""]

@@ -1,0 +1,94 @@
+"""storage.py: URLs, opening a study, artifact paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.errors import SpecError
+from autotune.storage import (
+    artifact_dir_for,
+    check_study_name,
+    check_url,
+    is_sqlite,
+    load_study,
+    resolve_url,
+    sqlite_file,
+)
+
+
+def _url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'studies.db'}"
+
+
+def test_load_study_opens_an_existing_study(tmp_path: Path) -> None:
+    url = _url(tmp_path)
+    optuna.create_study(storage=url, study_name="s1").set_user_attr("x", 1)
+    study = load_study(url, "s1")
+    assert study.study_name == "s1" and study.user_attrs["x"] == 1
+
+
+def test_load_study_never_creates_a_mistyped_study(tmp_path: Path) -> None:
+    url = _url(tmp_path)
+    optuna.create_study(storage=url, study_name="real")
+    with pytest.raises(SpecError) as caught:
+        load_study(url, "typo")
+    assert caught.value.key == "--study"
+    assert "no study named 'typo'" in str(caught.value)
+    assert "(studies: real)" in str(caught.value)
+    assert optuna.study.get_all_study_names(storage=url) == ["real"]
+
+
+def test_load_study_hides_a_database_password() -> None:
+    # a server URL that does not answer fails before a study is looked up, naming no password
+    with pytest.raises(SpecError) as caught:
+        load_study("postgresql+psycopg://u:secret@127.0.0.1:1/db", "x")
+    assert "secret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["sqlite://", "sqlite:///:memory:", "sqlite:///file::memory:?cache=shared"],
+)
+def test_in_memory_sqlite_is_refused(url: str) -> None:
+    with pytest.raises(SpecError, match="in-memory SQLite"):
+        check_url(url)
+
+
+def test_not_a_url_is_refused() -> None:
+    with pytest.raises(SpecError, match="not a valid SQLAlchemy storage URL"):
+        check_url("::nonsense::")
+
+
+def test_resolve_url_needs_an_existing_directory(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="does not exist"):
+        resolve_url(f"sqlite:///{tmp_path / 'missing' / 'x.db'}")
+    assert resolve_url(_url(tmp_path)) == _url(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["demo", "my.study-1", "A_b", "9"])
+def test_good_study_names(name: str) -> None:
+    assert check_study_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", ".hidden", "../x", "a/b", "a b", "x" * 129, "-x"])
+def test_bad_study_names(name: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        check_study_name(name)
+    assert caught.value.key == "--study"
+
+
+def test_artifacts_live_beside_the_sqlite_file(tmp_path: Path) -> None:
+    url = _url(tmp_path)
+    assert artifact_dir_for(url, "s1") == tmp_path / "s1-artifacts"
+    assert artifact_dir_for(url, "s1", str(tmp_path / "elsewhere")) == tmp_path / "elsewhere"
+    with pytest.raises(SpecError):
+        artifact_dir_for(url, "../escape")
+
+
+def test_sqlite_helpers(tmp_path: Path) -> None:
+    url = _url(tmp_path)
+    assert is_sqlite(url) and sqlite_file(url) == tmp_path / "studies.db"
+    assert not is_sqlite("postgresql://h/db") and sqlite_file("postgresql://h/db") is None
