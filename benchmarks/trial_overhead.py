@@ -46,7 +46,8 @@ import optuna
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import autotune.objective as objective  # noqa: E402
+import autotune.record as record  # noqa: E402
+import autotune.trial as trial_module  # noqa: E402
 from autotune.server import ServerProcess  # noqa: E402
 from autotune.spec import load_spec  # noqa: E402
 from autotune.study import RunOptions, run_study  # noqa: E402
@@ -165,7 +166,7 @@ def install_wrappers() -> threading.Event:
         finally:
             REC.add("teardown_s", now() - start)
 
-    original_bench = objective.run_benchmark
+    original_bench = trial_module.run_benchmark
 
     async def run_benchmark(*args: Any, **kwargs: Any) -> Any:
         start = now()
@@ -178,8 +179,8 @@ def install_wrappers() -> threading.Event:
     ServerProcess.wait_ready = wait_ready
     ServerProcess._first_completion = first_completion
     ServerProcess.stop = stop
-    objective.run_benchmark = run_benchmark
-    timed(objective, "upload_artifact", "artifact_s")
+    trial_module.run_benchmark = run_benchmark
+    timed(record, "upload_artifact", "artifact_s")
     storage_cls = optuna.storages.RDBStorage
     for name in (
         "create_new_trial",
