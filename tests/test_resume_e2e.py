@@ -167,7 +167,20 @@ def start_run(
     env = {**os.environ, **env_extra}
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "autotune", "run", "--trials", str(trials), "--spec", str(spec)],
+            # no confirmation phase: these tests are about resuming, and on real vLLM the
+            # confirmation's interleaved rounds made one rerun take over 400 s in CI
+            [
+                sys.executable,
+                "-m",
+                "autotune",
+                "run",
+                "--trials",
+                str(trials),
+                "--spec",
+                str(spec),
+                "--confirm-top",
+                "0",
+            ],
             cwd=spec.parent,
             env=env,
             stdout=out,
