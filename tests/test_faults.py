@@ -27,24 +27,9 @@ from autotune import _proc, names
 from autotune.errors import PreflightError
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
+from autotune.testing.fake_options import FAULTS as FAKE_FAULTS
 from tests.builders import fake_spec, save_spec
 
-FAULTS = (
-    "exit_at_start",
-    "unknown_flag",
-    "crash_mid_bench",
-    "self_sigkill",
-    "hang",
-    "slow_start",
-    "oom",
-    "http_500",
-    "flaky_500",
-    "healthy_but_broken",
-    "wrong_text",
-    "corrupt_words",
-    "hang_in_bench",
-    "ignore_sigterm",
-)
 EXPECTED = {
     "exit_at_start": "startup_failed",
     "unknown_flag": "invalid_config",
@@ -67,6 +52,8 @@ EXPECTED = {
     "hang_in_bench": "hang",
     "ignore_sigterm": None,  # healthy apart from SIGTERM: the trial completes
 }
+#: the matrix: every fault whose verdict is asserted above, one trial each
+FAULTS = tuple(EXPECTED)
 # Deadlines a loaded 2-core machine meets with room (a fake server took over 4 s to start at
 # load 10, and a 2 s token deadline called a healthy stream hung); the bounds below are the
 # deadlines plus a fixed allowance for process start and teardown, not speed verdicts.
@@ -406,3 +393,8 @@ def test_consecutive_infrastructure_faults_stop_the_run(
     assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.FAIL]
     assert all(t.user_attrs[names.FAIL_REASON] == "port_taken" for t in study.trials[1:3])
     assert fake_processes() == []
+
+
+def test_every_matrix_fault_is_one_the_test_server_has() -> None:
+    """A fault name the fake server does not know would make its trial fail for another reason."""
+    assert set(FAULTS) <= set(FAKE_FAULTS)
