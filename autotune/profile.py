@@ -348,6 +348,21 @@ def table_rows(profiles: Sequence[dict[str, Any]]) -> tuple[list[str], list[list
             ["collective calls / token"]
             + [f"{p['collective_calls_per_token']:.1f}" for p in profiles]
         )
+    # CPU the OS charged each server process during the profiled request, per output token:
+    # on a CPU the scheduler and the API server compete with the model for the same cores
+    processes: list[str] = []
+    for p in profiles:
+        processes += [n for n in p.get("cpu_s_by_process") or {} if n not in processes]
+    for name in processes:
+        rows.append(
+            [f"CPU ms / token, {name}"]
+            + [
+                _ms(1000 * p["cpu_s_by_process"][name] / p["tokens"])
+                if name in (p.get("cpu_s_by_process") or {}) and p.get("tokens")
+                else "-"
+                for p in profiles
+            ]
+        )
     return header, rows
 
 

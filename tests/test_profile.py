@@ -64,8 +64,14 @@ def _stored(trial: int, role: str, **overrides) -> dict:
 
 def test_table_puts_baseline_first_and_flags_low_coverage() -> None:
     stored = {
-        "5": _stored(5, "search", coverage=0.7, consistent=False),
-        "0": _stored(0, "baseline"),
+        "5": _stored(
+            5,
+            "search",
+            coverage=0.7,
+            consistent=False,
+            cpu_s_by_process={"VLLM::EngineCore": 0.065},
+        ),
+        "0": _stored(0, "baseline", cpu_s_by_process={"VLLM::Worker": 0.13}),
     }
     header, rows = table_rows(sort_profiles(stored))
     assert header == ["ms / output token", "trial 0 (baseline)", "trial 5 (search)"]
@@ -75,6 +81,9 @@ def test_table_puts_baseline_first_and_flags_low_coverage() -> None:
     assert by_name["client per token, unprofiled"] == ["2.000", "2.000"]
     assert by_name["coverage (trace / measured)"] == ["1.00", "0.70 !"]
     assert "collective calls / token" not in by_name  # CPU: no collectives row
+    # CPU charged per process, per token (65 tokens): a process one profile lacks shows "-"
+    assert by_name["CPU ms / token, VLLM::Worker"] == ["2.000", "-"]
+    assert by_name["CPU ms / token, VLLM::EngineCore"] == ["-", "1.000"]
 
 
 @pytest.mark.e2e
@@ -109,6 +118,7 @@ def test_profile_baseline_and_best_on_real_vllm(tmp_path: Path) -> None:
         assert sum(parts.values()) == pytest.approx(window, rel=1e-3)
         assert 0.5 < profile["coverage"] < 2.0, profile  # a gross mismatch is a bug
         assert profile["unprofiled_ms_per_token"] > 0
+        assert profile["cpu_s_by_process"], "the OS's CPU time per server process is kept"
         assert all(Path(f).is_file() for f in profile["trace_files"])
 
     shown = CliRunner().invoke(app, ["show", "--spec", str(spec_path)])
