@@ -139,6 +139,8 @@ def run_profiles(
     else:
         chosen = default_trials(study)
     engine = build_engine(spec)
+    if engine.profiler(artifact_dir) is None:  # asked before any folder is made
+        raise PreflightError(f"engine {engine.name!r} has no profiler autotune can drive")
     results = []
     for number, role in chosen:
         trial = by_number[number]
@@ -164,8 +166,6 @@ async def _profile_one(
     on_phase: Callable[[int, str], None],
 ) -> ProfileResult:
     profiler = engine.profiler(trace_dir)
-    if profiler is None:
-        raise PreflightError(f"engine {engine.name!r} has no profiler autotune can drive")
     settings = spec.space.resolve(dict(trial.params))
     flag, config = profiler.json_flag()
     settings = replace(

@@ -153,3 +153,18 @@ def test_profile_refuses_unknown_trial_with_exit_2(tmp_path: Path) -> None:
     ran = CliRunner().invoke(app, ["profile", "--spec", str(spec_path), "--trial", "7"])
     assert ran.exit_code == 2, ran.output
     assert "no trial 7" in ran.output
+
+
+def test_an_engine_without_a_profiler_is_refused_with_exit_3(tmp_path: Path) -> None:
+    """The command engine (any OpenAI-compatible server) has no profiler autotune can drive:
+    one line, exit 3, nothing launched and nothing stored."""
+    spec_path = write_fake_spec(tmp_path, FAKE_SPACE, name="noprof")
+    spec = load_spec(spec_path)
+    summary = run_study(spec, RunOptions(trials=1, seed=0, validate=False))
+    assert summary.stopped_because is None, summary.stopped_because
+    ran = CliRunner().invoke(app, ["profile", "--spec", str(spec_path)])
+    assert ran.exit_code == 3, ran.output
+    assert "has no profiler" in ran.output
+    study = optuna.load_study(study_name="noprof", storage=spec.default_storage())
+    assert names.PROFILES not in study.user_attrs
+    assert not list(tmp_path.rglob("profiles")), "no trace folder for a refused profile"
