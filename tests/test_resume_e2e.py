@@ -229,12 +229,22 @@ def with_descendants(
 
     Counting recorded pids alone is not enough: the intermediate process of a double fork is
     recorded and exits at once, so two recorded pids can be the child and that intermediate,
-    before the detached helper itself has been seen."""
+    before the detached helper itself has been seen. A CI run saw exactly that: the middle was
+    still alive when this was asked, so it counted, and it was gone a moment later. The middle
+    is the only session leader among the descendants (it calls ``setsid`` and forks; the helper
+    and the in-group child are not leaders), so leaders are not counted."""
     trial = load(spec).trials[number]
     server = trial.user_attrs.get(names.SERVER) or {}
     recorded = {pid for pid, _ in server.get("descendants") or []}
-    live = {p.pid for p in tagged(tag)} - {server.get("pid")}
+    live = {p.pid for p in tagged(tag) if not _session_leader(p.pid)} - {server.get("pid")}
     return trial if len(recorded & live) >= count else None
+
+
+def _session_leader(pid: int) -> bool:
+    try:
+        return os.getsid(pid) == pid
+    except OSError:  # gone: not live either
+        return True
 
 
 def kill9_then_resume(
