@@ -302,7 +302,9 @@ def finish_trial(outcome: Any, study: optuna.Study) -> None:
     REC.begin()
 
 
-def quartiles_of(values: list[float]) -> list[float]:
+def quartiles_of(values: list[float]) -> list[float] | None:
+    if len(values) < 2:
+        return None  # one trial of a phase (the baseline) has no quartiles
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return [round(q1, 4), round(q3, 4)]
 
