@@ -32,7 +32,7 @@ import httpx
 
 from autotune import names
 from autotune.engines.dialect import RequestDialect
-from autotune.protocol import completion_body, open_stream, sse_payloads
+from autotune.protocol import TRANSPORT_ERRORS, TokenDeadline, completion_body, open_raw_stream
 
 #: inter-token gaps below this are "arrived together" rather than measured decode steps
 BUNCHED_GAP_S = 0.0001
@@ -138,51 +138,45 @@ async def stream_request(
         token_ids=True,
     )
     start = time.perf_counter()
-    times: list[float] = []
-    ids: list[int] = []
-    text: list[str] = []
-    usage_tokens = None
+    tokens = _Tokens(dialect.token_ids_key)
+    times = tokens.times
+    clock = time.perf_counter
     try:
-        async with open_stream(
-            client, "/v1/completions", body, deadline_s=read_timeout_s
-        ) as response:
-            if response.status_code != 200:
-                detail = (await response.aread()).decode("utf-8", "replace")[:200]
+        # The hot path of a benchmark (one pass per streamed token, on cores the server under
+        # test needs): one clock read per chunk, one json.loads per event, the deadline a stored
+        # number (protocol.TokenDeadline), no per-chunk timer, no httpx objects per chunk.
+        async with (
+            TokenDeadline(read_timeout_s, start) as deadline,
+            open_raw_stream(client, "/v1/completions", body) as stream,
+        ):
+            if stream.status != 200:
+                detail = (await stream.read()).decode("utf-8", "replace")[:200]
                 return RequestRecord(
                     prompt=prompt,
                     ok=False,
-                    error=f"http {response.status_code}: {detail}",
+                    error=f"http {stream.status}: {detail}",
                     e2e_s=time.perf_counter() - start,
                 )
-            async for payload, now in sse_payloads(
-                response, start, token_deadline_s=read_timeout_s
-            ):
-                if payload == b"[DONE]":
+            buffer = b""
+            async for data in stream.chunks:
+                now = clock() - start
+                deadline.last = now
+                *lines, buffer = (buffer + data if buffer else data).split(b"\n")
+                if tokens.add(lines, now):
                     break
-                chunk = json.loads(payload)
-                if chunk.get("usage") and not chunk.get("choices"):
-                    usage_tokens = chunk["usage"].get("completion_tokens")
-                    continue
-                if chunk.get("usage"):
-                    usage_tokens = chunk["usage"].get("completion_tokens")
-                for choice in chunk.get("choices") or []:
-                    new_ids = dialect.token_ids(choice)
-                    piece = choice.get("text") or ""
-                    count = len(new_ids) if new_ids else (1 if piece else 0)
-                    times.extend([now] * count)
-                    ids.extend(new_ids)
-                    text.append(piece)
-    except TimeoutError:  # our own per-token deadline (protocol.py), never a transport's
+            else:  # the body ended: a last event without its newline still counts
+                tokens.add([buffer], clock() - start)
+    except TimeoutError:  # our own no-token deadline (protocol.TokenDeadline)
         waited = "the first token" if not times else f"token {len(times) + 1}"
         error = f"hang: no token within {read_timeout_s:g} s (waiting for {waited})"
         record = _failed(prompt, error, start, times)
         return dataclasses.replace(record, hung=True)
-    except httpx.HTTPError as exc:
+    except TRANSPORT_ERRORS as exc:
         return _failed(prompt, f"{type(exc).__name__}: {exc}", start, times)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return _failed(prompt, f"bad stream chunk: {exc}", start, times)
     e2e = time.perf_counter() - start
-    n_tokens = usage_tokens if usage_tokens is not None else len(times)
+    n_tokens = tokens.usage if tokens.usage is not None else len(times)
     if not times:
         return RequestRecord(
             prompt=prompt, ok=False, error="stream ended without tokens", e2e_s=e2e
@@ -193,10 +187,51 @@ async def stream_request(
         ttft_s=times[0],
         e2e_s=e2e,
         token_times_s=tuple(times),
-        token_ids=tuple(ids),
-        text="".join(text),
+        token_ids=tuple(tokens.ids),
+        text="".join(tokens.text),
         output_tokens=int(n_tokens),
     )
+
+
+class _Tokens:
+    """What one streamed answer delivered so far: token times, ids, text, the usage count."""
+
+    __slots__ = ("ids", "ids_key", "text", "times", "usage")
+
+    def __init__(self, ids_key: str | None) -> None:
+        self.ids_key = ids_key  # the dialect's field for a chunk's token ids (None: none)
+        self.times: list[float] = []
+        self.ids: list[int] = []
+        self.text: list[str] = []
+        self.usage: int | None = None
+
+    def add(self, lines: list[bytes], now: float) -> bool:
+        """Take the complete SSE lines that arrived at ``now``; True at ``[DONE]``.
+
+        A chunk of k token ids is k tokens at one time; a chunk with text and no ids (a
+        dialect without them) one token. Raises ``json.JSONDecodeError`` for a bad event.
+        """
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue  # the blank line that ends an event, a comment, another field
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                return True
+            chunk = json.loads(payload.decode())
+            usage = chunk.get("usage")
+            if usage:
+                self.usage = usage.get("completion_tokens")
+            for choice in chunk.get("choices") or ():
+                new_ids = choice.get(self.ids_key) if self.ids_key else None
+                piece = choice.get("text")
+                if piece:
+                    self.text.append(piece)
+                if new_ids:
+                    self.ids += new_ids
+                    self.times += [now] * len(new_ids)
+                elif piece:
+                    self.times.append(now)
+        return False
 
 
 def _failed(prompt: str, error: str, start: float, times: list[float]) -> RequestRecord:

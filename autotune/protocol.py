@@ -9,7 +9,12 @@ one rule bounds every request autotune sends: a request is hung when **no token*
 server-sent event) arrived for ``request_timeout_s``. A slow server that keeps producing tokens is
 never called hung, however long its answer; a server that accepted the request and went silent
 is found after exactly one deadline, whatever transport carries the bytes (the rule is enforced
-with ``asyncio.timeout``, not by the HTTP library's read timeout).
+with ``asyncio.timeout``'s machinery, not by the HTTP library's read timeout).
+
+The benchmark client's requests are the hot path (``bench.stream_request``: one per token, on
+a machine whose cores the server under test needs): :func:`open_raw_stream` reads aiohttp's
+response directly where the client offers its session (``client.StreamingClient``), and
+:class:`TokenDeadline` bounds the time without a token with one timer per request.
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import httpx
 
+from autotune.client import StreamingClient
 from autotune.engines.dialect import RequestDialect
 
 
@@ -144,3 +152,119 @@ async def open_stream(
 
 class StreamError(Exception):
     """A streamed answer that broke the protocol (an error event, a chunk that is not JSON)."""
+
+
+#: what a request's transport raises when the connection fails or the answer breaks off
+TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx.HTTPError, aiohttp.ClientError)
+
+#: connect bound of a raw streamed request; no total or read bound: reading is bounded per
+#: token by the caller (aiohttp's session default is a 300 s total, which must not apply)
+_RAW_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=None)
+
+
+@dataclass(frozen=True)
+class RawStream:
+    """A streamed answer whose headers arrived: status, body chunks as they come, whole body."""
+
+    status: int
+    #: the body in the pieces the network delivered them (an SSE event may span two)
+    chunks: AsyncIterator[bytes]
+    #: the rest of the body at once (for an error answer's detail)
+    read: Callable[[], Awaitable[bytes]]
+
+
+@contextlib.asynccontextmanager
+async def open_raw_stream(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any]
+) -> AsyncIterator[RawStream]:
+    """POST ``body`` and hand back the answer once its headers arrived, with no deadline of its
+    own: the caller bounds the whole request with a :class:`TokenDeadline`.
+
+    On a :class:`~autotune.client.StreamingClient` the request goes through its aiohttp session
+    directly (no httpx request, response or byte-stream objects per request and per chunk);
+    any other client (tests' ``httpx.MockTransport``) is read through httpx. Transport errors
+    are those in :data:`TRANSPORT_ERRORS`.
+    """
+    if not isinstance(client, StreamingClient):
+        request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.TransportError:  # see open_stream: one fresh attempt
+            request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
+            response = await client.send(request, stream=True)
+        try:
+            yield RawStream(response.status_code, response.aiter_bytes(), response.aread)
+        finally:
+            await response.aclose()
+        return
+    session = client.aiohttp_session()
+    url = client.root_url + path
+    try:
+        answer = await session.post(
+            url, json=body, headers=client.raw_headers, timeout=_RAW_TIMEOUT
+        )
+    except aiohttp.ClientConnectionError:
+        # Nothing was received (seen: a keep-alive connection the server had just closed,
+        # ServerDisconnectedError). One fresh attempt; a server that is really gone fails it too.
+        answer = await session.post(
+            url, json=body, headers=client.raw_headers, timeout=_RAW_TIMEOUT
+        )
+    try:
+        yield RawStream(answer.status, answer.content.iter_any(), answer.read)
+    finally:
+        # back to the pool if the body was read to its end, closed otherwise (aiohttp decides)
+        answer.release()
+
+
+class TokenDeadline:
+    """The no-token deadline of one request, with one timer for the whole request.
+
+    ``asyncio.timeout`` re-armed for every chunk makes and cancels a timer handle per token
+    (3-4 us of client CPU each on the 2-core demo machine). Here the reader only stores each
+    arrival in :attr:`last` (seconds since ``origin`` on ``time.perf_counter``, a number it
+    computes anyway for the token's time); the one timer, when it fires, re-arms itself for
+    ``last + deadline_s`` if anything arrived since, and otherwise expires the scope: the code
+    inside is cancelled at its current ``await`` and ``TimeoutError`` leaves the ``async with``,
+    by ``asyncio.timeout``'s own machinery. The wait counts from ``origin`` (the send): the
+    headers are no token. ``deadline_s`` None: no deadline.
+
+    The scope must not span a ``yield`` of an async generator (the cancellation would land in
+    the consumer): use it around the reading loop itself.
+    """
+
+    def __init__(
+        self,
+        deadline_s: float | None,
+        origin: float,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.deadline_s = deadline_s
+        self.origin = origin
+        self._clock = clock  # the reader's clock (``last`` is on it); tests pass their own
+        #: the last arrival, seconds after ``origin`` (0: the send)
+        self.last = 0.0
+        self._scope = asyncio.timeout(None)
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> TokenDeadline:
+        await self._scope.__aenter__()
+        if self.deadline_s is not None:
+            self._arm()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        return await self._scope.__aexit__(*exc_info)
+
+    def _arm(self) -> None:
+        assert self.deadline_s is not None
+        idle = self._clock() - self.origin - self.last
+        loop = asyncio.get_running_loop()
+        if idle >= self.deadline_s:
+            self._timer = None
+            self._scope.reschedule(loop.time())  # expire now: cancels the reader's await
+        else:
+            self._timer = loop.call_later(self.deadline_s - idle, self._arm)

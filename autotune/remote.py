@@ -28,7 +28,7 @@ from rich.table import Table
 
 from autotune import names
 from autotune.bench import BenchResult, bench_summary
-from autotune.client import build_transport
+from autotune.client import StreamingClient, connect
 from autotune.engines.dialect import RequestDialect
 from autotune.engines.registry import engine_class
 from autotune.errors import SpecError
@@ -90,15 +90,8 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def build_remote_client(url: str, api_key: str | None, connections: int) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.AsyncClient(
-        base_url=url,
-        headers=headers,
-        timeout=httpx.Timeout(60.0, connect=5.0),
-        transport=build_transport(connections),
-        trust_env=False,
-    )
+def build_remote_client(url: str, api_key: str | None, connections: int) -> StreamingClient:
+    return connect(url, api_key, max_connections=connections, timeout_s=60.0)
 
 
 async def _served_model(client: httpx.AsyncClient, url: str, wanted: str) -> str:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -164,24 +165,14 @@ def pin_tree(root_pid: int, cpus: set[int]) -> int:
 # --- the clients ----------------------------------------------------------------------------
 
 
-def _drop_token_ids(client) -> None:
-    """For the ``autotune_noids`` arm: the same client, without ``return_token_ids`` sent."""
-    build = client.build_request
-
-    def build_request(method, url, *, json=None, **kwargs):  # noqa: A002 - httpx's name
-        if isinstance(json, dict):
-            json = {k: v for k, v in json.items() if k != "return_token_ids"}
-        return build(method, url, json=json, **kwargs)
-
-    client.build_request = build_request
+#: for the ``autotune_noids`` arm: the same client, with no field asking for token ids
+NOIDS_DIALECT = dataclasses.replace(VLLM_DIALECT, token_ids_field=None)
 
 
 async def autotune_round(
     launch, prompts: list[str], n: int, concurrency: int, max_tokens: int, *, token_ids: bool
 ) -> dict[str, float]:
     async with build_client(launch, max_connections=concurrency + 8) as client:
-        if not token_ids:
-            _drop_token_ids(client)
         lags: list[float] = []
         probe = asyncio.ensure_future(_lag_probe(lags))
         cpu0 = time.process_time()
@@ -192,7 +183,7 @@ async def autotune_round(
             n,
             concurrency,
             max_tokens,
-            dialect=VLLM_DIALECT,
+            dialect=VLLM_DIALECT if token_ids else NOIDS_DIALECT,
             read_timeout_s=60.0,
         )
         metrics = summarize(PhaseResult(records=(), wall_s=0.0), load)
