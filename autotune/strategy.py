@@ -337,9 +337,10 @@ class AutoSampler(optuna.samplers.BaseSampler):
         # that set every active dimension (the baseline leaves some to the engine, and a
         # neighbour of it would have to draw those at random)
         complete = [i for i, c in enumerate(good) if enc.complete(c)] or list(range(len(good)))
-        incumbent = good[max(complete, key=lambda i: mean[i])]
+        best = max(complete, key=lambda i: mean[i])
+        incumbent = good[best]
         if self._rng.random() >= GLOBAL_SHARE:
-            config = self._sweep_point(ucb, incumbent, seen)
+            config = self._sweep_point(ucb, incumbent, float(mean[best]), seen)
             if config is not None:
                 self.phase_of_last = "sweep"
                 return config
@@ -375,25 +376,33 @@ class AutoSampler(optuna.samplers.BaseSampler):
         self,
         ucb: Callable[[list[dict[str, Any]]], np.ndarray],
         incumbent: Mapping[str, Any],
+        level: float,
         seen: set[str],
     ) -> dict[str, Any] | None:
         """Coordinate ascent around the incumbent: each round visits every active dimension
         once, most promising first (its best untried value by UCB), so that no dimension is
         left untested while launches go to the same few; the incumbent may change between
-        visits (improvements are accepted as they come)."""
+        visits (improvements are accepted as they come). Only values whose UCB is above the
+        incumbent's posterior mean (``level``) count: a dimension whose every value is known
+        to be worse (a wrong or crashing choice) is not visited again."""
         enc = self._encoder
-        by_dim: dict[str, list[dict[str, Any]]] = {}
-        for name, config in self._neighbours(incumbent):
-            if config_key(config) not in seen and not enc.violated(config):
-                by_dim.setdefault(name, []).append(config)
-        if not by_dim:
+        neighbours = [
+            (name, c)
+            for name, c in self._neighbours(incumbent)
+            if config_key(c) not in seen and not enc.violated(c)
+        ]
+        if not neighbours:
             return None
-        if not set(by_dim) - self._visited:
+        score_all = ucb([c for _n, c in neighbours])
+        hopeful = [(n, c, u) for (n, c), u in zip(neighbours, score_all, strict=True) if u > level]
+        if not hopeful:
+            return None
+        if not {n for n, _c, _u in hopeful} - self._visited:
             self._visited = set()  # a new round
-        open_dims = [n for n in by_dim if n not in self._visited]
-        configs = [c for n in open_dims for c in by_dim[n]]
-        owner = [n for n in open_dims for _ in by_dim[n]]
-        score = ucb(configs)
+        open_moves = [(n, c, u) for n, c, u in hopeful if n not in self._visited]
+        configs = [c for _n, c, _u in open_moves]
+        owner = [n for n, _c, _u in open_moves]
+        score = np.array([u for _n, _c, u in open_moves])
         best = int(np.argmax(score))
         self._visited.add(owner[best])
         config = dict(configs[best])
