@@ -1,8 +1,9 @@
 """What autotune adds to a trial beyond the server's own start-up and the benchmark traffic.
 
-Rerun (about 3 minutes on 2 cores; starts the real vLLM CPU server once per trial)::
+Rerun (about a minute per trial on 2 cores; starts the real vLLM CPU server once per trial;
+>= 10 trials reach the strategy's model-based phase)::
 
-    .venv/bin/python benchmarks/trial_overhead.py --trials 3
+    .venv/bin/python benchmarks/trial_overhead.py --trials 12
 
 It runs the real loop, ``autotune.study.run_study`` on ``studies/demo.yaml`` (real vLLM CPU
 server, baseline + search trials, a throw-away SQLite study), and times the phases by wrapping
@@ -18,10 +19,14 @@ autotune's own functions (nothing in autotune is changed):
   the baseline records the reference instead);
 * benchmark traffic: ``run_benchmark`` (warm-up, single-request and load phases);
 * teardown: ``ServerProcess.stop`` (SIGTERM to the group -> every process of it gone);
-* storage writes: every call into Optuna's ``RDBStorage`` (SQLite) plus artifact uploads.
+* storage writes: every call into Optuna's ``RDBStorage`` (SQLite) plus artifact uploads;
+* the sampler's ask: ``optuna.Study.ask`` (where ``auto`` plans the whole config) plus every
+  ``sample_independent`` call of the study's sampler (where TPE/random draw a value), with
+  the sampler's phase per trial (``design``/``model`` for ``auto``; ``enqueued`` for the
+  baseline, retries and confirmation, which the sampler does not choose).
 
-Overhead = trial wall time - server start-up - benchmark traffic. Figures are medians over the
-trials. Results go to ``benchmarks/results/trial_overhead.json``.
+Overhead = trial wall time - server start-up - benchmark traffic. Figures are medians and
+quartiles over the trials. Results go to ``benchmarks/results/trial_overhead.json``.
 """
 
 from __future__ import annotations
@@ -198,11 +203,54 @@ def install_wrappers() -> threading.Event:
     return stop_watch
 
 
+def install_ask_timer() -> None:
+    """Time each ask, and the sampler's per-parameter draws, whatever the sampler is."""
+    original_ask = optuna.Study.ask
+    wrapped: set[type] = set()
+
+    @functools.wraps(original_ask)
+    def ask(self: optuna.Study, *args: Any, **kwargs: Any) -> Any:
+        sampler_cls = type(self.sampler)
+        if sampler_cls not in wrapped:
+            wrapped.add(sampler_cls)
+            timed(sampler_cls, "sample_independent", "sample_independent_s")
+        start = now()
+        try:
+            return original_ask(self, *args, **kwargs)
+        finally:
+            REC.add("ask_s", now() - start)
+
+    optuna.Study.ask = ask
+
+
+def sampler_phase(study: optuna.Study, number: int) -> str:
+    """``neighbour`` (the guide's early one-change neighbours), the strategy's own phase
+    (``design``/``model`` for ``auto``), ``sampled`` for a sampler without phases, or
+    ``enqueued`` (baseline, retry, confirmation: no sampler chose it)."""
+    from autotune import names
+
+    trial = study.trials[number]
+    if trial.user_attrs.get(names.EARLY_PROPOSAL):
+        return "neighbour"
+    if "fixed_params" in trial.system_attrs or trial.user_attrs.get(names.ROLE) not in (
+        None,
+        names.SEARCH,
+    ):
+        return "enqueued"
+    sampler: Any = study.sampler
+    while sampler is not None:
+        phase = getattr(sampler, "phase_of", {}).get(number)
+        if phase:
+            return phase
+        sampler = getattr(sampler, "_base", None)
+    return "sampled"
+
+
 def on_phase(_number: int, phase: str) -> None:
     REC.current["phases"].setdefault(phase, now())
 
 
-def finish_trial(outcome: Any, _study: optuna.Study) -> None:
+def finish_trial(outcome: Any, study: optuna.Study) -> None:
     cur = REC.current
     watcher = cur.pop("watcher", None)
     if watcher is not None:
@@ -213,6 +261,8 @@ def finish_trial(outcome: Any, _study: optuna.Study) -> None:
         "role": outcome.role,
         "verdict": outcome.verdict,
         "wall_s": end - cur["t_begin"],
+        "sampler_phase": sampler_phase(study, outcome.number),
+        "ask_s": cur.get("ask_s", 0.0) + cur.get("sample_independent_s", 0.0),
     }
     spawn = cur.get("t_spawn_call")
     health = cur.get("t_health_200")
@@ -252,6 +302,21 @@ def finish_trial(outcome: Any, _study: optuna.Study) -> None:
     REC.begin()
 
 
+def quartiles_of(values: list[float]) -> list[float] | None:
+    if len(values) < 2:
+        return None  # one trial of a phase (the baseline) has no quartiles
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return [round(q1, 4), round(q3, 4)]
+
+
+def summary_sampler(url: str) -> str | None:
+    """The strategy the study recorded (``--sampler``'s default unless the spec says)."""
+    from autotune.strategy import SAMPLER_ATTR
+
+    study = optuna.load_study(study_name="overhead", storage=url)
+    return study.user_attrs.get(SAMPLER_ATTR)
+
+
 def machine_info() -> dict[str, Any]:
     from autotune.engines.vllm.version import installed_vllm_version
 
@@ -278,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="trial-overhead-"))
     url = f"sqlite:///{workdir / 'study.db'}"
     stop_watch = install_wrappers()
+    install_ask_timer()
     started = time.perf_counter()
     REC.begin()
     try:
@@ -318,15 +384,42 @@ def main(argv: list[str] | None = None) -> int:
         for k in keys
         if any(t.get(k) is not None for t in launched)
     }
+    quartiles = {
+        k: quartiles_of([t[k] for t in launched if t.get(k) is not None])
+        for k in keys
+        if sum(t.get(k) is not None for t in launched) >= 2
+    }
+    ask_by_phase = {
+        phase: {
+            "n": len(rows),
+            "median_s": round(statistics.median(rows), 4),
+            "quartiles_s": quartiles_of(rows),
+            "max_s": round(max(rows), 4),
+            "median_fraction_of_trial_wall": round(
+                statistics.median(
+                    t["ask_s"] / t["wall_s"]
+                    for t in REC.trials
+                    if t["sampler_phase"] == phase and t["wall_s"] > 0
+                ),
+                5,
+            ),
+        }
+        for phase in sorted({t["sampler_phase"] for t in REC.trials})
+        if (rows := [t["ask_s"] for t in REC.trials if t["sampler_phase"] == phase])
+    }
     result = {
         "what": "time autotune adds to a trial on the real vLLM CPU demo (run_study, "
         "studies/demo.yaml)",
         "trials": REC.trials,
         "medians": medians,
+        "quartiles": quartiles,
+        "sampler": summary_sampler(url),
+        "ask_by_sampler_phase": ask_by_phase,
         "readiness_target_s": 0.25,
         "readiness_within_target": medians.get("readiness_latency_s", 1e9) <= 0.25,
         "stopped_because": summary.stopped_because,
-        "figures_are": "medians over the launched trials",
+        "figures_are": "medians and [q1, q3] over the launched trials; ask time per sampler "
+        "phase over all trials",
         "definitions": {
             "server_startup_s": "spawn -> first /health 200 seen by an independent 10 ms poller",
             "readiness_latency_s": "first /health 200 (independent) -> autotune's wait_ready "
@@ -335,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
             "teardown_s": "ServerProcess.stop: SIGTERM to the group -> no member left",
             "storage_write_s": "time inside optuna RDBStorage write calls (SQLite)",
             "autotune_overhead_s": "trial wall - server_startup_s - benchmark_traffic_s",
+            "ask_s": "optuna.Study.ask + the sampler's sample_independent calls for the trial",
         },
         "machine": machine_info(),
         "total_wall_s": round(time.perf_counter() - started, 1),
@@ -344,6 +438,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmedians over {len(launched)} launched trials:")
     for k, v in medians.items():
         print(f"  {k:<48}{v:>10.3f}")
+    for phase, row in ask_by_phase.items():
+        print(
+            f"  ask, {phase:<10} n={row['n']:<3} median {row['median_s'] * 1000:8.1f} ms, "
+            f"max {row['max_s'] * 1000:8.1f} ms, "
+            f"{row['median_fraction_of_trial_wall']:.2%} of the trial's wall time"
+        )
     print(f"\nwrote {args.out}")
     return 0
 
