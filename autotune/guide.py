@@ -31,7 +31,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial
 
-from autotune import names
+from autotune import names, strategy
 from autotune.engines.base import DroppedChoice, Engine
 from autotune.patching import PatchError, discover_patches
 from autotune.space import Parameter, SearchSpace
@@ -103,6 +103,18 @@ def _rank(param: Parameter, patch_kinds: dict[str, str]) -> int | None:
 def _values(param: Parameter) -> Sequence[Any]:
     # a bool flag left to the engine's default is most often off: turning it on is the change
     return (True, False) if param.type == "bool" else param.choices
+
+
+def risky_for(space: SearchSpace, engine: Engine) -> dict[str, tuple[Any, ...]]:
+    """What the search strategy is told before it measures anything
+    (:func:`autotune.strategy.risky_choices`): the non-default choices of ``fault`` and
+    ``experimental`` patches, and the choices the engine calls lossy."""
+    try:
+        found = discover_patches(engine.spec.engine.patch_dirs)
+    except PatchError:
+        found = {}
+    patches = {name: (p.info.kind, p.info.default) for name, p in found.items()}
+    return strategy.risky_choices(space, patches, engine.lossy_choice)
 
 
 def _patch_kinds(engine: Engine) -> dict[str, str]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from autotune.cleanup import (
 from autotune.engines import build_engine
 from autotune.engines.base import DroppedChoice, Engine
 from autotune.errors import AutotuneError, InfrastructureError, PreflightError, SpecError
-from autotune.guide import GuidedSampler, Neighbour, early_neighbours, record_plan
+from autotune.guide import GuidedSampler, Neighbour, early_neighbours, record_plan, risky_for
 from autotune.model.roofline import roofline_from_spec
 from autotune.record import TrialOutcome
 from autotune.spec import StudySpec, spec_error_for_missing_model
@@ -157,6 +157,7 @@ def open_study(
     dropped: Sequence[DroppedChoice] = (),
     neighbours: Sequence[Neighbour] = (),
     sampler_name: str | None = None,
+    risky: Mapping[str, Sequence[Any]] | None = None,
 ) -> tuple[optuna.Study, bool]:
     """Load the study or create it. Exactly one worker creates it, even when several start
     together: creation is an INSERT guarded by the database's unique study name.
@@ -167,7 +168,7 @@ def open_study(
     name = study_name or spec.name
 
     def make_sampler(chosen: str) -> optuna.samplers.BaseSampler:
-        sampler = build_sampler(spec, seed, chosen)
+        sampler = build_sampler(spec, seed, chosen, risky=risky)
         if dropped or neighbours:
             sampler = GuidedSampler(
                 sampler, spec.space, dropped=dropped, neighbours=neighbours, seed=seed
@@ -232,7 +233,11 @@ def build_pruner() -> optuna.pruners.BasePruner:
 
 
 def build_sampler(
-    spec: StudySpec, seed: int | None, name: str = strategy.DEFAULT_SAMPLER
+    spec: StudySpec,
+    seed: int | None,
+    name: str = strategy.DEFAULT_SAMPLER,
+    *,
+    risky: Mapping[str, Sequence[Any]] | None = None,
 ) -> optuna.samplers.BaseSampler:
     """The search strategy ``name`` (``autotune/strategy.py``; default ``auto``).
 
@@ -240,7 +245,7 @@ def build_sampler(
     regions that crash or print garbage as bad.
     """
     return strategy.build_sampler(
-        name, spec.space, seed, n_objectives=len(spec.objective.directions)
+        name, spec.space, seed, n_objectives=len(spec.objective.directions), risky=risky
     )
 
 
@@ -277,6 +282,7 @@ def run_study(
         dropped=dropped,
         neighbours=neighbours,
         sampler_name=options.sampler,
+        risky=risky_for(spec.space, engine),
     )
     if options.warm_start:
         for line in strategy.warm_start_from(study, spec, url, options.warm_start):

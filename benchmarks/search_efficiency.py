@@ -77,12 +77,15 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import names
+from autotune.engines.vllm.machine import lossy_reason
+from autotune.patching import discover_patches
 from autotune.report import best_trials
 from autotune.space import SearchSpace
 from autotune.space_yaml import load_space
-from autotune.strategy import AutoSampler, build_sampler
+from autotune.strategy import AutoSampler, build_sampler, risky_choices
 
 ROOT = Path(__file__).resolve().parents[1]
+PATCH_DIR = ROOT / "patches"
 DEFAULT_SPACE = ROOT / "search_spaces" / "glm5-8gpu.yaml"
 DEFAULT_LANDSCAPE = "autotune/testing/landscape_glm5.py:landscape"
 RESULT_PATH = ROOT / "benchmarks" / "results" / "search_efficiency.json"
@@ -684,9 +687,12 @@ def run_strategy(
     budget: int,
     target: float,
     stop: bool,
+    patch_dirs: tuple[Path, ...] = (PATCH_DIR,),
 ) -> RunResult:
     if name in ("auto", "tpe", "random", "random-nogate"):
-        sampler = build_sampler(name.removesuffix("-nogate"), space, seed)
+        sampler = build_sampler(
+            name.removesuffix("-nogate"), space, seed, risky=_risky(space, patch_dirs)
+        )
         return run_optuna(
             space,
             land,
@@ -711,6 +717,20 @@ def run_strategy(
             stop_at_target=stop,
         )
     raise BadInput(f"--strategies: unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
+
+
+_RISKY: dict[tuple[str, tuple[Path, ...]], dict[str, tuple[Any, ...]]] = {}
+
+
+def _risky(space: SearchSpace, patch_dirs: tuple[Path, ...]) -> dict[str, tuple[Any, ...]]:
+    """What ``autotune run`` tells the strategy before it measures anything: the kinds of the
+    patches the space targets (``patch_dirs``) and vLLM's lossy choices (an fp8 KV cache)."""
+    key = (str(space.path), patch_dirs)
+    if key not in _RISKY:
+        found = discover_patches(patch_dirs) if patch_dirs else {}
+        kinds = {n: (p.info.kind, p.info.default) for n, p in found.items()}
+        _RISKY[key] = risky_choices(space, kinds, lossy_reason)
+    return _RISKY[key]
 
 
 def main(argv: list[str] | None = None) -> int:

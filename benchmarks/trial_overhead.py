@@ -22,7 +22,7 @@ autotune's own functions (nothing in autotune is changed):
 * storage writes: every call into Optuna's ``RDBStorage`` (SQLite) plus artifact uploads;
 * the sampler's ask: ``optuna.Study.ask`` (where ``auto`` plans the whole config) plus every
   ``sample_independent`` call of the study's sampler (where TPE/random draw a value), with
-  the sampler's phase per trial (``design``/``model`` for ``auto``; ``enqueued`` for the
+  the sampler's phase per trial (``design``/``sweep``/``model`` for ``auto``; ``enqueued`` for the
   baseline, retries and confirmation, which the sampler does not choose).
 
 Overhead = trial wall time - server start-up - benchmark traffic. Figures are medians and
@@ -225,7 +225,7 @@ def install_ask_timer() -> None:
 
 def sampler_phase(study: optuna.Study, number: int) -> str:
     """``neighbour`` (the guide's early one-change neighbours), the strategy's own phase
-    (``design``/``model`` for ``auto``), ``sampled`` for a sampler without phases, or
+    (``design``/``sweep``/``model`` for ``auto``), ``sampled`` for a sampler without phases, or
     ``enqueued`` (baseline, retry, confirmation: no sampler chose it)."""
     from autotune import names
 

@@ -32,6 +32,7 @@ from autotune.strategy import (
     AutoSampler,
     build_sampler,
     config_key,
+    risky_choices,
     warm_start,
 )
 from autotune.study import open_study
@@ -181,7 +182,8 @@ def test_auto_sampler_designs_first_never_repeats_and_learns_the_wrong_region(tm
     assert len(set(keys_seen)) == len(keys_seen), "a launched config was asked for again"
     phases = [sampler.phase_of[n] for n in sorted(sampler.phase_of)]
     assert phases[:N_DESIGN] == ["design"] * N_DESIGN
-    assert phases[-1] == "model" and len(sampler.ask_seconds) == phases.count("model")
+    assert set(phases[N_DESIGN:]) <= {"sweep", "model"} and "sweep" in phases
+    assert len(sampler.ask_seconds) == len(phases) - N_DESIGN
     # the balanced design: each mode value within one of an equal share
     modes = [params["mode"] for params, _ in seen[1 : 1 + N_DESIGN]]
     assert max(modes.count(m) for m in ("slow", "fast", "broken")) <= math.ceil(N_DESIGN / 3)
@@ -190,6 +192,107 @@ def test_auto_sampler_designs_first_never_repeats_and_learns_the_wrong_region(tm
     late = [params for params, _ in seen[-10:]]
     assert sum(p["mode"] == "broken" for p in late) <= 2
     assert sum(p["frac"] > 0.9 for p in late) <= 2
+
+
+def test_risky_choices_stay_out_of_the_design_and_are_tried_once_the_safe_ones_are_known(
+    tmp_path,
+):
+    space_path, land_path = _toy(tmp_path)
+    space = load_space(space_path)
+    land = harness.load_landscape(f"{land_path}:f", noise=0.0)
+    for seed in range(4):
+        sampler = AutoSampler(space, seed=seed, risky={"mode": ["broken"]})
+        seen, _study = _drive(space, land, sampler, 20)
+        modes = [params.get("mode") for params, _ in seen]
+        design = modes[1 : 1 + N_DESIGN]
+        assert "broken" not in design, f"seed {seed}: a risky choice in the design {design}"
+        assert {"slow", "fast"} <= set(design)
+        # the penalty is a prior, not a ban: the model still tries it once the rest is known
+        assert "broken" in modes[1 + N_DESIGN :], f"seed {seed}: risky choice never tried"
+        # and learns it is wrong: tried at most twice in 20 launches
+        assert modes.count("broken") <= 2
+
+
+def test_risky_choices_come_from_patch_kinds_and_the_engines_lossy_choices():
+    space = load_space_text(
+        """
+        parameters:
+          shard_swap:
+            type: categorical
+            choices: [none, swap]
+            target: {patch: shard_swap}
+          fast_path:
+            type: bool
+            target: {patch: fast_path}
+          kv:
+            type: categorical
+            choices: [auto, fp8, fp8_e5m2]
+            target: {flag: --kv-cache-dtype}
+          seqs:
+            type: int
+            low: 1
+            high: 8
+            target: {flag: --max-num-seqs}
+        """
+    )
+    patches = {"shard_swap": ("fault", "none"), "fast_path": ("optimization", False)}
+
+    def lossy(target, value):
+        return "changes numerics" if target == "--kv-cache-dtype" and value != "auto" else None
+
+    assert risky_choices(space, patches, lossy) == {
+        "shard_swap": ("swap",),
+        "kv": ("fp8", "fp8_e5m2"),
+    }
+    experimental = {"shard_swap": ("experimental", "none"), "fast_path": ("experimental", False)}
+    assert risky_choices(space, experimental) == {"shard_swap": ("swap",), "fast_path": (True,)}
+    assert risky_choices(space) == {}
+
+
+#: a separable landscape with one interaction and a wrong region: eight choice dimensions of
+#: three values (6,561 configs), each worth 5-40 %; "c=2" is fast only with "d=1" and wrong
+#: with "e=0"; the best is all 2s but d=1 (1 of 6,561 configs)
+SEPARABLE_SPACE = "parameters:\n" + "".join(
+    f"  {n}:\n    type: categorical\n    choices: [0, 1, 2]\n    target: {{flag: --{n}}}\n"
+    for n in "abcdefgh"
+)
+SEPARABLE_GAIN = {
+    "a": 0.4,
+    "b": 0.3,
+    "c": 0.2,
+    "d": 0.15,
+    "e": 0.1,
+    "f": 0.08,
+    "g": 0.05,
+    "h": 0.05,
+}
+
+
+def _separable(params):
+    if params.get("c") == 2 and params.get("e") == 0:
+        return {"tok_s": 500.0, "correct": False}
+    value = 100.0
+    for name, gain in SEPARABLE_GAIN.items():
+        level = params.get(name, 0)
+        if name == "d":
+            level = {0: 0, 1: 2, 2: 1}[level]
+        value *= 1.0 + gain * level / 2
+    if params.get("c") == 2 and params.get("d") != 1:
+        value *= 0.8
+    return {"tok_s": value}
+
+
+def test_auto_sampler_finds_the_best_of_a_separable_landscape_within_40_launches(tmp_path):
+    space_path = tmp_path / "separable.yaml"
+    space_path.write_text(SEPARABLE_SPACE)
+    space = load_space(space_path)
+    land = harness.Landscape(_separable, "separable", 0.0, (), dict(harness.DEFAULT_COST))
+    best = _separable({n: 2 for n in "abcdefgh"} | {"d": 1})["tok_s"]
+    for seed in range(3):
+        seen, _study = _drive(space, land, AutoSampler(space, seed=seed), 40)
+        values = [out.true for _, out in seen if out.started and out.correct]
+        assert max(values) >= 0.95 * best, f"seed {seed}: best {max(values):.1f} of {best:.1f}"
+        assert sum(not out.correct for _, out in seen) <= 4, "the wrong region not learned"
 
 
 def test_auto_sampler_leaves_enqueued_trials_alone():

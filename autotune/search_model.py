@@ -1,0 +1,250 @@
+"""What the default search strategy knows about configurations: their encoding and its model.
+
+:class:`Encoder` turns configs into feature rows (one-hot choices, ``u`` and ``u**2`` for
+numeric values scaled to [0, 1]) and builds configs dimension by dimension, respecting ``when``;
+:class:`Model` is the closed-form Bayesian model of log(objective) with main effects and
+pairwise interactions that :class:`autotune.strategy.AutoSampler` asks; :func:`read_history`
+reads what a study has measured. Split out of ``strategy.py`` so that each module has one job.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from autotune import names
+from autotune.space import Parameter, SearchSpace
+
+#: the model's prior, in units of log(objective): s.d. of one feature's main effect (0.3:
+#: +-35 %), relative s.d. of a pairwise interaction, and the measurement noise (10 %)
+EFFECT_SD = 0.3
+PAIR_SD = 1.1
+NOISE_SD = 0.1
+
+
+# --- encoding of configurations ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One parameter as the model sees it: its options (Optuna form) or its numeric range."""
+
+    param: Parameter
+    options: tuple[Any, ...] = ()  # Optuna-form choices (int_list as labels)
+    natives: tuple[Any, ...] = ()  # the same choices as the parameter's own values
+
+    @property
+    def is_choice(self) -> bool:
+        return bool(self.options)
+
+    @property
+    def width(self) -> int:
+        # one-hot (choices) or u, u^2 (numeric), plus "absent" (inactive or engine default)
+        return (len(self.options) if self.is_choice else 2) + 1
+
+    def to_unit(self, value: float) -> float:
+        low, high = float(self.param.low), float(self.param.high)
+        if high <= low:
+            return 0.5
+        if self.param.log:
+            return (math.log(value) - math.log(low)) / (math.log(high) - math.log(low))
+        return (value - low) / (high - low)
+
+    def from_unit(self, u: float) -> float | int:
+        p = self.param
+        low, high = float(p.low), float(p.high)
+        u = min(1.0, max(0.0, u))
+        value = (
+            math.exp(math.log(low) + u * (math.log(high) - math.log(low)))
+            if p.log
+            else (low + u * (high - low))
+        )
+        if p.type == "int":
+            step = int(p.step or 1)
+            k = round((value - low) / step)
+            return int(min(int(high), int(low) + step * k))
+        if p.step:
+            k = round((value - low) / float(p.step))
+            return round(min(high, low + k * float(p.step)), 10)
+        return value
+
+
+class Encoder:
+    """Configs (Optuna-form dicts of the active parameters) to feature rows and back."""
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space = space
+        self.dims: list[Dim] = []
+        for p in space.parameters:
+            if p.type in ("bool", "categorical", "int_list"):
+                natives = (False, True) if p.type == "bool" else tuple(p.choices)
+                options = tuple(
+                    space.to_optuna_params({p.name: v})[p.name] if p.type == "int_list" else v
+                    for v in natives
+                )
+                self.dims.append(Dim(p, options, natives))
+            else:
+                self.dims.append(Dim(p))
+        self.width = 1 + sum(d.width for d in self.dims)
+
+    def optuna_choices(self, choices: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+        """``{parameter: native choices}`` in Optuna form (``int_list`` as labels); names and
+        values the space does not have are left out."""
+        out: dict[str, tuple[Any, ...]] = {}
+        for d in self.dims:
+            if d.is_choice and d.param.name in choices:
+                wanted = [list(v) if isinstance(v, tuple) else v for v in choices[d.param.name]]
+                natives = [list(v) if isinstance(v, tuple) else v for v in d.natives]
+                picked = tuple(o for o, v in zip(d.options, natives, strict=True) if v in wanted)
+                if picked:
+                    out[d.param.name] = picked
+        return out
+
+    def row(self, config: Mapping[str, Any]) -> np.ndarray:
+        out = np.zeros(self.width)
+        out[0] = 1.0  # intercept
+        col = 1
+        for d in self.dims:
+            value = config.get(d.param.name)
+            if value is None and d.param.name not in config:
+                out[col + d.width - 1] = 1.0
+            elif d.is_choice:
+                try:
+                    out[col + d.options.index(value)] = 1.0
+                except ValueError:
+                    out[col + d.width - 1] = 1.0
+            else:
+                u = d.to_unit(float(value))
+                out[col] = u
+                out[col + 1] = u * u
+            col += d.width
+        return out
+
+    def native(self, d: Dim, value: Any) -> Any:
+        if d.is_choice and d.param.type == "int_list":
+            return list(d.natives[d.options.index(value)])
+        return value
+
+    def build(self, pick: Any) -> dict[str, Any]:
+        """Walk the parameters in order; ``pick(dim, natives_so_far)`` gives each active one's
+        Optuna-form value. Returns the Optuna-form config of the active parameters."""
+        natives: dict[str, Any] = {}
+        config: dict[str, Any] = {}
+        for d in self.dims:
+            if not self.space.is_active(d.param, natives):
+                continue
+            value = pick(d, natives)
+            config[d.param.name] = value
+            natives[d.param.name] = self.native(d, value)
+        return config
+
+    def complete(self, config: Mapping[str, Any]) -> bool:
+        """Whether ``config`` sets every parameter that is active under its own values."""
+        natives = self.natives_of(config)
+        return all(
+            d.param.name in config for d in self.dims if self.space.is_active(d.param, natives)
+        )
+
+    def natives_of(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            d.param.name: self.native(d, config[d.param.name])
+            for d in self.dims
+            if d.param.name in config
+        }
+
+    def violated(self, config: Mapping[str, Any]) -> bool:
+        return bool(self.space.violated(self.natives_of(config)))
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+# --- the model -----------------------------------------------------------------------------
+
+
+@dataclass
+class Model:
+    """Bayesian regression on main effects AND pairwise interactions of the features, in dual
+    (Gaussian-process) form: kernel ``(xs.xs') + p**2 (xs.xs')**2 / D`` with ``xs = x *
+    EFFECT_SD``, which is a linear model on every feature (weight s.d. ``EFFECT_SD`` in log
+    units) plus one on every product of two features, without building the ~3,000 product
+    features. Fixed hyperparameters, closed form: milliseconds for 60 trials."""
+
+    x: np.ndarray  # scaled features of the observations
+    alpha: np.ndarray
+    chol: np.ndarray
+    offset: float
+    dims: int
+
+    @staticmethod
+    def kernel(a: np.ndarray, b: np.ndarray, dims: int) -> np.ndarray:
+        dot = a @ b.T
+        return dot + PAIR_SD**2 * dot**2 / dims
+
+    @staticmethod
+    def scaled(x: np.ndarray) -> np.ndarray:
+        xs = x * EFFECT_SD
+        xs[:, 0] = 0.0  # the intercept is the offset
+        return xs
+
+    @classmethod
+    def fit(cls, x: np.ndarray, y: np.ndarray, dims: int) -> Model:
+        xs = cls.scaled(x)
+        offset = float(np.mean(y))
+        chol = np.linalg.cholesky(cls.kernel(xs, xs, dims) + NOISE_SD**2 * np.eye(len(y)))
+        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y - offset))
+        return cls(xs, alpha, chol, offset, dims)
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and standard deviation of the log objective at the rows of ``x``."""
+        xs = self.scaled(x)
+        cross = self.kernel(xs, self.x, self.dims)
+        mean = cross @ self.alpha + self.offset
+        v = np.linalg.solve(self.chol, cross.T)
+        norm = np.sum(xs * xs, axis=1)
+        prior = norm + PAIR_SD**2 * norm**2 / self.dims
+        return mean, np.sqrt(np.maximum(prior - np.sum(v * v, axis=0), 1e-12))
+
+    def ucb(self, x: np.ndarray, beta: float) -> np.ndarray:
+        """Posterior mean plus ``beta`` posterior standard deviations at the rows of ``x``."""
+        mean, sd = self.predict(x)
+        return mean + beta * sd
+
+
+@dataclass
+class History:
+    """What the study has taught: measured configs (log objective), bad ones, all tried."""
+
+    good: list[tuple[dict[str, Any], float]]
+    bad: list[dict[str, Any]]
+    tried: set[str]
+
+
+def read_history(study: optuna.Study, sign: float) -> History:
+    good: list[tuple[dict[str, Any], float]] = []
+    bad: list[dict[str, Any]] = []
+    tried: set[str] = set()
+    for t in study.get_trials(deepcopy=False):
+        if not t.params:
+            continue
+        tried.add(config_key(t.params))
+        if t.user_attrs.get(names.FAIL_REASON) == "constraint_violated":
+            continue  # never launched: the space's constraints already exclude it
+        constraint = t.constraints.get(names.CORRECTNESS_CONSTRAINT)
+        if constraint is not None and constraint > 0:
+            bad.append(dict(t.params))  # crashed, failed the gate, or did not start
+        elif t.state == TrialState.COMPLETE and t.values and t.values[0] > 0:
+            good.append((dict(t.params), sign * math.log(t.values[0])))
+        elif t.state == TrialState.PRUNED and t.intermediate_values:
+            last = t.intermediate_values[max(t.intermediate_values)]
+            if last > 0:  # verified, stopped early because clearly slower
+                good.append((dict(t.params), sign * math.log(last)))
+    return History(good, bad, tried)
