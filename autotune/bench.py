@@ -138,7 +138,7 @@ async def stream_request(
         token_ids=True,
     )
     start = time.perf_counter()
-    tokens = _Tokens(dialect.token_ids_key)
+    tokens = _Tokens(dialect)
     times = tokens.times
     clock = time.perf_counter
     try:
@@ -196,10 +196,10 @@ async def stream_request(
 class _Tokens:
     """What one streamed answer delivered so far: token times, ids, text, the usage count."""
 
-    __slots__ = ("ids", "ids_key", "text", "times", "usage")
+    __slots__ = ("dialect", "ids", "text", "times", "usage")
 
-    def __init__(self, ids_key: str | None) -> None:
-        self.ids_key = ids_key  # the dialect's field for a chunk's token ids (None: none)
+    def __init__(self, dialect: RequestDialect) -> None:
+        self.dialect = dialect  # where a chunk carries its token ids (if it does)
         self.times: list[float] = []
         self.ids: list[int] = []
         self.text: list[str] = []
@@ -222,7 +222,7 @@ class _Tokens:
             if usage:
                 self.usage = usage.get("completion_tokens")
             for choice in chunk.get("choices") or ():
-                new_ids = choice.get(self.ids_key) if self.ids_key else None
+                new_ids = self.dialect.token_ids(choice)
                 piece = choice.get("text")
                 if piece:
                     self.text.append(piece)

@@ -109,20 +109,20 @@ def risky_for(space: SearchSpace, engine: Engine) -> dict[str, tuple[Any, ...]]:
     """What the search strategy is told before it measures anything
     (:func:`autotune.strategy.risky_choices`): the non-default choices of ``fault`` and
     ``experimental`` patches, and the choices the engine calls lossy."""
-    try:
-        found = discover_patches(engine.spec.engine.patch_dirs)
-    except PatchError:
-        found = {}
-    patches = {name: (p.info.kind, p.info.default) for name, p in found.items()}
+    patches = {name: (p.info.kind, p.info.default) for name, p in _discovered(engine).items()}
     return strategy.risky_choices(space, patches, engine.lossy_choice)
 
 
 def _patch_kinds(engine: Engine) -> dict[str, str]:
+    return {name: patch.info.kind for name, patch in _discovered(engine).items()}
+
+
+def _discovered(engine: Engine) -> dict[str, Any]:
+    """The spec's patches by name; none when they cannot be read (the preflight reports that)."""
     try:
-        found = discover_patches(engine.spec.engine.patch_dirs)
+        return discover_patches(engine.spec.engine.patch_dirs)
     except PatchError:
         return {}
-    return {name: patch.info.kind for name, patch in found.items()}
 
 
 class GuidedSampler(optuna.samplers.BaseSampler):

@@ -135,19 +135,25 @@ async def open_stream(
     request and never answers sends none): it raises ``TimeoutError`` after ``deadline_s``.
     """
     async with asyncio.timeout(deadline_s):
-        try:
-            request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
-            response = await client.send(request, stream=True)
-        except httpx.TransportError:
-            # Nothing was received. Seen: a keep-alive connection the server had just closed
-            # (aiohttp's ServerDisconnectedError, which httpx-aiohttp reports as ConnectTimeout).
-            # One fresh attempt; a server that is really gone fails it too.
-            request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
-            response = await client.send(request, stream=True)
+        response = await _send_streaming(client, path, body)
     try:
         yield response
     finally:
         await response.aclose()
+
+
+async def _send_streaming(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any]
+) -> httpx.Response:
+    try:
+        request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
+        return await client.send(request, stream=True)
+    except httpx.TransportError:
+        # Nothing was received. Seen: a keep-alive connection the server had just closed
+        # (aiohttp's ServerDisconnectedError, which httpx-aiohttp reports as ConnectTimeout).
+        # One fresh attempt; a server that is really gone fails it too.
+        request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
+        return await client.send(request, stream=True)
 
 
 class StreamError(Exception):
@@ -186,12 +192,7 @@ async def open_raw_stream(
     are those in :data:`TRANSPORT_ERRORS`.
     """
     if not isinstance(client, StreamingClient):
-        request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
-        try:
-            response = await client.send(request, stream=True)
-        except httpx.TransportError:  # see open_stream: one fresh attempt
-            request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
-            response = await client.send(request, stream=True)
+        response = await _send_streaming(client, path, body)
         try:
             yield RawStream(response.status_code, response.aiter_bytes(), response.aread)
         finally:
