@@ -27,6 +27,8 @@ from autotune import names
 from autotune.errors import SpecError
 from autotune.remeasure import Variant, measure_variants
 from autotune.report import is_verified_feasible
+from autotune.search_model import rank_by_posterior
+from autotune.space import SearchSpace
 from autotune.spec import StudySpec
 from autotune.stats import t_quantile
 from autotune.storage import load_study
@@ -55,17 +57,33 @@ class Confirmation:
 
 
 def top_candidates(spec: StudySpec, study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:
-    """The k best verified, feasible trials of the search (one per distinct config)."""
-    sign = names.sign(spec.objective.metrics[0])
+    """The k most promising verified, feasible search trials of the study
+    (:func:`rank_candidates`)."""
+    return rank_candidates(
+        spec.space, study.get_trials(deepcopy=False), names.sign(spec.objective.metrics[0]), k
+    )
+
+
+def rank_candidates(
+    space: SearchSpace, trials: list[optuna.trial.FrozenTrial], sign: float, k: int
+) -> list[optuna.trial.FrozenTrial]:
+    """The k most promising verified, feasible search trials (one per distinct config, the
+    baseline left out), by the search model's posterior mean (``search_model.rank_by_posterior``,
+    fitted on every verified trial), not by each one's single measurement: the candidates are
+    chosen by all the evidence, and the confirmation's fresh rounds then decide between them.
+    ``sign`` is +1 when higher is better."""
+    verified = [t for t in trials if is_verified_feasible(t)]
+    positive = [t for t in verified if t.values and t.values[0] > 0]
+    observations = [(t.params, sign * math.log(t.values[0])) for t in positive]
+    ranked = [positive[i] for i in rank_by_posterior(space, observations)]
+    ranked += sorted((t for t in verified if t not in positive), key=lambda t: -sign * t.values[0])
     seen, out = set(), []
-    trials = [
-        t
-        for t in study.get_trials(deepcopy=False)
-        if is_verified_feasible(t) and t.user_attrs.get(names.ROLE) in names.SEARCH_ROLES
-    ]
-    for trial in sorted(trials, key=lambda t: -sign * t.values[0]):
+    for trial in ranked:
+        role = trial.user_attrs.get(names.ROLE)
+        if role not in names.SEARCH_ROLES or role == names.BASELINE:
+            continue
         key = repr(sorted((trial.user_attrs.get(names.PARAMS_RESOLVED) or {}).items()))
-        if key in seen or trial.user_attrs.get(names.ROLE) == names.BASELINE:
+        if key in seen:
             continue
         seen.add(key)
         out.append(trial)

@@ -174,49 +174,132 @@ def config_key(config: Mapping[str, Any]) -> str:
 class Model:
     """Bayesian regression on main effects AND pairwise interactions of the features, in dual
     (Gaussian-process) form: kernel ``(xs.xs') + p**2 (xs.xs')**2 / D`` with ``xs = x *
-    EFFECT_SD``, which is a linear model on every feature (weight s.d. ``EFFECT_SD`` in log
-    units) plus one on every product of two features, without building the ~3,000 product
-    features. Fixed hyperparameters, closed form: milliseconds for 60 trials."""
+    effect_sd``, which is a linear model on every feature (weight s.d. ``effect_sd``) plus one
+    on every product of two features, without building the ~3,000 product features. Fixed
+    hyperparameters, closed form: milliseconds for 60 trials. The objective's model uses the
+    module's defaults (log units); :class:`Feasibility` uses the same form on labels."""
 
     x: np.ndarray  # scaled features of the observations
     alpha: np.ndarray
     chol: np.ndarray
     offset: float
     dims: int
+    effect_sd: float = EFFECT_SD
+    pair_sd: float = PAIR_SD
 
-    @staticmethod
-    def kernel(a: np.ndarray, b: np.ndarray, dims: int) -> np.ndarray:
+    def kernel(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         dot = a @ b.T
-        return dot + PAIR_SD**2 * dot**2 / dims
+        return dot + self.pair_sd**2 * dot**2 / self.dims
 
-    @staticmethod
-    def scaled(x: np.ndarray) -> np.ndarray:
-        xs = x * EFFECT_SD
+    def scaled(self, x: np.ndarray) -> np.ndarray:
+        xs = x * self.effect_sd
         xs[:, 0] = 0.0  # the intercept is the offset
         return xs
 
     @classmethod
-    def fit(cls, x: np.ndarray, y: np.ndarray, dims: int) -> Model:
-        xs = cls.scaled(x)
-        offset = float(np.mean(y))
-        chol = np.linalg.cholesky(cls.kernel(xs, xs, dims) + NOISE_SD**2 * np.eye(len(y)))
-        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y - offset))
-        return cls(xs, alpha, chol, offset, dims)
+    def fit(
+        cls,
+        x: np.ndarray,
+        y: np.ndarray,
+        dims: int,
+        *,
+        effect_sd: float = EFFECT_SD,
+        pair_sd: float = PAIR_SD,
+        noise_sd: float = NOISE_SD,
+        offset: float | None = None,
+    ) -> Model:
+        model = cls(np.empty(0), np.empty(0), np.empty(0), 0.0, dims, effect_sd, pair_sd)
+        xs = model.scaled(x)
+        model.x = xs
+        model.offset = float(np.mean(y)) if offset is None else offset
+        model.chol = np.linalg.cholesky(model.kernel(xs, xs) + noise_sd**2 * np.eye(len(y)))
+        model.alpha = np.linalg.solve(model.chol.T, np.linalg.solve(model.chol, y - model.offset))
+        return model
 
     def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean and standard deviation of the log objective at the rows of ``x``."""
+        """Posterior mean and standard deviation at the rows of ``x``."""
         xs = self.scaled(x)
-        cross = self.kernel(xs, self.x, self.dims)
+        cross = self.kernel(xs, self.x)
         mean = cross @ self.alpha + self.offset
         v = np.linalg.solve(self.chol, cross.T)
         norm = np.sum(xs * xs, axis=1)
-        prior = norm + PAIR_SD**2 * norm**2 / self.dims
+        prior = norm + self.pair_sd**2 * norm**2 / self.dims
         return mean, np.sqrt(np.maximum(prior - np.sum(v * v, axis=0), 1e-12))
 
     def ucb(self, x: np.ndarray, beta: float) -> np.ndarray:
         """Posterior mean plus ``beta`` posterior standard deviations at the rows of ``x``."""
         mean, sd = self.predict(x)
         return mean + beta * sd
+
+
+#: the feasibility model's prior: labels +1 (started and passed the gate) and -1 (crashed, did
+#: not start, or failed the gate), a feature's effect s.d. on that scale, and label noise
+FEASIBLE_EFFECT_SD = 0.6
+FEASIBLE_NOISE_SD = 0.5
+#: the feasibility model's prior mean: a config is assumed to work until shown otherwise
+#: (P = 0.98 where nothing failed nearby: an untried choice is not made to look risky)
+FEASIBLE_PRIOR = 1.0
+
+
+@dataclass
+class Feasibility:
+    """Where configs start and pass the gate: the same regression as :class:`Model`, on labels
+    +1/-1 instead of speeds. Why a second model: a config that printed garbage or ran out of
+    memory has no speed; entering it into the speed model as "very slow" blames every one of
+    its settings (an fp8 KV cache that is wrong only with one attention backend and block size
+    becomes "slow" everywhere). Kept apart, the speed model learns speed from the configs that
+    have one, and this one learns the region to avoid, interactions included."""
+
+    model: Model | None
+
+    @classmethod
+    def fit(cls, ok: np.ndarray, bad: np.ndarray, dims: int) -> Feasibility:
+        if len(bad) == 0:
+            return cls(None)
+        x = np.vstack([ok, bad]) if len(ok) else bad
+        y = np.concatenate([np.ones(len(ok)), -np.ones(len(bad))])
+        return cls(
+            Model.fit(
+                x,
+                y,
+                dims,
+                effect_sd=FEASIBLE_EFFECT_SD,
+                noise_sd=FEASIBLE_NOISE_SD,
+                offset=FEASIBLE_PRIOR,
+            )
+        )
+
+    def log_probability(self, x: np.ndarray) -> np.ndarray:
+        """log P(the config at each row of ``x`` works): a probit on the label regression's
+        posterior mean (which stays at the prior where nothing failed nearby)."""
+        if self.model is None:
+            return np.zeros(len(x))
+        mean, _sd = self.model.predict(x)
+        z = mean / FEASIBLE_NOISE_SD
+        p = 0.5 * np.vectorize(math.erfc)(-z / math.sqrt(2.0))
+        return np.log(np.clip(p, 1e-6, 1.0))
+
+
+#: fewer measured configs than this: rank them by their own measurements
+MIN_FOR_RANKING = 4
+
+
+def rank_by_posterior(space: SearchSpace, observations: list[tuple[Mapping[str, Any], float]]):
+    """Indices of ``observations`` (Optuna-form params, signed log objective: higher is better),
+    best first by the model's posterior mean fitted on all of them.
+
+    Why not by each config's own measurement: with 5-20 % noise per launch and dozens of
+    configs within a few percent of each other, the highest single measurement is mostly the
+    luckiest one (the winner's curse). The posterior mean of a config pools its measurement
+    with those of every config that shares its settings, so one lucky draw moves it little.
+    With fewer than :data:`MIN_FOR_RANKING` observations the measurements themselves rank."""
+    values = np.array([v for _, v in observations], dtype=float)
+    if len(observations) < MIN_FOR_RANKING:
+        return [int(i) for i in np.argsort(-values, kind="stable")]
+    enc = Encoder(space)
+    x = np.array([enc.row(c) for c, _ in observations])
+    mean = Model.fit(x, values, len(enc.dims)).predict(x)[0]
+    return [int(i) for i in np.lexsort((-values, -mean))]
 
 
 @dataclass

@@ -61,7 +61,15 @@ from optuna.trial import FrozenTrial
 from autotune import names
 from autotune.errors import SpecError
 from autotune.report import is_verified_feasible
-from autotune.search_model import Dim, Encoder, History, Model, config_key, read_history
+from autotune.search_model import (
+    Dim,
+    Encoder,
+    Feasibility,
+    History,
+    Model,
+    config_key,
+    read_history,
+)
 from autotune.space import SearchSpace
 
 #: names accepted by ``autotune run --sampler``
@@ -81,15 +89,19 @@ N_PARENTS = 3
 N_REFINE = 5
 #: a launch that crashed or failed the gate counts as this much below the worst measured one
 BAD_PENALTY = 0.5
+#: learn crashes and wrong outputs with a model of their own (else: as very slow configs)
+SEPARATE_FEASIBILITY = True
+#: weight of log P(works) in the acquisition
+FEASIBILITY_WEIGHT = 1.0
 #: optimism: posterior standard deviations added to the predicted log objective (UCB)
 UCB_BETA = 2.0
 #: share of model-phase asks that search the whole space instead of the incumbent's neighbours
 GLOBAL_SHARE = 0.25
 #: dimensions changed together in one sweep launch
 SWEEP_GROUP = 3
-#: prior penalty (log units) of each risky choice in a config: about -26 %, overturned by one
+#: prior penalty (log units) of each risky choice in a config: about -14 %, overturned by one
 #: or two good measurements
-RISK_PRIOR = 0.3
+RISK_PRIOR = 0.15
 #: numeric values tried per dimension in the incumbent's neighbourhood (stratified), and
 #: variants drawn for the dimensions a change makes active
 N_LEVELS = 4
@@ -328,21 +340,37 @@ class AutoSampler(optuna.samplers.BaseSampler):
 
     def _model_point(self, history: History) -> dict[str, Any]:
         enc = self._encoder
-        y_good = np.array([v for _, v in history.good])
-        # a launch that crashed or failed the gate counts as clearly worse than the worst
-        # measured config: its region (often an interaction of two settings) is learned as bad
-        configs = [c for c, _ in history.good] + history.bad
-        y = np.concatenate([y_good, np.full(len(history.bad), y_good.min() - BAD_PENALTY)])
+        good = [c for c, _ in history.good]
+        if SEPARATE_FEASIBILITY:
+            # speed from the configs that have one; where configs crash or print garbage
+            # from a model of its own (search_model.Feasibility)
+            configs = good
+            y = np.array([v for _, v in history.good])
+            feasible = Feasibility.fit(
+                np.array([enc.row(c) for c in good]),
+                np.array([enc.row(c) for c in history.bad]),
+                len(enc.dims),
+            )
+        else:
+            # a launch that crashed or failed the gate counts as clearly worse than the worst
+            # measured config
+            y_good = np.array([v for _, v in history.good])
+            configs = good + history.bad
+            y = np.concatenate([y_good, np.full(len(history.bad), y_good.min() - BAD_PENALTY)])
+            feasible = Feasibility(None)
         # the model learns the difference from the prior (risky choices start lower)
         y = y - self._prior(configs)
         model = Model.fit(np.array([enc.row(c) for c in configs]), y, len(enc.dims))
 
         def ucb(configs: list[dict[str, Any]]) -> np.ndarray:
             rows = np.array([enc.row(c) for c in configs])
-            return model.ucb(rows, UCB_BETA) + self._prior(configs)
+            return (
+                model.ucb(rows, UCB_BETA)
+                + self._prior(configs)
+                + FEASIBILITY_WEIGHT * feasible.log_probability(rows)
+            )
 
         seen = set(history.tried)
-        good = [c for c, _ in history.good]
         mean = model.predict(np.array([enc.row(c) for c in good]))[0] + self._prior(good)
         # the incumbent: the best posterior mean (not the luckiest draw) among the configs
         # that set every active dimension (the baseline leaves some to the engine, and a

@@ -67,7 +67,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,9 +77,11 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import names
+from autotune.confirm import rank_candidates
 from autotune.engines.vllm.machine import lossy_reason
 from autotune.patching import discover_patches
 from autotune.report import best_trials
+from autotune.search_model import config_key
 from autotune.space import SearchSpace
 from autotune.space_yaml import load_space
 from autotune.strategy import AutoSampler, build_sampler, risky_choices
@@ -434,19 +436,73 @@ class RunResult:
     best_true_after: list[float] = field(default_factory=list)
     best_correct_after: list[bool] = field(default_factory=list)
     minutes_after: list[float] = field(default_factory=list)
+    #: launches the confirmation would add if the search stopped after each launch
+    confirm_launches_after: list[int] = field(default_factory=list)
     wrong_launched: int = 0
     unlaunched: int = 0
     ask_s: list[float] = field(default_factory=list)
 
 
-def _record(run: RunResult, best: Outcome | None, minutes: float) -> None:
+@dataclass(frozen=True)
+class Confirm:
+    """The confirmation ``autotune run`` ends with (``confirm.py``; its defaults
+    ``--confirm-top 2 --confirm-repeats 2``): the top configs by the search model's posterior
+    mean (``confirm.rank_candidates``, the product's own function) and the baseline are
+    measured ``repeats`` times more; the best median wins, unless it is no better than the
+    baseline's (then the baseline is reported, as ``report.baseline_reason`` does). Each
+    config's confirmation draws are its own (a random stream per seed and config), so the
+    answer changes only when the candidates do."""
+
+    top: int = 2
+    repeats: int = 2
+
+    def launches(self, candidates: int) -> int:
+        return (candidates + 1) * self.repeats if candidates else 0
+
+
+def _record(run: RunResult, best: Outcome | None, minutes: float, confirm: int = 0) -> None:
     run.best_true_after.append(best.true if best else 0.0)
     run.best_correct_after.append(best.correct if best else True)
     run.minutes_after.append((run.minutes_after[-1] if run.minutes_after else 0.0) + minutes)
+    run.confirm_launches_after.append(confirm)
 
 
-def _reached(run: RunResult, target: float) -> bool:
-    return run.best_correct_after[-1] and run.best_true_after[-1] >= target
+def _reached(run: RunResult, target: float, budget: int) -> bool:
+    launches = len(run.best_true_after) + run.confirm_launches_after[-1]
+    return run.best_correct_after[-1] and run.best_true_after[-1] >= target and launches <= budget
+
+
+def _reported(
+    study: optuna.Study,
+    space: SearchSpace,
+    land: Landscape,
+    outcome_of: dict[int, Outcome],
+    seed: int,
+    confirm: Confirm | None,
+) -> tuple[Outcome | None, int]:
+    """What the run would report if the search stopped now, and the launches that costs: the
+    confirmed winner (``confirm``), else the highest measured verified trial
+    (``report.best_trials``, what a run without confirmation reports)."""
+    if confirm is None or confirm.top == 0:
+        best = best_trials(study)
+        return (outcome_of[best[0].number] if best else None), 0
+    trials = study.get_trials(deepcopy=False)
+    candidates = rank_candidates(space, trials, 1.0, confirm.top)
+    baseline = next((t for t in trials if t.user_attrs.get(names.ROLE) == "baseline"), None)
+    base = outcome_of.get(baseline.number) if baseline is not None else None
+    if not candidates:
+        return (base if base is not None and base.started and base.correct else None), 0
+
+    def median_of(outcome: Outcome, config: dict[str, Any]) -> float:
+        rng = random.Random(f"confirm:{seed}:{config_key(config)}")
+        return statistics.median(measured(outcome, land.noise, rng) for _ in range(confirm.repeats))
+
+    scored = [(median_of(outcome_of[t.number], t.params), outcome_of[t.number]) for t in candidates]
+    value, winner = max(scored, key=lambda vw: vw[0])
+    base_ok = base is not None and base.started and base.correct
+    if base_ok and value <= median_of(base, baseline.params):
+        winner = base
+    return winner, confirm.launches(len(candidates))
 
 
 def run_optuna(
@@ -460,8 +516,13 @@ def run_optuna(
     *,
     gate: bool = True,
     stop_at_target: bool = True,
+    confirm: Confirm | None = None,
+    points: Iterator[dict[str, Any]] | None = None,
 ) -> RunResult:
-    """The autotune loop in-process: baseline first, then the sampler, the objective's policy."""
+    """The autotune loop in-process: baseline first, then the sampler (or the fixed ``points``
+    of a grid, each setting only its own parameters), the objective's policy, and what it
+    would report (:func:`_reported`; peers without the gate report their highest measurement
+    and confirm nothing)."""
     noise_rng = random.Random(seed)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     study.enqueue_trial(space.baseline_optuna_params(), user_attrs={names.ROLE: "baseline"})
@@ -469,12 +530,19 @@ def run_optuna(
     outcome_of: dict[int, Outcome] = {}
     launched = 0
     while launched < budget:
+        only: Collection[str] | None = None
+        if points is not None and len(study.trials) > 0:
+            point = next(points, None)
+            if point is None:
+                break
+            study.enqueue_trial(space.to_optuna_params(point), user_attrs={names.ROLE: "search"})
+            only = set(point)
         trial = study.ask()
         role = trial.user_attrs.get(names.ROLE, "search")
         values = (
             space.suggest(trial, only=space.baseline_names())
             if role == "baseline"
-            else space.suggest(trial)
+            else space.suggest(trial, only=only)
         )
         trial.set_user_attr(names.PARAMS_RESOLVED, values)
         trial.set_user_attr(names.ROLE, role)
@@ -504,13 +572,11 @@ def run_optuna(
             trial.set_user_attr(names.CORRECT, True)
             trial.set_constraint(names.CORRECTNESS_CONSTRAINT, 0.0)
             study.tell(trial, measured(outcome, land.noise, noise_rng))
-        best = best_trials(study)
-        _record(
-            run,
-            outcome_of[best[0].number] if best else None,
-            launch_minutes(outcome, land.cost, gate=gate),
+        best, confirm_launches = _reported(
+            study, space, land, outcome_of, seed, confirm if gate else None
         )
-        if stop_at_target and _reached(run, target):
+        _record(run, best, launch_minutes(outcome, land.cost, gate=gate), confirm_launches)
+        if stop_at_target and _reached(run, target, budget):
             break
     if isinstance(sampler, AutoSampler):
         run.ask_s = list(sampler.ask_seconds)
@@ -528,37 +594,49 @@ def run_grid(
     shuffled: bool,
     gate: bool,
     stop_at_target: bool = True,
+    confirm: Confirm | None = None,
 ) -> RunResult:
-    noise_rng = random.Random(seed)
-    run = RunResult(name, seed)
-    best: tuple[float, Outcome] | None = None
-    launched = 0
-    for values in grid_points(space, random.Random(seed) if shuffled else None):
-        if launched >= budget:
-            break
-        if space.violated(values):
-            run.unlaunched += 1
-            continue
-        outcome = land(values)
-        launched += 1
-        run.wrong_launched += outcome.started and not outcome.correct
-        if outcome.started and (outcome.correct or not gate):
-            value = measured(outcome, land.noise, noise_rng)
-            if best is None or value > best[0]:
-                best = (value, outcome)
-        _record(run, best[1] if best else None, launch_minutes(outcome, land.cost, gate=gate))
-        if stop_at_target and _reached(run, target):
-            break
-    return run
+    """The sweep's grid through the same loop (baseline first, the grid's points after it)."""
+    return run_optuna(
+        space,
+        land,
+        optuna.samplers.RandomSampler(seed=seed),
+        name,
+        seed,
+        budget,
+        target,
+        gate=gate,
+        stop_at_target=stop_at_target,
+        confirm=confirm,
+        points=grid_points(space, random.Random(seed) if shuffled else None),
+    )
 
 
 def trials_to_target(run: RunResult, target: float, budget: int) -> int:
-    for index, (value, correct) in enumerate(
-        zip(run.best_true_after, run.best_correct_after, strict=True), start=1
+    """Launches until the reported best is correct and within 5 % of the true best, the
+    confirmation's launches included; budget + 1 when that never happens within the budget."""
+    index = _search_launches_to_target(run, target, budget)
+    return budget + 1 if index is None else index + run.confirm_launches_after[index - 1]
+
+
+def _search_launches_to_target(run: RunResult, target: float, budget: int) -> int | None:
+    for index, (value, correct, extra) in enumerate(
+        zip(run.best_true_after, run.best_correct_after, run.confirm_launches_after, strict=True),
+        start=1,
     ):
-        if correct and value >= target:
+        if correct and value >= target and index + extra <= budget:
             return index
-    return budget + 1
+    return None
+
+
+def sim_hours_to_target(run: RunResult, target: float, budget: int, cost: dict[str, float]):
+    """Simulated hours until then (the confirmation's launches each load, check and measure);
+    the whole budget's search when the target is never reached."""
+    index = _search_launches_to_target(run, target, budget)
+    if index is None:
+        return run.minutes_after[-1] / 60.0 if run.minutes_after else 0.0
+    per_confirm = cost["load"] + cost["check"] + cost["bench"]
+    return (run.minutes_after[index - 1] + run.confirm_launches_after[index - 1] * per_confirm) / 60
 
 
 # --- statistics -----------------------------------------------------------------------------
@@ -625,13 +703,16 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q[0], statistics.median(values), q[2]
 
 
-def summarize(runs: list[RunResult], target: float, budget: int, reference: list[int] | None):
+def summarize(
+    runs: list[RunResult],
+    target: float,
+    budget: int,
+    reference: list[int] | None,
+    cost: dict[str, float],
+):
     hits = [trials_to_target(r, target, budget) for r in runs]
     q1, med, q3 = quartiles([float(h) for h in hits])
-    hours = [
-        (r.minutes_after[h - 1] if h <= budget else r.minutes_after[-1]) / 60.0
-        for r, h in zip(runs, hits, strict=True)
-    ]
+    hours = [sim_hours_to_target(r, target, budget, cost) for r in runs]
     out: dict[str, Any] = {
         "seeds": [r.seed for r in runs],
         "trials_to_95pct_median": med,
@@ -688,6 +769,7 @@ def run_strategy(
     target: float,
     stop: bool,
     patch_dirs: tuple[Path, ...] = (PATCH_DIR,),
+    confirm: Confirm | None = None,
 ) -> RunResult:
     if name in ("auto", "tpe", "random", "random-nogate"):
         sampler = build_sampler(
@@ -703,6 +785,7 @@ def run_strategy(
             target,
             gate=not name.endswith("-nogate"),
             stop_at_target=stop,
+            confirm=confirm,
         )
     if name.startswith("grid-"):
         return run_grid(
@@ -715,6 +798,7 @@ def run_strategy(
             shuffled=name.startswith("grid-random"),
             gate=not name.endswith("-nogate"),
             stop_at_target=stop,
+            confirm=confirm,
         )
     raise BadInput(f"--strategies: unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 
@@ -743,6 +827,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=60)
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--full", action="store_true", help="run every budget to the end")
+    parser.add_argument(
+        "--confirm-top",
+        type=int,
+        default=Confirm.top,
+        help="configs the simulated confirmation re-measures (0: report the highest measurement)",
+    )
+    parser.add_argument("--confirm-repeats", type=int, default=Confirm.repeats)
     parser.add_argument("--out", type=Path, default=RESULT_PATH)
     args = parser.parse_args(argv)
     try:
@@ -765,6 +856,9 @@ def _main(args: argparse.Namespace) -> int:
             raise BadInput(f"--strategies: unknown strategy {n!r}; one of {', '.join(STRATEGIES)}")
     if "random" not in names:
         names.append("random")
+    if args.confirm_top < 0 or args.confirm_repeats < 1:
+        raise BadInput("--confirm-top must be >= 0 and --confirm-repeats >= 1")
+    confirm = Confirm(args.confirm_top, args.confirm_repeats)
     t0 = time.perf_counter()
     best_value, best_values, method = true_best(space, land)
     true_best_s = time.perf_counter() - t0
@@ -783,11 +877,15 @@ def _main(args: argparse.Namespace) -> int:
         for seed in seeds:
             for n in names:
                 runs[n].append(
-                    run_strategy(n, space, land, seed, args.budget, target, not args.full)
+                    run_strategy(
+                        n, space, land, seed, args.budget, target, not args.full, confirm=confirm
+                    )
                 )
         hits = {n: [trials_to_target(r, target, args.budget) for r in rs] for n, rs in runs.items()}
         summary = {
-            n: summarize(rs, target, args.budget, hits["random"] if n != "random" else None)
+            n: summarize(
+                rs, target, args.budget, hits["random"] if n != "random" else None, land.cost
+            )
             for n, rs in runs.items()
         }
         sets.append({"seeds": f"{seeds[0]}-{seeds[-1]}", "strategies": summary})
@@ -808,6 +906,16 @@ def _main(args: argparse.Namespace) -> int:
         "baseline_true": round(baseline.true, 4),
         "cost_minutes": land.cost,
         "stopped_at_target": not args.full,
+        "confirmation": {
+            "top": confirm.top,
+            "repeats": confirm.repeats,
+            "launches": confirm.launches(confirm.top),
+            "note": "gated strategies report what autotune run would: the confirmed winner "
+            "(top configs by posterior mean, re-measured with the baseline); its launches "
+            "count in the figures and the budget. Peers without the gate confirm nothing.",
+        }
+        if confirm.top
+        else "none: the highest single measurement is reported",
         "figures_are": "per seed set: median and quartiles over seeds of launches until the "
         "reported best's true value is >= 95 % of the true best; not reached = budget + 1",
         # the first seed set at top level (the keys this file had before), all sets below
