@@ -5,7 +5,10 @@
 * ``AutoSampler`` never asks for a constraint-violating or already launched config, plans
   its first trials from a balanced design, then the model; it learns a wrong region;
 * ``--warm-start``: the source's best verified configs are queued first, pinned, once;
-* the harness runs a landscape it has never seen (written here) and writes the JSON names.
+* the harness runs a landscape it has never seen (written here) and writes the JSON names,
+  and counts the simulated confirmation's launches;
+* the search model ranks by posterior mean (one lucky draw does not win), its feasibility
+  model learns where configs fail; confirmation candidates come from that ranking.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import math
 import textwrap
 
+import numpy as np
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
@@ -22,7 +26,9 @@ from typer.testing import CliRunner
 
 from autotune import names
 from autotune.cli import app
+from autotune.confirm import rank_candidates
 from autotune.errors import SpecError
+from autotune.search_model import Encoder, Feasibility, rank_by_posterior
 from autotune.space_yaml import load_space
 from autotune.spec import load_spec
 from autotune.strategy import (
@@ -427,3 +433,99 @@ def test_harness_rejects_a_landscape_that_breaks_the_protocol(tmp_path, capsys):
     assert "bad_landscape.py:f" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
     assert harness.main(["--landscape", f"{tmp_path / 'none.py'}:f"]) == 2
+
+
+# --- the search model: ranking by posterior mean, and where configs fail --------------------
+
+RANK_SPACE = """
+parameters:
+  mode:
+    type: categorical
+    choices: [good, bad]
+    target: {flag: --mode}
+  knob:
+    type: categorical
+    choices: [a, b, c, d]
+    target: {flag: --knob}
+"""
+
+
+def test_ranking_by_posterior_mean_is_not_fooled_by_one_lucky_measurement():
+    space = load_space_text(RANK_SPACE)
+    # every "good" config measures about 100, every "bad" one about 60; one "bad" config had
+    # a lucky draw of 104: the highest single measurement, but its setting is known to be slow
+    good = {"a": 100, "b": 101, "c": 99, "d": 100}
+    observations = [({"mode": "good", "knob": k}, math.log(v)) for k, v in good.items()]
+    observations += [({"mode": "bad", "knob": k}, math.log(60)) for k in "abc"]
+    observations.append(({"mode": "bad", "knob": "d"}, math.log(104)))
+    order = rank_by_posterior(space, observations)
+    assert max(range(len(observations)), key=lambda i: observations[i][1]) == 7  # the lucky one
+    assert [observations[i][0]["mode"] for i in order[:2]] == ["good", "good"]
+    assert order[0] != 7 and order[1] != 7
+    # too few observations to model: their own measurements rank them
+    assert rank_by_posterior(space, observations[5:8]) == [2, 0, 1]
+
+
+def test_feasibility_learns_the_failing_region_and_leaves_untried_choices_alone():
+    space = load_space_text(TOY_SPACE)
+    enc = Encoder(space)
+
+    def row(mode, frac, size=16, flag=False):
+        return enc.row({"mode": mode, "size": size, "frac": frac, "flag": flag})
+
+    ok = np.array([row(m, f) for m in ("slow", "fast") for f in (0.5, 0.6, 0.7, 0.8)])
+    bad = np.array([row(m, 1.0) for m in ("slow", "fast")] + [row("fast", 0.95)])
+    feasible = Feasibility.fit(ok, bad, len(enc.dims))
+    p_fail_region = math.exp(feasible.log_probability(np.array([row("slow", 0.95)]))[0])
+    p_ok_region = math.exp(feasible.log_probability(np.array([row("slow", 0.6)]))[0])
+    p_untried = math.exp(feasible.log_probability(np.array([row("broken", 0.6)]))[0])
+    assert p_fail_region < 0.5 < p_ok_region
+    assert p_untried > 0.8, "a choice never tried is not made to look risky"
+    assert Feasibility.fit(ok, np.empty((0, enc.width)), len(enc.dims)).model is None
+
+
+def test_confirmation_candidates_are_ranked_by_the_model_one_per_config_without_the_baseline():
+    space = load_space_text(RANK_SPACE)
+    dists = {
+        "mode": CategoricalDistribution(["good", "bad"]),
+        "knob": CategoricalDistribution(list("abcd")),
+    }
+
+    def trial(number, params, value, role="search"):
+        return create_trial(
+            params=params,
+            distributions={k: dists[k] for k in params},
+            value=value,
+            user_attrs={names.ROLE: role, names.CORRECT: True, names.PARAMS_RESOLVED: params},
+            system_attrs={"constraints": [0.0]},
+        )
+
+    trials = [trial(0, {}, 80.0, role="baseline")]
+    trials += [trial(i, {"mode": "good", "knob": k}, 100.0 + i) for i, k in enumerate("abcd", 1)]
+    trials += [trial(5 + i, {"mode": "bad", "knob": k}, 60.0) for i, k in enumerate("abc")]
+    trials.append(trial(8, {"mode": "bad", "knob": "d"}, 106.0))  # the luckiest draw
+    trials.append(trial(9, {"mode": "good", "knob": "d"}, 103.0))  # a repeat of a config
+    picked = rank_candidates(space, trials, 1.0, 3)
+    configs = [t.user_attrs[names.PARAMS_RESOLVED] for t in picked]
+    assert all(c["mode"] == "good" for c in configs), configs
+    assert len({json.dumps(c, sort_keys=True) for c in configs}) == 3
+    assert all(t.user_attrs[names.ROLE] != "baseline" for t in picked)
+
+
+def test_harness_counts_the_confirmations_launches(tmp_path):
+    space_path, land_path = _toy(tmp_path)
+    args = ["--space", str(space_path), "--landscape", f"{land_path}:f", "--noise", "0.0",
+            "--seeds", "2", "--seed-sets", "1", "--budget", "30",
+            "--strategies", "auto,random"]  # fmt: skip
+    assert harness.main([*args, "--out", str(tmp_path / "c.json")]) == 0
+    assert harness.main([*args, "--confirm-top", "0", "--out", str(tmp_path / "n.json")]) == 0
+    confirmed = json.loads((tmp_path / "c.json").read_text())
+    unconfirmed = json.loads((tmp_path / "n.json").read_text())
+    assert confirmed["confirmation"]["launches"] == (2 + 1) * 2
+    assert isinstance(unconfirmed["confirmation"], str)
+    for name in ("auto", "random"):
+        with_c = confirmed["strategies"][name]["trials_to_95pct_per_seed"]
+        without = unconfirmed["strategies"][name]["trials_to_95pct_per_seed"]
+        for a, b in zip(with_c, without, strict=True):
+            # without noise the confirmation reports the same config, six launches later
+            assert a == 31 or b == 31 or a >= b + 6
