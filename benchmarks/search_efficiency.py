@@ -77,13 +77,14 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import names
-from autotune.confirm import rank_candidates
+from autotune.confirm import DEFAULT_MAX_ROUNDS, gain_with_ci, rank_candidates
 from autotune.engines.vllm.machine import lossy_reason
 from autotune.patching import discover_patches
 from autotune.report import best_trials
 from autotune.search_model import config_key
 from autotune.space import SearchSpace
 from autotune.space_yaml import load_space
+from autotune.spec import WorkloadSpec
 from autotune.strategy import AutoSampler, build_sampler, risky_choices
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -445,19 +446,27 @@ class RunResult:
 
 @dataclass(frozen=True)
 class Confirm:
-    """The confirmation ``autotune run`` ends with (``confirm.py``; its defaults
-    ``--confirm-top 2 --confirm-repeats 2``): the top configs by the search model's posterior
-    mean (``confirm.rank_candidates``, the product's own function) and the baseline are
-    measured ``repeats`` times more; the best median wins, unless it is no better than the
-    baseline's (then the baseline is reported, as ``report.baseline_reason`` does). Each
-    config's confirmation draws are its own (a random stream per seed and config), so the
-    answer changes only when the candidates do."""
+    """The confirmation ``autotune run`` ends with (``confirm.py``, its defaults
+    ``--confirm-top 2 --confirm-repeats 2`` and the spec's default ``target_precision``): the
+    top configs by the search model's posterior mean (``confirm.rank_candidates``, the
+    product's own function) and the baseline are measured again, one round each at a time,
+    at least ``repeats`` rounds and on, up to ``max_rounds``, until the leading candidate's gain
+    over the baseline is known within ``precision`` (``confirm.gain_with_ci``, the product's
+    rule). The best median wins, unless it is no better than the baseline's (then the baseline
+    is reported, as ``report.baseline_reason`` does). Each config's confirmation draws come
+    from a random stream of its own (per seed and config), so the answer changes only when
+    the candidates do."""
 
     top: int = 2
     repeats: int = 2
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+    precision: float = WorkloadSpec.target_precision
 
-    def launches(self, candidates: int) -> int:
-        return (candidates + 1) * self.repeats if candidates else 0
+    def precise(self, lead: list[float], base: list[float]) -> bool:
+        if self.precision <= 0 or len(base) < 2 or len(lead) < 2:
+            return True
+        _gain, (low, high) = gain_with_ci(tuple(lead), tuple(base), 1.0)
+        return math.log1p(high) - math.log1p(low) <= 2 * self.precision
 
 
 def _record(run: RunResult, best: Outcome | None, minutes: float, confirm: int = 0) -> None:
@@ -493,16 +502,28 @@ def _reported(
     if not candidates:
         return (base if base is not None and base.started and base.correct else None), 0
 
-    def median_of(outcome: Outcome, config: dict[str, Any]) -> float:
-        rng = random.Random(f"confirm:{seed}:{config_key(config)}")
-        return statistics.median(measured(outcome, land.noise, rng) for _ in range(confirm.repeats))
-
-    scored = [(median_of(outcome_of[t.number], t.params), outcome_of[t.number]) for t in candidates]
-    value, winner = max(scored, key=lambda vw: vw[0])
+    variants = [(t.params, outcome_of[t.number]) for t in candidates]
     base_ok = base is not None and base.started and base.correct
-    if base_ok and value <= median_of(base, baseline.params):
+    if base_ok:
+        variants.append((baseline.params, base))
+    streams = [random.Random(f"confirm:{seed}:{config_key(c)}") for c, _ in variants]
+    samples: list[list[float]] = [[] for _ in variants]
+    rounds = 0
+    while True:
+        rounds += 1
+        for stream, (_c, outcome), got in zip(streams, variants, samples, strict=True):
+            got.append(measured(outcome, land.noise, stream))
+        if rounds < confirm.repeats:
+            continue
+        lead = max(samples[: len(candidates)], key=statistics.median)
+        if rounds >= confirm.max_rounds or not base_ok or confirm.precise(lead, samples[-1]):
+            break
+    medians = [statistics.median(got) for got in samples]
+    best = max(range(len(candidates)), key=lambda i: medians[i])
+    winner = variants[best][1]
+    if base_ok and medians[best] <= medians[-1]:
         winner = base
-    return winner, confirm.launches(len(candidates))
+    return winner, rounds * (len(candidates) + 1)
 
 
 def run_optuna(
@@ -722,6 +743,16 @@ def summarize(
         "not_reached_within_budget": sum(h > budget for h in hits),
         "sim_hours_to_95pct_median": round(statistics.median(hours), 2),
         "sim_hours_note": "a run that never reached the target counts its whole budget",
+        "search_launches_to_95pct_median": statistics.median(
+            _search_launches_to_target(r, target, budget) or budget + 1 for r in runs
+        ),
+        "confirmation_launches_median": statistics.median(
+            r.confirm_launches_after[(_search_launches_to_target(r, target, budget) or 0) - 1]
+            for r in runs
+            if r.confirm_launches_after
+        )
+        if any(r.confirm_launches_after for r in runs)
+        else 0,
         "incorrect_reported_as_best": sum(not ok for r in runs for ok in r.best_correct_after),
         "runs_ever_reporting_incorrect_best": sum(not all(r.best_correct_after) for r in runs),
         "wrong_configs_launched_median": statistics.median(r.wrong_launched for r in runs),
@@ -834,6 +865,13 @@ def main(argv: list[str] | None = None) -> int:
         help="configs the simulated confirmation re-measures (0: report the highest measurement)",
     )
     parser.add_argument("--confirm-repeats", type=int, default=Confirm.repeats)
+    parser.add_argument("--confirm-max-rounds", type=int, default=Confirm.max_rounds)
+    parser.add_argument(
+        "--target-precision",
+        type=float,
+        default=Confirm.precision,
+        help="the confirmation's stopping rule (the spec's workload.target_precision)",
+    )
     parser.add_argument("--out", type=Path, default=RESULT_PATH)
     args = parser.parse_args(argv)
     try:
@@ -858,7 +896,12 @@ def _main(args: argparse.Namespace) -> int:
         names.append("random")
     if args.confirm_top < 0 or args.confirm_repeats < 1:
         raise BadInput("--confirm-top must be >= 0 and --confirm-repeats >= 1")
-    confirm = Confirm(args.confirm_top, args.confirm_repeats)
+    confirm = Confirm(
+        args.confirm_top,
+        args.confirm_repeats,
+        max(args.confirm_repeats, args.confirm_max_rounds),
+        args.target_precision,
+    )
     t0 = time.perf_counter()
     best_value, best_values, method = true_best(space, land)
     true_best_s = time.perf_counter() - t0
@@ -909,7 +952,9 @@ def _main(args: argparse.Namespace) -> int:
         "confirmation": {
             "top": confirm.top,
             "repeats": confirm.repeats,
-            "launches": confirm.launches(confirm.top),
+            "max_rounds": confirm.max_rounds,
+            "target_precision": confirm.precision,
+            "launches": f"{confirm.repeats}-{confirm.max_rounds} rounds x (top + baseline)",
             "note": "gated strategies report what autotune run would: the confirmed winner "
             "(top configs by posterior mean, re-measured with the baseline); its launches "
             "count in the figures and the budget. Peers without the gate confirm nothing.",

@@ -521,8 +521,16 @@ def test_harness_counts_the_confirmations_launches(tmp_path):
     assert harness.main([*args, "--confirm-top", "0", "--out", str(tmp_path / "n.json")]) == 0
     confirmed = json.loads((tmp_path / "c.json").read_text())
     unconfirmed = json.loads((tmp_path / "n.json").read_text())
-    assert confirmed["confirmation"]["launches"] == (2 + 1) * 2
+    # without noise the first two rounds are precise: 2 rounds x (2 candidates + baseline)
+    assert confirmed["confirmation"]["max_rounds"] == 4
+    assert confirmed["strategies"]["auto"]["confirmation_launches_median"] == (2 + 1) * 2
     assert isinstance(unconfirmed["confirmation"], str)
+    assert unconfirmed["strategies"]["auto"]["confirmation_launches_median"] == 0
+    # with 30 % noise no two or three rounds are precise: the product's cap, 4 rounds
+    noisy = [a if a != "0.0" else "0.3" for a in args]
+    assert harness.main([*noisy, "--out", str(tmp_path / "z.json")]) == 0
+    noisy_result = json.loads((tmp_path / "z.json").read_text())
+    assert noisy_result["strategies"]["random"]["confirmation_launches_median"] == 4 * 3
     for name in ("auto", "random"):
         with_c = confirmed["strategies"][name]["trials_to_95pct_per_seed"]
         without = unconfirmed["strategies"][name]["trials_to_95pct_per_seed"]
