@@ -1,8 +1,10 @@
 """Confirmation: beat the winner's curse before declaring a best config.
 
 With 10-20% run-to-run noise, the trial with the highest single measurement is often just the
-luckiest. Before a study declares its best, the top candidates (verified, feasible trials) and
-the baseline are measured again, interleaved (B, A1, A2, B, A1, A2, ...), as ordinary gated
+luckiest. Before a study declares its best, the top candidates (verified, feasible trials,
+ranked by the search model's posterior mean, which pools each config's measurement with those
+of every config that shares its settings: :func:`rank_candidates`) and the baseline are
+measured again, interleaved (B, A1, A2, B, A1, A2, ...), as ordinary gated
 trials. The winner is the candidate with the best median over those rounds that passed the gate
 and every constraint in every round; its gain over the baseline is the ratio of geometric means,
 with a 95% Welch t confidence interval on the log ratio. A t interval, not a bootstrap: with the

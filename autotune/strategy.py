@@ -19,9 +19,13 @@ than random there. ``auto`` is a small Bayesian model-based search shaped for th
 * **a Bayesian model of log(objective) with main effects and pairwise interactions**
   (:class:`autotune.search_model.Model`, closed form, milliseconds per ask); risky choices
   start :data:`RISK_PRIOR` lower in its prior mean, which measurements can overturn;
-* **failure and wrong-output regions learned as bad**: a launch that crashed, did not start or
-  failed the gate enters the model as clearly worse than the worst measured config; an exact
-  repeat of any launched config is never proposed;
+* **failure and wrong-output regions learned by a model of their own**
+  (:class:`autotune.search_model.Feasibility`, the same regression on works / does not work):
+  a launch that crashed, did not start or failed the gate has no speed, and entering it into
+  the speed model as "very slow" blamed every one of its settings (an fp8 KV cache that is
+  wrong only with one backend and block size became slow everywhere). Proposals are scored by
+  the speed model's bound plus log P(works); an exact repeat of any launched config is never
+  proposed;
 * **a coordinate sweep around the incumbent** (most asks): the incumbent is the config with
   the best posterior mean (not the luckiest noisy draw) among those that set every active
   dimension; each round visits every dimension once, most promising first by upper confidence
@@ -87,10 +91,6 @@ N_GLOBAL = 100
 N_LOCAL = 200
 N_PARENTS = 3
 N_REFINE = 5
-#: a launch that crashed or failed the gate counts as this much below the worst measured one
-BAD_PENALTY = 0.5
-#: learn crashes and wrong outputs with a model of their own (else: as very slow configs)
-SEPARATE_FEASIBILITY = True
 #: weight of log P(works) in the acquisition
 FEASIBILITY_WEIGHT = 1.0
 #: optimism: posterior standard deviations added to the predicted log objective (UCB)
@@ -341,23 +341,15 @@ class AutoSampler(optuna.samplers.BaseSampler):
     def _model_point(self, history: History) -> dict[str, Any]:
         enc = self._encoder
         good = [c for c, _ in history.good]
-        if SEPARATE_FEASIBILITY:
-            # speed from the configs that have one; where configs crash or print garbage
-            # from a model of its own (search_model.Feasibility)
-            configs = good
-            y = np.array([v for _, v in history.good])
-            feasible = Feasibility.fit(
-                np.array([enc.row(c) for c in good]),
-                np.array([enc.row(c) for c in history.bad]),
-                len(enc.dims),
-            )
-        else:
-            # a launch that crashed or failed the gate counts as clearly worse than the worst
-            # measured config
-            y_good = np.array([v for _, v in history.good])
-            configs = good + history.bad
-            y = np.concatenate([y_good, np.full(len(history.bad), y_good.min() - BAD_PENALTY)])
-            feasible = Feasibility(None)
+        # speed from the configs that have one; where configs crash or print garbage from a
+        # model of its own (search_model.Feasibility)
+        configs = good
+        y = np.array([v for _, v in history.good])
+        feasible = Feasibility.fit(
+            np.array([enc.row(c) for c in good]),
+            np.array([enc.row(c) for c in history.bad]).reshape(len(history.bad), enc.width),
+            len(enc.dims),
+        )
         # the model learns the difference from the prior (risky choices start lower)
         y = y - self._prior(configs)
         model = Model.fit(np.array([enc.row(c) for c in configs]), y, len(enc.dims))
