@@ -33,13 +33,11 @@ from optuna.trial import FrozenTrial
 
 from autotune import names, strategy
 from autotune.engines.base import DroppedChoice, Engine
-from autotune.patching import PatchError, discover_patches
+from autotune.patching import SAFE_KINDS, PatchError, discover_patches
 from autotune.space import Parameter, SearchSpace
 
 #: how many sampled trials after the baseline are one-change neighbours
 EARLY_NEIGHBOURS = 2
-
-_SAFE_PATCH_KINDS = ("optimization", "fix")
 
 
 @dataclass(frozen=True)
@@ -96,7 +94,7 @@ _DISCRETE = ("categorical", "bool", "int_list")
 
 def _rank(param: Parameter, patch_kinds: dict[str, str]) -> int | None:
     if param.target.kind == "patch":
-        return 0 if patch_kinds.get(param.target.name) in _SAFE_PATCH_KINDS else None
+        return 0 if patch_kinds.get(param.target.name) in SAFE_KINDS else None
     return 1 if param.type == "bool" else 2
 
 

@@ -41,6 +41,8 @@ from typing import Any
 
 __all__ = [
     "KINDS",
+    "RISKY_KINDS",
+    "SAFE_KINDS",
     "LoadedPatch",
     "PatchError",
     "PatchInfo",
@@ -55,6 +57,14 @@ __all__ = [
 
 KINDS: tuple[str, ...] = ("fix", "optimization", "experimental", "fault")
 """Why a patch exists. ``fault`` patches break things on purpose (to prove the gate works)."""
+
+SAFE_KINDS: tuple[str, ...] = ("fix", "optimization")
+"""Kinds whose patches the guide may try early (a fix or an optimization is meant to be right)."""
+
+RISKY_KINDS: tuple[str, ...] = ("experimental", "fault")
+"""Kinds whose non-default choices the strategy treats as risky (unproven, or broken on
+purpose): kept out of its first design and started with a prior penalty. Every kind is one
+or the other."""
 
 ENGINES: tuple[str, ...] = ("vllm",)
 

@@ -66,6 +66,7 @@ from optuna.trial import FrozenTrial
 
 from autotune import names
 from autotune.errors import SpecError
+from autotune.patching import RISKY_KINDS
 from autotune.report import is_verified_feasible
 from autotune.search_model import (
     Dim,
@@ -140,9 +141,8 @@ def build_sampler(
     raise SpecError(f"unknown sampler {name!r}; one of {', '.join(SAMPLERS)}", key="--sampler")
 
 
-#: patch kinds whose non-default choices are risky (``autotune/patching.py``: a fault breaks
-#: things on purpose, an experimental patch is unproven)
-RISKY_PATCH_KINDS = ("fault", "experimental")
+#: patch kinds whose non-default choices are risky (``autotune/patching.py``)
+RISKY_PATCH_KINDS = RISKY_KINDS
 
 
 def risky_choices(

@@ -556,3 +556,8 @@ def test_patch_readme_documents_the_contract() -> None:
     text = (PATCHES / "README.md").read_text()
     for needle in ("PATCH = PatchInfo(", "AUTOTUNE_PATCHES", "AUTOTUNE_PATCH_DIRS", "def apply"):
         assert needle in text
+
+
+def test_every_patch_kind_is_either_safe_for_the_guide_or_risky_for_the_strategy():
+    assert set(patching.SAFE_KINDS) | set(patching.RISKY_KINDS) == set(patching.KINDS)
+    assert not set(patching.SAFE_KINDS) & set(patching.RISKY_KINDS)
