@@ -293,10 +293,13 @@ def test_demo_and_glm5_spaces_load():
     assert [c.expr for c in demo.constraints] == [
         "max_num_batched_tokens >= max_num_seqs",
         "enable_chunked_prefill or max_num_batched_tokens >= 512",
+        'not (async_scheduling and speculative_method == "ngram")',
     ]
     refused = {"max_num_seqs": 512, "max_num_batched_tokens": 256, "enable_chunked_prefill": False}
+    refused |= {"async_scheduling": True, "speculative_method": "ngram"}
     assert demo.violated(refused) == [c.expr for c in demo.constraints]
-    assert demo.violated({**refused, "max_num_seqs": 4, "enable_chunked_prefill": True}) == []
+    fixed = {"max_num_seqs": 4, "enable_chunked_prefill": True, "async_scheduling": False}
+    assert demo.violated({**refused, **fixed}) == []
 
     glm5 = load_space(root / "search_spaces" / "glm5-8gpu.yaml")
     assert len(glm5.names) == 26 and glm5.names[:3] == [
@@ -323,4 +326,5 @@ def test_demo_and_glm5_spaces_load():
         "max_num_batched_tokens >= max_num_seqs",
         "max(cudagraph_capture_sizes) <= max_num_batched_tokens",
         "NCCL_MIN_NCHANNELS <= NCCL_MAX_NCHANNELS",
+        'not (async_scheduling and speculative_method == "ngram")',
     ]
