@@ -254,10 +254,15 @@ class AutoSampler(optuna.samplers.BaseSampler):
         """The next config to launch (Optuna form)."""
         sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
         history = read_history(study, sign)
+        # the design's own trials so far: not the enqueued ones, and not the guide's early
+        # neighbours (``guide.GuidedSampler`` pins those after this sampler planned them), so
+        # that the design has its N_DESIGN points in ``autotune run`` as in the benchmark
         sampled = sum(
             1
             for t in study.get_trials(deepcopy=False)
-            if t.number != number and "fixed_params" not in t.system_attrs
+            if t.number != number
+            and "fixed_params" not in t.system_attrs
+            and names.EARLY_PROPOSAL not in t.user_attrs
         )
         if sampled < N_DESIGN or len(history.good) < 2:
             config = self._design_point(sampled, history.tried)

@@ -11,7 +11,7 @@ import pytest
 from autotune import names
 from autotune.engines import build_engine
 from autotune.engines.base import DroppedChoice
-from autotune.guide import early_neighbours, record_plan
+from autotune.guide import early_neighbours, record_plan, risky_for
 from autotune.spec import load_spec
 from autotune.study import open_study
 from autotune.trial import suggest_values
@@ -25,7 +25,14 @@ def first_trials(tmp_path, seed: int, dropped, n: int = 3) -> list[dict]:
     engine = build_engine(spec)
     neighbours = early_neighbours(spec.space, engine, dropped)
     url = f"sqlite:///{tmp_path}/order-{seed}.db"
-    study, created = open_study(spec, url, seed=seed, dropped=dropped, neighbours=neighbours)
+    study, created = open_study(
+        spec,
+        url,
+        seed=seed,
+        dropped=dropped,
+        neighbours=neighbours,
+        risky=risky_for(spec.space, engine),  # as run_study passes it
+    )
     assert created
     record_plan(study, dropped, neighbours)
     out = []
@@ -99,3 +106,21 @@ def test_resume_does_not_repeat_a_neighbour(tmp_path):
         labels.append(trial.user_attrs.get(names.EARLY_PROPOSAL))
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     assert labels == [None, neighbours[0].label, neighbours[1].label]
+
+
+def test_the_strategy_keeps_its_whole_design_after_the_early_neighbours(tmp_path):
+    """The guide pins its neighbours on trials the strategy had already planned: those must not
+    use up the strategy's design, or ``autotune run`` runs a shorter design than the one the
+    search benchmark measured (seen on the demo: 3 design points instead of 5, and a fault
+    patch at trial 7)."""
+    from autotune.strategy import N_DESIGN, AutoSampler
+
+    trials, study, _spec = first_trials(tmp_path, 3, [], n=3 + N_DESIGN + 1)
+    auto = study.sampler._base  # noqa: SLF001 - the GuidedSampler's strategy
+    assert isinstance(auto, AutoSampler)
+    design = list(range(3, 3 + N_DESIGN))
+    assert [auto.phase_of.get(n) for n in design] == ["design"] * N_DESIGN
+    assert auto.phase_of.get(3 + N_DESIGN) != "design"
+    for trial in trials[3 : 3 + N_DESIGN]:
+        assert trial["values"].get("qkv_shard_swap") in (None, False), trial
+        assert trial["values"].get("kv_cache_dtype") in (None, "auto"), trial
