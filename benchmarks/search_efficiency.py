@@ -442,6 +442,9 @@ class RunResult:
     wrong_launched: int = 0
     unlaunched: int = 0
     ask_s: list[float] = field(default_factory=list)
+    #: the first launch of a config whose TRUE value reaches the target (whether or not it is
+    #: reported then): where a miss comes from, the search or the report
+    found_at: int | None = None
 
 
 @dataclass(frozen=True)
@@ -578,6 +581,8 @@ def run_optuna(
         outcome = land(values)
         launched += 1
         outcome_of[trial.number] = outcome
+        if run.found_at is None and outcome.started and outcome.correct and outcome.true >= target:
+            run.found_at = launched
         run.wrong_launched += outcome.started and not outcome.correct
         if not outcome.started:
             trial.set_user_attr(names.FAIL_REASON, outcome.failure or "startup_failed")
@@ -743,6 +748,8 @@ def summarize(
         "not_reached_within_budget": sum(h > budget for h in hits),
         "sim_hours_to_95pct_median": round(statistics.median(hours), 2),
         "sim_hours_note": "a run that never reached the target counts its whole budget",
+        "found_95pct_median": statistics.median(r.found_at or budget + 1 for r in runs),
+        "found_95pct_not_within_budget": sum(r.found_at is None for r in runs),
         "search_launches_to_95pct_median": statistics.median(
             _search_launches_to_target(r, target, budget) or budget + 1 for r in runs
         ),

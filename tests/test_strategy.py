@@ -534,6 +534,8 @@ def test_harness_counts_the_confirmations_launches(tmp_path):
     for name in ("auto", "random"):
         with_c = confirmed["strategies"][name]["trials_to_95pct_per_seed"]
         without = unconfirmed["strategies"][name]["trials_to_95pct_per_seed"]
+        found = confirmed["strategies"][name]["found_95pct_median"]
+        assert found <= confirmed["strategies"][name]["search_launches_to_95pct_median"]
         for a, b in zip(with_c, without, strict=True):
             # without noise the confirmation reports the same config, six launches later
             assert a == 31 or b == 31 or a >= b + 6
