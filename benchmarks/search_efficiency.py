@@ -22,8 +22,8 @@ is COMPLETE with its measured value). What a gated strategy reports after each l
 ``autotune run`` would report if it stopped there: the winner of its confirmation, simulated
 (:class:`Confirm`: the product's candidate ranking and stopping rule; its launches count), or
 with ``--confirm-top 0`` the highest measured verified trial (``autotune.report.best_trials``).
-Trial 0 is the space's baseline, enqueued like ``study.open_study`` does. Parameters a config does not set
-(the baseline's) are the landscape's engine defaults.
+Trial 0 is the space's baseline, enqueued like ``study.open_study`` does. Parameters a config
+does not set (the baseline's) are the landscape's engine defaults.
 
 Strategies:
 
@@ -48,10 +48,11 @@ nothing improves. The result JSON names the method used.
 Figures, per strategy and per seed set (3 disjoint sets of 30 seeds by default): median and IQR
 of launches to 95 %, the confirmation's included (``search_launches_to_95pct_median``: without
 them; ``found_95pct_*``: the first launch of a config truly within 5 %, reported or not); runs
-that never get there count as budget + 1 and are reported as ``not_reached_within_budget``; simulated hours to 95 % from a per-launch cost model (the
-landscape's ``COST_MINUTES``: a failed start costs ``failed_start``, a wrong output ``load +
-check``, a correct config ``load + check + bench``; the peers without the gate pay ``load +
-bench`` for every config that starts); Mann-Whitney U (two-sided) and Wilcoxon signed-rank
+that never get there count as budget + 1 and are reported as ``not_reached_within_budget``;
+simulated hours to 95 % from a per-launch cost model (the landscape's ``COST_MINUTES``: a
+failed start costs ``failed_start``, a wrong output ``load + check``, a correct config or a
+confirmation round ``load + check + bench``; the peers without the gate pay ``load + bench``
+for every config that starts); Mann-Whitney U (two-sided) and Wilcoxon signed-rank
 (paired by seed, one-sided: fewer launches than random) p-values against ``random``. A run stops
 at its first launch that reaches 95 % (nothing after it changes the figures) unless ``--full``.
 The model-based ask time of ``auto`` is measured and saved (``ask_ms``).
