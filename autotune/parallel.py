@@ -43,8 +43,8 @@ from autotune.engines import build_engine
 from autotune.errors import SpecError
 from autotune.spec import load_spec
 from autotune.storage import artifact_dir_for, is_sqlite, resolve_url
-from autotune.strategy import warm_start_from
 from autotune.study import open_study, preflight, storage_url_for
+from autotune.warm_start import warm_start_from
 from autotune.workload import check_workload
 
 #: env var naming the GPUs a worker's servers see

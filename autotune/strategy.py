@@ -47,10 +47,8 @@ in 30) anywhere.
 Enqueued trials (the baseline, retries, warm-start configs, confirmation and ablation variants)
 pass through untouched. Multi-objective studies fall back to TPE (the model is single-objective).
 
-``--warm-start STUDY`` (:func:`warm_start`) enqueues the best verified configs of another study
-(same model on an older engine, a smaller model on the same hardware) as the first search trials:
-they are launched and gated here like any other trial, so nothing measured elsewhere can be
-reported as this study's best.
+``--warm-start STUDY`` seeds a study from another one's best verified configs
+(:mod:`autotune.warm_start`).
 """
 
 from __future__ import annotations
@@ -67,7 +65,6 @@ from optuna.trial import FrozenTrial
 from autotune import names
 from autotune.errors import SpecError
 from autotune.patching import RISKY_KINDS
-from autotune.report import is_verified_feasible
 from autotune.search_model import (
     Dim,
     Encoder,
@@ -84,8 +81,6 @@ SAMPLERS = ("auto", "tpe", "random", "gp")
 DEFAULT_SAMPLER = "auto"
 #: study attribute: the strategy a study was created with
 SAMPLER_ATTR = "sampler"
-#: trial attribute of a warm-start trial: where its config came from
-WARM_START_FROM = "warm_start_from"
 #: sampled trials after the baseline that come from the space-filling design
 N_DESIGN = 5
 #: candidates scored per ask: fresh draws, and local moves around the best configs measured
@@ -523,69 +518,6 @@ class AutoSampler(optuna.samplers.BaseSampler):
         return out
 
 
-# --- warm start ----------------------------------------------------------------------------
-
-#: verified configs of the source study enqueued by ``--warm-start``
-WARM_START_TOP = 3
-
-
-def warm_start_configs(
-    source: optuna.Study, space: SearchSpace, top: int = WARM_START_TOP
-) -> list[tuple[int, dict[str, Any]]]:
-    """The source study's best verified configs that this space can express: ``(trial number,
-    parameter values)``, best first, duplicates and the baseline left out."""
-    sign = 1.0 if source.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
-    ranked = sorted(
-        (t for t in source.get_trials(deepcopy=False) if is_verified_feasible(t)),
-        key=lambda t: -sign * t.values[0],
-    )
-    known = set(space.names)
-    out: list[tuple[int, dict[str, Any]]] = []
-    seen: set[str] = set()
-    for t in ranked:
-        if t.user_attrs.get(names.ROLE) == "baseline":
-            continue
-        values = t.user_attrs.get(names.PARAMS_RESOLVED) or {
-            name: space.parameter(name).from_optuna(v)
-            for name, v in t.params.items()
-            if name in known
-        }
-        values = {k: v for k, v in values.items() if k in known}
-        if not values or not all(space.parameter(k).contains(v) for k, v in values.items()):
-            continue
-        if space.violated(values):
-            continue
-        key = config_key(values)
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append((t.number, values))
-        if len(out) >= top:
-            break
-    return out
-
-
-def warm_start(
-    study: optuna.Study, source: optuna.Study, space: SearchSpace, top: int = WARM_START_TOP
-) -> list[str]:
-    """Enqueue the source's best verified configs as pinned search trials (once per study).
-
-    Returns one line per config enqueued. They run through the gate like any other trial."""
-    done = study.user_attrs.get(WARM_START_FROM)
-    if done is not None:
-        return []
-    lines = []
-    for number, values in warm_start_configs(source, space, top):
-        origin = f"{source.study_name}#{number}"
-        study.enqueue_trial(
-            space.to_optuna_params(values),
-            user_attrs={names.ROLE: "search", names.PINNED: values, WARM_START_FROM: origin},
-        )
-        lines.append(f"warm start: queued {origin}")
-    study.set_user_attr(WARM_START_FROM, source.study_name)
-    return lines
-
-
 def check_name(name: str) -> str:
     """``--sampler NAME`` checked before anything is created (bad input: exit code 2)."""
     if name not in SAMPLERS:
@@ -601,14 +533,3 @@ def record_sampler(study: optuna.Study, requested: str | None) -> str:
     if chosen != recorded:
         study.set_user_attr(SAMPLER_ATTR, chosen)
     return chosen
-
-
-def warm_start_from(study: optuna.Study, spec: Any, url: str, source_name: str) -> list[str]:
-    """``--warm-start STUDY``: the named study of the same storage seeds this one."""
-    if source_name == study.study_name:
-        raise SpecError("a study cannot warm-start from itself", key="--warm-start")
-    try:
-        source = optuna.load_study(study_name=source_name, storage=study._storage)  # noqa: SLF001
-    except KeyError:
-        raise SpecError(f"no study named {source_name!r} in {url}", key="--warm-start") from None
-    return warm_start(study, source, spec.space)

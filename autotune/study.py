@@ -53,6 +53,7 @@ from autotune.storage import (
     sqlite_file,
 )
 from autotune.trial import TrialContext, TrialRunner
+from autotune.warm_start import warm_start_from
 from autotune.workload import check_workload
 
 #: trials whose parameters violate constraints are retried by the sampler up to this many
@@ -285,7 +286,7 @@ def run_study(
         risky=risky_for(spec.space, engine),
     )
     if options.warm_start:
-        for line in strategy.warm_start_from(study, spec, url, options.warm_start):
+        for line in warm_start_from(study, spec, url, options.warm_start):
             (on_notice or (lambda _line: None))(line)
     changed = check_workload(study, spec, allow_change=options.allow_workload_change)
     if changed:

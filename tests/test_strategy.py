@@ -34,14 +34,13 @@ from autotune.spec import load_spec
 from autotune.strategy import (
     N_DESIGN,
     SAMPLER_ATTR,
-    WARM_START_FROM,
     AutoSampler,
     build_sampler,
     config_key,
     risky_choices,
-    warm_start,
 )
 from autotune.study import open_study
+from autotune.warm_start import WARM_START_FROM, warm_start
 from benchmarks import search_efficiency as harness
 from tests.builders import write_fake_spec
 
@@ -371,7 +370,7 @@ def test_warm_start_from_a_missing_study_is_bad_input(tmp_path):
     spec_path = write_fake_spec(tmp_path, SPACE, name="wsmissing")
     spec = load_spec(spec_path)
     study, _ = open_study(spec, spec.default_storage())
-    from autotune.strategy import warm_start_from
+    from autotune.warm_start import warm_start_from
 
     with pytest.raises(SpecError, match="no study named 'nope'"):
         warm_start_from(study, spec, spec.default_storage(), "nope")
