@@ -4,6 +4,7 @@ keys it is about and leaves the rest to these defaults."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -150,3 +151,13 @@ def write_demo_spec(
     path = directory / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
+
+
+def sigint_as_a_terminal_would() -> None:
+    """``preexec_fn`` for a child a test will Ctrl-C: SIGINT back to its default action.
+
+    A shell without job control starts background commands (``make test &``) with SIGINT
+    ignored, the child inherits that, and Python then leaves it ignored: the test's SIGINT
+    would be lost and the run would finish with exit 0. A terminal's Ctrl-C always reaches a
+    foreground ``autotune run``, which is what these tests stand for."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -43,6 +43,7 @@ from autotune.parallel import (
     split_trials,
 )
 from autotune.storage import open_storage
+from tests.builders import sigint_as_a_terminal_would
 from tests.helpers import needs_pg  # the pg_url fixture is conftest.py's
 
 
@@ -338,7 +339,12 @@ def test_parallel_ctrl_c_stops_every_worker_cleanly(pg_url: str, tmp_path: Path)
         str(tmp_path / "artifacts"),
     )
     proc = subprocess.Popen(
-        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_a_terminal_would,
     )
     try:
         # wait until both workers have a server up (a search trial beside another trial)

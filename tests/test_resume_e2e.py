@@ -36,7 +36,7 @@ from optuna.trial import TrialState
 
 from autotune import _proc, names
 from autotune.names import CANDIDATE_REASONS
-from tests.builders import fake_spec, save_spec
+from tests.builders import fake_spec, save_spec, sigint_as_a_terminal_would
 
 ROOT = Path(__file__).resolve().parents[1]
 HEARTBEAT_ENV = {
@@ -186,6 +186,7 @@ def start_run(
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=sigint_as_a_terminal_would,
         )
 
 
