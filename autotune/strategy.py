@@ -89,8 +89,6 @@ N_GLOBAL = 100
 N_LOCAL = 200
 N_PARENTS = 3
 N_REFINE = 5
-#: weight of log P(works) in the acquisition
-FEASIBILITY_WEIGHT = 1.0
 #: optimism: posterior standard deviations added to the predicted log objective (UCB)
 UCB_BETA = 2.0
 #: share of model-phase asks that search the whole space instead of the incumbent's neighbours
@@ -136,17 +134,13 @@ def build_sampler(
     raise SpecError(f"unknown sampler {name!r}; one of {', '.join(SAMPLERS)}", key="--sampler")
 
 
-#: patch kinds whose non-default choices are risky (``autotune/patching.py``)
-RISKY_PATCH_KINDS = RISKY_KINDS
-
-
 def risky_choices(
     space: SearchSpace,
     patches: Mapping[str, tuple[str, Any]] | None = None,
     lossy: Callable[[str, Any], str | None] | None = None,
 ) -> dict[str, tuple[Any, ...]]:
     """The choices known to be risky before anything is measured, per parameter: every
-    non-default choice of a patch whose kind is in :data:`RISKY_PATCH_KINDS` (``patches``:
+    non-default choice of a patch whose kind is in ``patching.RISKY_KINDS`` (``patches``:
     patch name -> (kind, default)), and every choice the engine calls lossy (``lossy(target,
     value)``, e.g. an fp8 KV cache). General knowledge, not knowledge of a landscape."""
     out: dict[str, tuple[Any, ...]] = {}
@@ -156,7 +150,7 @@ def risky_choices(
         values = (False, True) if p.type == "bool" else p.choices
         if p.target.kind == "patch":
             kind, default = (patches or {}).get(p.target.name, (None, None))
-            risky = [v for v in values if kind in RISKY_PATCH_KINDS and v != default]
+            risky = [v for v in values if kind in RISKY_KINDS and v != default]
         elif lossy is not None and p.target.kind in ("flag", "env"):
             risky = [v for v in values if lossy(p.target.name, v)]
         else:
@@ -358,11 +352,7 @@ class AutoSampler(optuna.samplers.BaseSampler):
 
         def ucb(configs: list[dict[str, Any]]) -> np.ndarray:
             rows = np.array([enc.row(c) for c in configs])
-            return (
-                model.ucb(rows, UCB_BETA)
-                + self._prior(configs)
-                + FEASIBILITY_WEIGHT * feasible.log_probability(rows)
-            )
+            return model.ucb(rows, UCB_BETA) + self._prior(configs) + feasible.log_probability(rows)
 
         seen = set(history.tried)
         mean = model.predict(np.array([enc.row(c) for c in good]))[0] + self._prior(good)

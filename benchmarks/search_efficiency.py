@@ -82,7 +82,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import names
-from autotune.confirm import DEFAULT_MAX_ROUNDS, gain_with_ci, rank_candidates
+from autotune.confirm import DEFAULT_MAX_ROUNDS, gain_is_precise, gain_with_ci, rank_candidates
 from autotune.engines.vllm.machine import lossy_reason
 from autotune.patching import discover_patches
 from autotune.report import best_trials
@@ -471,10 +471,7 @@ class Confirm:
     precision: float = WorkloadSpec.target_precision
 
     def precise(self, lead: list[float], base: list[float]) -> bool:
-        if self.precision <= 0 or len(base) < 2 or len(lead) < 2:
-            return True
-        _gain, (low, high) = gain_with_ci(tuple(lead), tuple(base), 1.0)
-        return math.log1p(high) - math.log1p(low) <= 2 * self.precision
+        return gain_is_precise(tuple(lead), tuple(base), 1.0, self.precision)
 
 
 def _record(run: RunResult, best: Outcome | None, minutes: float, confirm: int = 0) -> None:
@@ -529,7 +526,8 @@ def _reported(
     medians = [statistics.median(got) for got in samples]
     best = max(range(len(candidates)), key=lambda i: medians[i])
     winner = variants[best][1]
-    if base_ok and medians[best] <= medians[-1]:
+    # the product's rule (report.baseline_reason): no gain by the confirmation's own measure
+    if base_ok and gain_with_ci(tuple(samples[best]), tuple(samples[-1]), 1.0)[0] <= 0:
         winner = base
     return winner, rounds * (len(candidates) + 1)
 

@@ -282,3 +282,11 @@ def test_goodput_on_a_server_whose_latency_rises_with_concurrency(tmp_path):
         low, high = p["values"]["itl_p50_ms"][1:]
         if claimed:
             assert high <= 55.0
+
+
+def test_the_precision_test_on_samples_is_the_stopping_rules():
+    from autotune.confirm import gain_is_precise
+
+    assert gain_is_precise((100.0, 100.1), (50.0, 50.05), 1.0, 0.03)
+    assert not gain_is_precise((100.0, 140.0), (50.0, 70.0), 1.0, 0.03)
+    assert gain_is_precise((100.0,), (50.0, 70.0), 1.0, 0.03)  # one round: nothing to settle
