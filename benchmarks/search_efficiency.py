@@ -459,11 +459,11 @@ class Confirm:
     top configs by the search model's posterior mean (``confirm.rank_candidates``, the
     product's own function) and the baseline are measured again, one round each at a time,
     at least ``repeats`` rounds and on, up to ``max_rounds``, until the leading candidate's gain
-    over the baseline is known within ``precision`` (``confirm.gain_with_ci``, the product's
-    rule). The best median wins, unless it is no better than the baseline's (then the baseline
-    is reported, as ``report.baseline_reason`` does). Each config's confirmation draws come
-    from a random stream of its own (per seed and config), so the answer changes only when
-    the candidates do."""
+    over the baseline is known within ``precision`` (``confirm.gain_is_precise``, the product's
+    rule). The best median wins, unless its gain over the baseline (``confirm.gain_with_ci``) is
+    not positive (then the baseline is reported, as ``report.baseline_reason`` does). Each
+    config's confirmation draws come from a random stream of its own (per seed and config), so
+    the answer changes only when the candidates do."""
 
     top: int = 2
     repeats: int = 2
