@@ -150,15 +150,28 @@ class Landscape:
     cost: dict[str, float]
 
     def __call__(self, params: dict[str, Any]) -> Outcome:
-        result = self.function(dict(params))
+        try:
+            result = self.function(dict(params))
+        except Exception as exc:  # a user's function: say which one broke, and on what
+            raise BadInput(f"{self.where} raised {exc!r} on {params!r}") from None
         if not isinstance(result, dict):
             raise BadInput(f"{self.where} returned {type(result).__name__}, not a dict")
         if "failure" in result:
-            return Outcome(False, False, 0.0, str(result["failure"]))
+            reason = result["failure"]
+            if not isinstance(reason, str) or not reason:
+                raise BadInput(
+                    f"{self.where} returned failure={reason!r}: a failure needs a reason "
+                    "(a non-empty string such as 'oom')"
+                )
+            return Outcome(False, False, 0.0, reason)
         value = result.get("tok_s")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value < math.inf
+        ):
             raise BadInput(
-                f"{self.where} returned {result!r}: needs tok_s > 0 (or a failure reason)"
+                f"{self.where} returned {result!r}: needs a finite tok_s > 0 (or a failure reason)"
             )
         correct = result.get("correct", True)
         if not isinstance(correct, bool):
@@ -186,14 +199,48 @@ def load_landscape(text: str, noise: float | None) -> Landscape:
     function = getattr(module, name, None)
     if not callable(function):
         raise BadInput(f"--landscape: {path} has no function {name!r}")
-    cost = {**DEFAULT_COST, **dict(getattr(module, "COST_MINUTES", {}))}
+    where = f"{path.name}:{name}"
     return Landscape(
         function=function,
-        where=f"{path.name}:{name}",
-        noise=float(noise if noise is not None else getattr(module, "NOISE", DEFAULT_NOISE)),
-        not_modelled=tuple(getattr(module, "NOT_MODELLED", ())),
-        cost=cost,
+        where=where,
+        noise=_number(
+            noise if noise is not None else getattr(module, "NOISE", DEFAULT_NOISE),
+            "--noise" if noise is not None else f"{path.name}: NOISE",
+        ),
+        not_modelled=_names(getattr(module, "NOT_MODELLED", ()), f"{path.name}: NOT_MODELLED"),
+        cost=_cost(getattr(module, "COST_MINUTES", {}), f"{path.name}: COST_MINUTES"),
     )
+
+
+def _number(value: Any, where: str) -> float:
+    """A finite number >= 0 (noise, minutes), or bad input naming where it came from."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise BadInput(f"{where} must be a finite number >= 0, not {value!r}")
+    return float(value)
+
+
+def _names(value: Any, where: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(n, str) for n in _iterable(value, where)):
+        raise BadInput(f"{where} must be a list of parameter names, not {value!r}")
+    return tuple(value)
+
+
+def _iterable(value: Any, where: str) -> list[Any]:
+    try:
+        return list(value)
+    except TypeError:
+        raise BadInput(f"{where} must be a list, not {value!r}") from None
+
+
+def _cost(value: Any, where: str) -> dict[str, float]:
+    """The landscape's per-launch minutes over the harness's defaults; unknown keys are bad
+    input (a typo would silently keep the default)."""
+    if not isinstance(value, dict):
+        raise BadInput(f"{where} must be a mapping such as {DEFAULT_COST}, not {value!r}")
+    unknown = sorted(set(value) - set(DEFAULT_COST), key=str)
+    if unknown:
+        raise BadInput(f"{where}: unknown key {unknown[0]!r}; keys: {', '.join(DEFAULT_COST)}")
+    return {**DEFAULT_COST, **{k: _number(v, f"{where}[{k!r}]") for k, v in value.items()}}
 
 
 def measured(outcome: Outcome, noise: float, rng: random.Random) -> float:
@@ -897,8 +944,22 @@ def _main(args: argparse.Namespace) -> int:
         space = load_space(args.space)
     except Exception as exc:  # noqa: BLE001 - the space loader's own error names file and key
         raise BadInput(f"--space {args.space}: {exc}") from None
+    for flag, value, low in (
+        ("--seeds", args.seeds, 1),
+        ("--seed-sets", args.seed_sets, 1),
+        ("--budget", args.budget, 1),
+        ("--confirm-max-rounds", args.confirm_max_rounds, 1),
+    ):
+        if value < low:
+            raise BadInput(f"{flag} must be >= {low}, not {value}")
+    _number(args.target_precision, "--target-precision")
     land = load_landscape(args.landscape, args.noise)
+    unknown = [n for n in land.not_modelled if n not in {p.name for p in space.parameters}]
+    if unknown:
+        raise BadInput(f"{land.where}: NOT_MODELLED names {unknown[0]!r}, not in {args.space}")
     names = [n for n in args.strategies.split(",") if n]
+    if not names:
+        raise BadInput("--strategies: name at least one strategy")
     for n in names:
         if n not in STRATEGIES:
             raise BadInput(f"--strategies: unknown strategy {n!r}; one of {', '.join(STRATEGIES)}")
