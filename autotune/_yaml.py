@@ -29,6 +29,8 @@ class YamlDoc:
     lines: dict[str, int] = field(default_factory=dict)
     #: key path -> the plain word (``off``, ``Yes``...) that YAML 1.1 read as a boolean
     bool_words: dict[str, str] = field(default_factory=dict)
+    #: the same for mapping KEYS: parent path -> {the boolean read: the word written}
+    bool_keys: dict[str, dict[bool, str]] = field(default_factory=dict)
 
     def line(self, key: str) -> int | None:
         """The line of ``key``, or of its closest written parent."""
@@ -53,6 +55,22 @@ class YamlDoc:
             f"(or write {read} for a boolean)",
         )
 
+    def name(self, prefix: str, key: Any, what: str) -> str:
+        """A mapping key that names something (a parameter), as the string written: a key
+        YAML 1.1 read as a boolean (``on:``, ``no:``) is refused, naming the word and how to
+        quote it; any other non-string key (``123:``, ``null:``) is refused too."""
+        if isinstance(key, str):
+            return key
+        where = f"{prefix}.{key}" if prefix else str(key)
+        word = self.bool_keys.get(prefix, {}).get(key) if isinstance(key, bool) else None
+        if word is not None:
+            raise self.error(
+                f"{prefix}.{word}" if prefix else word,
+                f"the YAML key {word} was read as {str(key).lower()}; quote it as '{word}' "
+                f"to use it as a {what}",
+            )
+        raise self.error(where, f"a {what} must be a string, got {key!r}")
+
 
 _BOOL_TAG = "tag:yaml.org,2002:bool"
 #: more key paths than this means aliases expand into a bomb (``&a [*b, *b, ...]``)
@@ -63,8 +81,22 @@ class _TooLarge(Exception):
     pass
 
 
+def _bool_word(node: yaml.Node) -> bool:
+    """A plain (unquoted) scalar that YAML 1.1 reads as a boolean but is not true/false."""
+    return (
+        isinstance(node, yaml.ScalarNode)
+        and node.tag == _BOOL_TAG
+        and node.style is None
+        and node.value.lower() not in ("true", "false")
+    )
+
+
 def _collect_lines(
-    node: yaml.Node, prefix: str, lines: dict[str, int], bool_words: dict[str, str]
+    node: yaml.Node,
+    prefix: str,
+    lines: dict[str, int],
+    bool_words: dict[str, str],
+    bool_keys: dict[str, dict[bool, str]],
 ) -> None:
     if len(lines) > MAX_NODES:
         raise _TooLarge
@@ -72,18 +104,16 @@ def _collect_lines(
         for key_node, value_node in node.value:
             key = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
             lines[key] = key_node.start_mark.line + 1
-            _collect_lines(value_node, key, lines, bool_words)
+            if _bool_word(key_node):
+                read = key_node.value.lower() in ("y", "yes", "on")
+                bool_keys.setdefault(prefix, {})[read] = key_node.value
+            _collect_lines(value_node, key, lines, bool_words, bool_keys)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             key = f"{prefix}[{index}]"
             lines[key] = item.start_mark.line + 1
-            _collect_lines(item, key, lines, bool_words)
-    elif (
-        isinstance(node, yaml.ScalarNode)
-        and node.tag == _BOOL_TAG
-        and node.style is None
-        and node.value.lower() not in ("true", "false")
-    ):
+            _collect_lines(item, key, lines, bool_words, bool_keys)
+    elif _bool_word(node):
         bool_words[prefix] = node.value
 
 
@@ -106,9 +136,10 @@ def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
         raise SpecError(f"malformed YAML: {problem}", file=str(path), line=line) from None
     lines: dict[str, int] = {}
     bool_words: dict[str, str] = {}
+    bool_keys: dict[str, dict[bool, str]] = {}
     if node is not None:
         try:
-            _collect_lines(node, "", lines, bool_words)
+            _collect_lines(node, "", lines, bool_words, bool_keys)
         except (_TooLarge, RecursionError):
             raise SpecError(
                 f"the YAML expands to more than {MAX_NODES} keys and items (aliases?)",
@@ -116,7 +147,7 @@ def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
             ) from None
     if not isinstance(data, dict):
         raise SpecError(f"{what} must be a YAML mapping", file=str(path), line=1)
-    return YamlDoc(path=path, data=data, lines=lines, bool_words=bool_words)
+    return YamlDoc(path=path, data=data, lines=lines, bool_words=bool_words, bool_keys=bool_keys)
 
 
 def check_keys(

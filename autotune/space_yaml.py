@@ -46,7 +46,9 @@ def load_space(path: str | Path) -> SearchSpace:
         raise doc.error("parameters", "must be a non-empty mapping of parameter names")
     params: list[Parameter] = []
     for name, raw in raw_params.items():
-        params.append(_parse_parameter(doc, str(name), raw, params))
+        params.append(
+            _parse_parameter(doc, doc.name("parameters", name, "parameter name"), raw, params)
+        )
     names = {p.name for p in params}
     constraints = []
     raw_constraints = doc.data.get("constraints") or []
@@ -142,7 +144,8 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
     if not isinstance(when, dict):
         raise doc.error(f"{key}.when", "must be a mapping of earlier parameter -> value")
     earlier_names = {p.name: p for p in earlier}
-    for other, expected in when.items():
+    for raw_other, expected in when.items():
+        other = doc.name(f"{key}.when", raw_other, "parameter name")
         if other not in earlier_names:
             raise doc.error(
                 f"{key}.when.{other}", "must name a parameter declared earlier in the file"

@@ -271,7 +271,10 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
     env = raw.get("env") or {}
     if not isinstance(env, dict):
         raise doc.error("engine.env", "must be a mapping of variable -> value")
-    for var, value in env.items():
+    for raw_var, value in env.items():
+        var = doc.name("engine.env", raw_var, "variable name")
+        if not _ENV_NAME.fullmatch(var):
+            raise doc.error(f"engine.env.{var}", "not a variable name (letters, digits, _)")
         doc.refuse_yaml11_bool(f"engine.env.{var}", value)
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise doc.error(f"engine.env.{var}", f"must be a string, got {value!r}")
@@ -412,6 +415,8 @@ def _workload(doc: YamlDoc, raw: Any, base: Path, model: ModelSpec) -> WorkloadS
     )
 
 
+#: an environment variable's name, as a shell would accept it
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SLO_RE = re.compile(r"^\s*([a-z0-9_]+(?:@[0-9]+)?)\s*(<=|>=)\s*([0-9.eE+-]+)\s*$")
 #: workload keys of the load curve, precision stopping and goodput (see loadcurve.py)
 _CURVE_KEYS = ("target_precision", "max_measure_s", "max_repeats", "slo", "goodput_max_concurrency")

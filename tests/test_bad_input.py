@@ -480,6 +480,49 @@ def test_yaml11_boolean_in_engine_args(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "key", "word"),
+    [
+        # a parameter named on: YAML 1.1 reads the key as true, and a parameter "True" would run
+        ("parameters:\n  on:\n    type: bool\n    target: {flag: --on}\n", "parameters.on", "on"),
+        (
+            "parameters:\n  'no':\n    type: bool\n    target: {flag: --no}\n"
+            "  n:\n    type: int\n    low: 1\n    high: 4\n    target: {flag: --n}\n"
+            "    when: {no: true}\n",
+            "parameters.n.when.no",
+            "no",
+        ),
+    ],
+)
+def test_yaml11_boolean_as_a_parameter_name(tmp_path: Path, text: str, key: str, word: str) -> None:
+    path = write(tmp_path)
+    (tmp_path / "space.yaml").write_text(text)
+    line = assert_bad_input(
+        invoke("run", "--spec", str(path)), tmp_path, "space.yaml:", key, f"quote it as '{word}'"
+    )
+    assert f"the YAML key {word} was read as" in line
+
+
+def test_a_parameter_name_that_is_not_a_string(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    (tmp_path / "space.yaml").write_text(
+        "parameters:\n  123:\n    type: bool\n    target: {flag: --x}\n"
+    )
+    assert_bad_input(
+        invoke("run", "--spec", str(path)), tmp_path, "space.yaml:", "must be a string, got 123"
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [({True: "1"}, "engine.env.on"), ({"A=B": "1"}, "not a variable name")],
+)
+def test_engine_env_names(tmp_path: Path, env: dict, expected: str) -> None:
+    path = write(tmp_path, with_(SPEC, "engine.env", env))
+    path.write_text(path.read_text().replace("true: '1'", "on: '1'"))
+    assert_bad_input(invoke("run", "--spec", str(path)), tmp_path, str(path), expected)
+
+
 # --- storage URLs and study names --------------------------------------------------------------
 
 
