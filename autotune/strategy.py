@@ -17,7 +17,9 @@ than random there. ``auto`` is a small Bayesian model-based search shaped for th
   out of it: a wrong launch in a design that changes everything at once teaches little, and
   on the CPU demo the old design spent 5 of 9 launches on them;
 * **a Bayesian model of log(objective) with main effects and pairwise interactions**
-  (:class:`autotune.search_model.Model`, closed form, milliseconds per ask); risky choices
+  (:class:`autotune.search_model.Model`, closed form, milliseconds per ask), plus a local
+  term over the numeric dimensions where the measurements' evidence asks for it (a peak or a
+  cliff in a numeric value: :func:`autotune.search_model.fit_speed`); risky choices
   start :data:`RISK_PRIOR` lower in its prior mean, which measurements can overturn;
 * **failure and wrong-output regions learned by a model of their own**
   (:class:`autotune.search_model.Feasibility`, the same regression on works / does not work):
@@ -70,8 +72,8 @@ from autotune.search_model import (
     Encoder,
     Feasibility,
     History,
-    Model,
     config_key,
+    fit_speed,
     read_history,
 )
 from autotune.space import SearchSpace
@@ -348,7 +350,7 @@ class AutoSampler(optuna.samplers.BaseSampler):
         )
         # the model learns the difference from the prior (risky choices start lower)
         y = y - self._prior(configs)
-        model = Model.fit(np.array([enc.row(c) for c in configs]), y, len(enc.dims))
+        model = fit_speed(enc, np.array([enc.row(c) for c in configs]), y)
 
         def ucb(configs: list[dict[str, Any]]) -> np.ndarray:
             rows = np.array([enc.row(c) for c in configs])
