@@ -301,10 +301,11 @@ def fit_speed(encoder: Encoder, x: np.ndarray, y: np.ndarray) -> Model:
     two apart from the measurements themselves."""
     dims = len(encoder.dims)
     model = Model.fit(x, y, dims)
-    if not len(encoder.numeric.u):
-        return model
-    local = Model.fit(x, y, dims, numeric=encoder.numeric, local_sd=LOCAL_SD)
-    return local if local.log_evidence(y) > model.log_evidence(y) else model
+    if len(encoder.numeric.u):
+        local = Model.fit(x, y, dims, numeric=encoder.numeric, local_sd=LOCAL_SD)
+        if local.log_evidence(y) > model.log_evidence(y):
+            model = local
+    return model
 
 
 #: the feasibility model's prior: labels +1 (started and passed the gate) and -1 (crashed, did
