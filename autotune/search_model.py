@@ -3,8 +3,10 @@
 :class:`Encoder` turns configs into feature rows (one-hot choices, ``u`` and ``u**2`` for
 numeric values scaled to [0, 1]) and builds configs dimension by dimension, respecting ``when``;
 :class:`Model` is the closed-form Bayesian model of log(objective) with main effects and
-pairwise interactions that :class:`autotune.strategy.AutoSampler` asks; :func:`read_history`
-reads what a study has measured. Split out of ``strategy.py`` so that each module has one job.
+pairwise interactions (plus a local term over the numeric values where the measurements'
+evidence asks for it: :func:`fit_speed`) that :class:`autotune.strategy.AutoSampler` asks;
+:func:`read_history` reads what a study has measured. Split out of ``strategy.py`` so that
+each module has one job.
 """
 
 from __future__ import annotations
