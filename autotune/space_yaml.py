@@ -91,6 +91,8 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
             value = raw[bound]
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise doc.error(f"{key}.{bound}", f"must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise doc.error(f"{key}.{bound}", f"must be a finite number, got {value!r}")
             if ptype == "int" and not float(value).is_integer():
                 raise doc.error(f"{key}.{bound}", f"must be an integer, got {value!r}")
             fields[bound] = value
@@ -103,7 +105,11 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
             raise doc.error(f"{key}.low", "a log domain needs low > 0")
         if "step" in raw:
             step = raw["step"]
-            if isinstance(step, bool) or not isinstance(step, int | float) or step <= 0:
+            if (
+                isinstance(step, bool)
+                or not isinstance(step, int | float)
+                or not 0 < step < math.inf
+            ):
                 raise doc.error(f"{key}.step", f"must be a positive number, got {step!r}")
             if fields["log"]:
                 raise doc.error(f"{key}.step", "step cannot be combined with log")
@@ -132,6 +138,8 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
                 raise doc.error(
                     f"{key}.choices[{index}]", "choices must be strings, numbers, booleans or null"
                 )
+            elif isinstance(choice, float) and not math.isfinite(choice):
+                raise doc.error(f"{key}.choices[{index}]", f"must be finite, got {choice!r}")
             else:
                 doc.refuse_yaml11_bool(f"{key}.choices[{index}]", choice)
         labels = [repr(c) for c in choices]

@@ -523,6 +523,34 @@ def test_engine_env_names(tmp_path: Path, env: dict, expected: str) -> None:
     assert_bad_input(invoke("run", "--spec", str(path)), tmp_path, str(path), expected)
 
 
+@pytest.mark.parametrize(
+    ("field", "key", "expected"),
+    [
+        ("low: .nan\n    high: 1", "parameters.x.low", "must be a finite number"),
+        ("low: 0\n    high: .inf", "parameters.x.high", "must be a finite number"),
+        ("low: 0\n    high: 1\n    step: .nan", "parameters.x.step", "positive number"),
+    ],
+)
+def test_non_finite_numeric_domains(tmp_path: Path, field: str, key: str, expected: str) -> None:
+    """NaN compares false with everything, so ``low > high`` never caught it, and only vLLM's
+    own config check (not another engine's) refused the value later."""
+    path = write(tmp_path)
+    text = f"parameters:\n  x:\n    type: float\n    {field}\n    target: {{flag: --x}}\n"
+    (tmp_path / "space.yaml").write_text(text)
+    assert_bad_input(invoke("run", "--spec", str(path)), tmp_path, "space.yaml:", key, expected)
+
+
+def test_a_non_finite_choice(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    (tmp_path / "space.yaml").write_text(
+        "parameters:\n  x:\n    type: categorical\n    choices: [1, .nan]\n"
+        "    target: {flag: --x}\n"
+    )
+    assert_bad_input(
+        invoke("run", "--spec", str(path)), tmp_path, "parameters.x.choices[1]", "must be finite"
+    )
+
+
 # --- storage URLs and study names --------------------------------------------------------------
 
 
