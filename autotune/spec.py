@@ -7,6 +7,7 @@ together. Every problem becomes one :class:`~autotune.errors.SpecError` naming f
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -469,6 +470,8 @@ def _slo(doc: YamlDoc, key: str, text: Any) -> SloSpec:
         bound = float(match.group(3))
     except ValueError:
         raise doc.error(key, f"bad number in {text!r}") from None
+    if not math.isfinite(bound):
+        raise doc.error(key, f"the bound must be a finite number, got {text!r}")
     return SloSpec(metric=match.group(1), op=match.group(2), bound=bound)
 
 
@@ -533,6 +536,8 @@ def _number(
 ) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise doc.error(key, f"must be a number, got {value!r}")
+    if not math.isfinite(value):  # NaN passes every comparison below
+        raise doc.error(key, f"must be a finite number, got {value!r}")
     if integer and not float(value).is_integer():
         raise doc.error(key, f"must be an integer, got {value!r}")
     if positive and value <= 0:

@@ -551,6 +551,28 @@ def test_a_non_finite_choice(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("dotted", "value"),
+    [
+        ("workload.target_precision", float("nan")),
+        ("workload.max_measure_s", float("inf")),
+        ("workload.request_timeout_s", float("nan")),
+        ("timeouts.startup_s", float("nan")),
+        ("check.logprob_tolerance", float("inf")),
+    ],
+)
+def test_non_finite_spec_numbers(tmp_path: Path, dotted: str, value: float) -> None:
+    """A NaN timeout or precision passed every ``<= 0`` check and would have made a trial
+    wait or measure forever."""
+    path = write(tmp_path, with_(SPEC, dotted, value))
+    assert_bad_input(invoke("run", "--spec", str(path)), tmp_path, dotted, "finite number")
+
+
+def test_an_slo_bound_that_is_not_finite(tmp_path: Path) -> None:
+    path = write(tmp_path, with_(SPEC, "workload.slo", ["ttft_p95_ms <= 1e999"]))
+    assert_bad_input(invoke("run", "--spec", str(path)), tmp_path, "workload.slo", "finite")
+
+
 # --- storage URLs and study names --------------------------------------------------------------
 
 
