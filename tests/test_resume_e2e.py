@@ -10,7 +10,7 @@
 * ``kill -9`` while the baseline's server is still starting, then the same command at once: the
   baseline is reclaimed and retried, nothing hangs.
 * Ctrl-C (SIGINT) of ``autotune run`` exits 130, stops the server, records the current trial
-  ``interrupted`` and re-enqueues it; the study stays intact.
+  ``interrupted`` and re-enqueues it; the study stays intact. SIGTERM and SIGHUP do the same.
 
 The reruns set ``AUTOTUNE_HEARTBEAT_GRACE_S`` to ten minutes (``NO_GRACE_ENV``): a test that
 passes cannot have waited for the heartbeat.
@@ -426,8 +426,15 @@ def test_kill9_then_resume_vllm(tmp_path: Path) -> None:
     kill9_then_resume(tmp_path, spec, tag, startup_wait=900, run_timeout=1200)
 
 
-def test_ctrl_c_exits_130_and_records_interrupted(tmp_path: Path) -> None:
-    tag = f"sigint{uuid.uuid4().hex[:10]}"
+@pytest.mark.parametrize(
+    "sig",
+    # SIGTERM (timeout, docker stop, a scheduler's preemption) and SIGHUP (a closed session)
+    # used to end autotune at once and leave the vLLM server running, re-parented to init
+    [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+    ids=["ctrl-c", "sigterm", "sighup"],
+)
+def test_ctrl_c_exits_130_and_records_interrupted(tmp_path: Path, sig: signal.Signals) -> None:
+    tag = f"sig{sig.name.lower()}{uuid.uuid4().hex[:10]}"
     spec = write_resume_spec(tmp_path, tag, decode_ms=25)  # slow decode: the trial is still running
     log = tmp_path / "run.log"
     proc = start_run(spec, 5, log)
@@ -441,7 +448,7 @@ def test_ctrl_c_exits_130_and_records_interrupted(tmp_path: Path) -> None:
         )
         server_pid = trial.user_attrs[names.SERVER]["pid"]
         time.sleep(0.5)
-        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, sig)
         # a bound on a hang, not a speed verdict: three busy CI runs took longer than 30 s
         proc.wait(timeout=300)
         output = log.read_text()
