@@ -29,7 +29,7 @@ from autotune.errors import AutotuneError, PreflightError, SpecError
 from autotune.export import export_best, export_values
 from autotune.model.reader import facts_as_rows, inspect_model
 from autotune.model.roofline import DecodeBytes, decode_roofline, roofline_rows
-from autotune.parallel import DevicePlanSpec, run_parallel
+from autotune.parallel import DevicePlanSpec, parse_ids, run_parallel
 from autotune.profile import run_profiles
 from autotune.recheck import run_recheck
 from autotune.remote import check_url, run_command, study_reference
@@ -78,7 +78,11 @@ def run(
     spec: SpecOpt = DEFAULT_SPEC,
     study: StudyOpt = None,
     storage: StorageOpt = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Sampler seed.")] = None,
+    seed: Annotated[
+        int | None,
+        # NumPy's and Optuna's generators take 0 .. 2**32 - 1; outside it they raised a traceback
+        typer.Option("--seed", min=0, max=2**32 - 1, help="Sampler seed."),
+    ] = None,
     sampler: Annotated[
         str | None,
         typer.Option(
@@ -146,6 +150,7 @@ def run(
             extra_env = json.loads(worker_env) if worker_env else None
         except json.JSONDecodeError as exc:
             raise SpecError(f"not JSON: {exc}", key="--worker-env") from None
+        _check_device_options(parallel, gpus, gpus_per_trial, cpus, cpus_per_trial)
         options = RunOptions(
             trials=trials,
             storage_url=storage,
@@ -201,6 +206,41 @@ def run(
     if summary.stopped_because:
         raise typer.Exit(code=1)
     _say_if_baseline_is_best(summary.storage_url, summary.study_name)
+
+
+def _check_device_options(
+    parallel: int,
+    gpus: str | None,
+    gpus_per_trial: int,
+    cpus: str | None,
+    cpus_per_trial: int | None,
+) -> None:
+    """The device options are read before anything starts (a typo such as ``--gpus 0-x`` is
+    bad input, not a surprise after the first trial), and only mean something with
+    ``--parallel`` > 1: they share devices out between workers. A single run uses what its
+    environment gives it (``CUDA_VISIBLE_DEVICES``, the process's CPU affinity); ignoring
+    them silently would let a user believe the server was bound."""
+    for option, text in (("--gpus", gpus), ("--cpus", cpus)):
+        if text is not None:
+            parse_ids(text, option=option)
+    if parallel > 1:
+        return
+    given = [
+        option
+        for option, used in (
+            ("--gpus", gpus is not None),
+            ("--gpus-per-trial", gpus_per_trial != 1),
+            ("--cpus", cpus is not None),
+            ("--cpus-per-trial", cpus_per_trial is not None),
+        )
+        if used
+    ]
+    if given:
+        raise SpecError(
+            "shares devices out between workers and needs --parallel N > 1; a single run uses "
+            "the devices its environment gives it (CUDA_VISIBLE_DEVICES, taskset)",
+            key=given[0],
+        )
 
 
 def _say_if_baseline_is_best(url: str, name: str) -> None:

@@ -377,7 +377,8 @@ def run_parallel(
     try:
         try:
             for device, share in zip(devices, shares, strict=True):
-                seed = None if options.seed is None else options.seed + device.index
+                # within the range --seed accepts (0 .. 2**32 - 1)
+                seed = None if options.seed is None else (options.seed + device.index) % 2**32
                 argv = worker_argv(
                     spec_path,
                     trials=share,

@@ -306,6 +306,32 @@ def test_bad_trials(tmp_path: Path, value: str) -> None:
     assert_untouched(tmp_path)
 
 
+@pytest.mark.parametrize("value", ["-1", str(2**32)])
+def test_a_seed_outside_the_generators_range(tmp_path: Path, value: str) -> None:
+    """NumPy's generator raised a traceback (exit 1) for these."""
+    path = write(tmp_path)
+    result = invoke("run", "--spec", str(path), "--seed", value)
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--seed'" in result.output
+    assert_untouched(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("args", "key", "expected"),
+    [
+        (("--gpus", "0-x", "--parallel", "2"), "--gpus", "cannot read '0-x'"),
+        (("--gpus", "0-x"), "--gpus", "cannot read '0-x'"),
+        # without --parallel the device options did nothing, silently
+        (("--gpus", "0-3"), "--gpus", "needs --parallel N > 1"),
+        (("--cpus", "0-1", "--cpus-per-trial", "1"), "--cpus", "needs --parallel N > 1"),
+        (("--gpus-per-trial", "2"), "--gpus-per-trial", "needs --parallel N > 1"),
+    ],
+)
+def test_device_options(tmp_path: Path, args: tuple[str, ...], key: str, expected: str) -> None:
+    path = write(tmp_path)
+    assert_bad_input(invoke("run", "--spec", str(path), *args), tmp_path, key, expected)
+
+
 def test_missing_spec_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
     assert_bad_input(invoke("run", "--spec", str(missing)), tmp_path, str(missing), "not found")
