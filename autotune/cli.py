@@ -7,7 +7,6 @@ storage URL), 3 preflight failed (engine missing, baseline broken), 130 interrup
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from functools import partial
@@ -21,15 +20,22 @@ from rich.markup import escape
 from autotune import names, render
 from autotune.ablation import run_ablation
 from autotune.cleanup import cleanup_stale
-from autotune.cli_options import DEFAULT_SPEC, ArtifactDirOpt, SpecOpt, StorageOpt, StudyOpt
+from autotune.cli_options import (
+    DEFAULT_SPEC,
+    ArtifactDirOpt,
+    SeedOpt,
+    SpecOpt,
+    StorageOpt,
+    StudyOpt,
+)
 from autotune.compare import run_compare_command, study_ref
 from autotune.confirm import confirm_study
 from autotune.engines import build_engine
 from autotune.errors import AutotuneError, PreflightError, SpecError
 from autotune.export import export_best, export_values
 from autotune.model.reader import facts_as_rows, inspect_model
-from autotune.model.roofline import DecodeBytes, decode_roofline, roofline_rows
-from autotune.parallel import DevicePlanSpec, parse_ids, run_parallel
+from autotune.model.roofline import roofline_rows_for
+from autotune.parallel import DevicePlanSpec, check_device_options, run_parallel
 from autotune.profile import run_profiles
 from autotune.recheck import run_recheck
 from autotune.remote import check_url, run_command, study_reference
@@ -39,6 +45,7 @@ from autotune.spec import StudySpec, load_spec
 from autotune.storage import artifact_dir_for, dashboard_command, load_study
 from autotune.strategy import check_name as check_sampler_name
 from autotune.study import RunOptions, open_study, quiet_optuna, run_study, study_target
+from autotune.termination import stop_on_termination
 
 app = typer.Typer(
     add_completion=False,
@@ -78,11 +85,7 @@ def run(
     spec: SpecOpt = DEFAULT_SPEC,
     study: StudyOpt = None,
     storage: StorageOpt = None,
-    seed: Annotated[
-        int | None,
-        # NumPy's and Optuna's generators take 0 .. 2**32 - 1; outside it they raised a traceback
-        typer.Option("--seed", min=0, max=2**32 - 1, help="Sampler seed."),
-    ] = None,
+    seed: SeedOpt = None,
     sampler: Annotated[
         str | None,
         typer.Option(
@@ -150,7 +153,7 @@ def run(
             extra_env = json.loads(worker_env) if worker_env else None
         except json.JSONDecodeError as exc:
             raise SpecError(f"not JSON: {exc}", key="--worker-env") from None
-        _check_device_options(parallel, gpus, gpus_per_trial, cpus, cpus_per_trial)
+        check_device_options(parallel, gpus, gpus_per_trial, cpus, cpus_per_trial)
         options = RunOptions(
             trials=trials,
             storage_url=storage,
@@ -178,7 +181,7 @@ def run(
                 confirm(url, name)
             render.print_report(url, name)
             if code == 0:
-                _say_if_baseline_is_best(url, name)
+                render.say_if_baseline_is_best(load_study(url, name))
             raise typer.Exit(code=code)
         view = render.LiveView(trials)
         with Live(view.render(), console=console, refresh_per_second=4, transient=False) as live:
@@ -205,46 +208,7 @@ def run(
     render.print_report(summary.storage_url, summary.study_name)
     if summary.stopped_because:
         raise typer.Exit(code=1)
-    _say_if_baseline_is_best(summary.storage_url, summary.study_name)
-
-
-def _check_device_options(
-    parallel: int,
-    gpus: str | None,
-    gpus_per_trial: int,
-    cpus: str | None,
-    cpus_per_trial: int | None,
-) -> None:
-    """The device options are read before anything starts (a typo such as ``--gpus 0-x`` is
-    bad input, not a surprise after the first trial), and only mean something with
-    ``--parallel`` > 1: they share devices out between workers. A single run uses what its
-    environment gives it (``CUDA_VISIBLE_DEVICES``, the process's CPU affinity); ignoring
-    them silently would let a user believe the server was bound."""
-    for option, text in (("--gpus", gpus), ("--cpus", cpus)):
-        if text is not None:
-            parse_ids(text, option=option)
-    if parallel > 1:
-        return
-    given = [
-        option
-        for option, used in (
-            ("--gpus", gpus is not None),
-            ("--gpus-per-trial", gpus_per_trial != 1),
-            ("--cpus", cpus is not None),
-            ("--cpus-per-trial", cpus_per_trial is not None),
-        )
-        if used
-    ]
-    if given:
-        raise SpecError(
-            "shares devices out between workers and needs --parallel N > 1; a single run uses "
-            "the devices its environment gives it (CUDA_VISIBLE_DEVICES, taskset)",
-            key=given[0],
-        )
-
-
-def _say_if_baseline_is_best(url: str, name: str) -> None:
-    render.say_if_baseline_is_best(load_study(url, name))
+    render.say_if_baseline_is_best(load_study(summary.storage_url, summary.study_name))
 
 
 def _confirm(
@@ -594,17 +558,14 @@ def inspect_cmd(
         facts = inspect_model(model)
         rows = facts_as_rows(facts)
         if device or bandwidth_gbs:
-            try:
-                roofline = decode_roofline(
-                    DecodeBytes.from_facts(facts),
-                    device=device,
-                    bandwidth_gbs=bandwidth_gbs,
-                    tp=tp,
-                    context_tokens=context,
-                )
-            except (KeyError, ValueError) as exc:
-                raise SpecError(str(exc).strip("'\""), key="--device") from None
-            rows += [("", "")] + roofline_rows(roofline, measured or [])
+            rows += [("", "")] + roofline_rows_for(
+                facts,
+                device=device,
+                bandwidth_gbs=bandwidth_gbs,
+                tp=tp,
+                context_tokens=context,
+                measured=measured or [],
+            )
     except AutotuneError as exc:
         raise _fail(exc) from None
     render.print_key_values(rows)
@@ -626,30 +587,8 @@ def cleanup(
         console.print(line)
 
 
-def _stop_on_termination() -> None:
-    """SIGTERM and SIGHUP stop a command the way Ctrl-C does (KeyboardInterrupt): the trial
-    is stopped and recorded and every server the command started is stopped. Without this a
-    ``timeout``, ``docker stop``, a batch scheduler's preemption or a closed SSH session
-    ended the process at once, and the vLLM server it had started lived on, re-parented to
-    init. A second signal while the first is being handled is ignored, so the cleanup is not
-    cut short (SIGKILL still ends everything; the next ``run`` stops what that leaves)."""
-
-    def again(_signum: int, _frame: object) -> None:
-        # a Python no-op, not SIG_IGN: an ignored signal would be inherited by any process
-        # started from here on, which could then not be stopped with SIGTERM
-        return
-
-    def handler(signum: int, _frame: object) -> None:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, again)
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, handler)
-
-
 def main() -> None:
-    _stop_on_termination()
+    stop_on_termination()
     try:
         app()
     except AutotuneError as exc:  # pragma: no cover - commands map their own errors

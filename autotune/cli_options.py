@@ -24,3 +24,5 @@ ArtifactDirOpt = Annotated[
         "SQLite file).",
     ),
 ]
+#: NumPy's and Optuna's generators take 0 .. 2**32 - 1; outside it they raised a traceback
+SeedOpt = Annotated[int | None, typer.Option("--seed", min=0, max=2**32 - 1, help="Sampler seed.")]

@@ -9,7 +9,6 @@ Only verified, feasible trials are ever exported (``report.best_trials``).
 from __future__ import annotations
 
 import dataclasses
-import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import yaml
 from autotune import names
 from autotune.engines import build_engine
 from autotune.errors import SpecError
+from autotune.files import write_text_atomically
 from autotune.gate_reference import describe_checks
 from autotune.recheck import record_line
 from autotune.report import baseline_reason, best_trials, verified_baseline
@@ -138,18 +138,14 @@ def export_values(
     header.append("# Launch:")
     words = [f"{k}={_shell_word(v)}" for k, v in env.items()] + [_shell_word(c) for c in command]
     header.append("#   " + " ".join(words))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(
-        "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False), encoding="utf-8"
-    )
-    os.replace(tmp, out)  # never leave a half-written file
+    text = "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False)
+    write_text_atomically(out, text, option="--output")  # never a half-written file
     env_path = None
     if env:
-        env_path = out.with_suffix(".env")
-        env_path.write_text(
+        env_path = write_text_atomically(
+            out.with_suffix(".env"),
             "".join(f"{k}={v.replace(API_KEY, '${API_KEY}')}\n" for k, v in env.items()),
-            encoding="utf-8",
+            option="--output",
         )
     return ExportResult(
         path=out, trial_number=number, config=config, env=env, command=command, env_path=env_path

@@ -125,6 +125,41 @@ def parse_ids(text: str, *, option: str) -> list[int]:
     return sorted(ids)
 
 
+def check_device_options(
+    parallel: int,
+    gpus: str | None,
+    gpus_per_trial: int,
+    cpus: str | None,
+    cpus_per_trial: int | None,
+) -> None:
+    """The device options are read before anything starts (a typo such as ``--gpus 0-x`` is
+    bad input, not a surprise after the first trial), and only mean something with
+    ``--parallel`` > 1: they share devices out between workers. A single run uses what its
+    environment gives it (``CUDA_VISIBLE_DEVICES``, the process's CPU affinity); ignoring
+    them silently would let a user believe the server was bound."""
+    for option, text in (("--gpus", gpus), ("--cpus", cpus)):
+        if text is not None:
+            parse_ids(text, option=option)
+    if parallel > 1:
+        return
+    given = [
+        option
+        for option, used in (
+            ("--gpus", gpus is not None),
+            ("--gpus-per-trial", gpus_per_trial != 1),
+            ("--cpus", cpus is not None),
+            ("--cpus-per-trial", cpus_per_trial is not None),
+        )
+        if used
+    ]
+    if given:
+        raise SpecError(
+            "shares devices out between workers and needs --parallel N > 1; a single run uses "
+            "the devices its environment gives it (CUDA_VISIBLE_DEVICES, taskset)",
+            key=given[0],
+        )
+
+
 def format_ids(ids: Sequence[int]) -> str:
     """Sorted ids as ranges: (0, 1, 2, 3, 8) -> ``"0-3,8"`` (the syntax vLLM parses)."""
     parts: list[str] = []

@@ -32,6 +32,7 @@ from autotune.client import StreamingClient, connect
 from autotune.engines.dialect import RequestDialect
 from autotune.engines.registry import engine_class
 from autotune.errors import SpecError
+from autotune.files import write_text_atomically
 from autotune.gate import (
     Capabilities,
     CheckResult,
@@ -320,7 +321,8 @@ def run_command(
     elif server:
         console.print(f"[dim]server metrics unavailable: {escape(str(server.get('reason')))}[/]")
     if json_path is not None:
-        json_path.write_text(json.dumps(result.to_json(spec), indent=2, default=str) + "\n")
+        text = json.dumps(result.to_json(spec), indent=2, default=str) + "\n"
+        write_text_atomically(json_path, text, option="--json")
         console.print(f"wrote {json_path}")
     if result.failure:
         console.print(f"[bold red]failed:[/] {escape(result.failure)}", soft_wrap=True)

@@ -29,6 +29,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune import names
+from autotune.files import write_text_atomically
 from autotune.gate_reference import describe_checks
 from autotune.report import (
     StudyReport,
@@ -98,11 +99,7 @@ def write_report(
     """Load the study, build the page and write it atomically to ``out``."""
     study = load_study(storage_url, study_name)  # a SpecError for an unknown study
     page = build_report(study, ReportSource(storage_url, spec_path))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
-    return out
+    return write_text_atomically(out, page, option="--output")
 
 
 def build_report(study: optuna.Study, source: ReportSource) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from autotune.errors import SpecError
 from autotune.model.facts import ModelFacts
 from autotune.model.reader import inspect_model
 
@@ -366,3 +367,27 @@ def roofline_rows(
             )
         )
     return rows
+
+
+def roofline_rows_for(
+    facts: ModelFacts,
+    *,
+    device: str | None,
+    bandwidth_gbs: float | None,
+    tp: int,
+    context_tokens: int,
+    measured: list[float] | tuple[float, ...] = (),
+) -> list[tuple[str, str]]:
+    """The rows of ``autotune inspect --device``: an unknown device (or one without a
+    bandwidth) is the user's input, named as ``--device``."""
+    try:
+        roofline = decode_roofline(
+            DecodeBytes.from_facts(facts),
+            device=device,
+            bandwidth_gbs=bandwidth_gbs,
+            tp=tp,
+            context_tokens=context_tokens,
+        )
+    except (KeyError, ValueError) as exc:
+        raise SpecError(str(exc).strip("'\""), key="--device") from None
+    return roofline_rows(roofline, measured)
