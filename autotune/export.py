@@ -57,6 +57,7 @@ def export_trial(
     *,
     baseline_reason: str | None = None,
     baseline_metrics: dict[str, float] | None = None,
+    confirmation: dict[str, Any] | None = None,
 ) -> ExportResult:
     values = {}
     for name, value in (trial.user_attrs.get(names.PARAMS_RESOLVED) or trial.params).items():
@@ -71,7 +72,7 @@ def export_trial(
         )
     else:
         title = f"trial {trial.number} (verified correct against the baseline's reference)"
-        notes = ()
+        notes = confirmation_notes(confirmation, trial.number)
     result = export_values(
         spec,
         values,
@@ -85,6 +86,30 @@ def export_trial(
         engine_version=(trial.user_attrs.get(names.SERVER) or {}).get("engine_version"),
     )
     return dataclasses.replace(result, baseline_reason=baseline_reason)
+
+
+def confirmation_notes(confirmation: dict[str, Any] | None, number: int) -> tuple[str, ...]:
+    """Header lines with the confirmation's verdict on the exported trial: its gain over the
+    baseline and the 95% interval, and whether that is a confirmed gain. Without them a config
+    whose interval includes zero (the confirmation said "no confirmed gain") was exported with
+    only its single search measurement, which reads like a win."""
+    if not confirmation or confirmation.get("winner") != number:
+        return ()
+    gain, ci = confirmation.get("gain"), confirmation.get("gain_ci")
+    if gain is None or not ci:
+        return ()
+    low, high = ci
+    verdict = (
+        "a confirmed gain"
+        if low > 0
+        else "NOT a confirmed gain: the interval includes no change; it is verified correct, "
+        "and may be no faster than the baseline"
+    )
+    return (
+        f"# Confirmation ({confirmation.get('repeats')} interleaved rounds against the baseline, "
+        f"{confirmation.get('metric')}): {gain:+.1%}, 95% CI {low:+.1%} .. {high:+.1%}",
+        f"#   {verdict}",
+    )
 
 
 def export_values(
@@ -206,7 +231,11 @@ def export_best(
     base = verified_baseline(study)
     base_metrics = (base.user_attrs.get(names.METRICS) or None) if base is not None else None
     if not pareto:
-        return [export_trial(spec, best[0], out, baseline_metrics=base_metrics)]
+        return [
+            export_trial(
+                spec, best[0], out, baseline_metrics=base_metrics, confirmation=confirmation
+            )
+        ]
     results = []
     for trial in best:
         path = out.with_name(f"{out.stem}-trial{trial.number}{out.suffix or '.yaml'}")

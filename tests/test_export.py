@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 
 from autotune.engines import build_engine
-from autotune.export import export_values
+from autotune.export import confirmation_notes, export_values
 from autotune.spec import load_spec
 from tests.builders import ROOT
 
@@ -126,3 +126,20 @@ def test_export_fails_when_the_baseline_failed(tmp_path):
     exported = runner.invoke(app, ["export", "--spec", str(spec_path), "-o", str(out)])
     assert exported.exit_code == 2 and not out.exists()
     assert "no verified correct trial" in exported.output
+
+
+def test_the_header_says_whether_the_exported_winner_is_a_confirmed_gain():
+    """A demo run ended "no confirmed gain" (+84.7 %, CI -36 % .. +435 %), and the export of
+    its (verified correct) winner showed only the winner's single search measurement."""
+    unsure = {"metric": "output_tokens_per_s", "repeats": 4, "winner": 4, "gain": 0.847,
+              "gain_ci": [-0.363, 4.354]}  # fmt: skip
+    lines = confirmation_notes(unsure, 4)
+    assert "+84.7%, 95% CI -36.3% .. +435.4%" in lines[0]
+    assert "4 interleaved rounds" in lines[0]
+    assert "NOT a confirmed gain" in lines[1]
+    sure = {**unsure, "gain_ci": [0.141, 3.212]}
+    assert "a confirmed gain" in confirmation_notes(sure, 4)[1]
+    assert "NOT" not in confirmation_notes(sure, 4)[1]
+    # another trial than the confirmation's winner, or no confirmation: nothing to say
+    assert confirmation_notes(sure, 7) == ()
+    assert confirmation_notes(None, 4) == ()
