@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,6 +68,12 @@ NOT_HASHED = frozenset(
     }
 )
 UNITS = ("auto", "tokens", "words")
+#: bounds on a synthetic workload, so that a hostile or mistyped spec is refused at once instead
+#: of generating for hours: prompts (building one costs about 20 ms with the tokenizer on a busy
+#: 2-core machine), tokens of one prompt (more than any model's context), tokens in all
+SYNTHETIC_MAX_COUNT = 10_000
+SYNTHETIC_MAX_LENGTH = 1_000_000
+SYNTHETIC_MAX_TOTAL = 20_000_000
 #: the request body fields that do not come from the spec: part of every hash
 SAMPLING = {"temperature": 0.0, "ignore_eos": True}
 
@@ -113,6 +120,13 @@ class LengthDist:
         else:
             value = rng.gauss(self.a, self.b)
         return max(1, round(value))
+
+    @property
+    def high(self) -> float:
+        """A length the draws (practically) never exceed."""
+        if self.kind == "fixed":
+            return self.a
+        return self.b if self.kind == "uniform" else self.a + 4 * self.b
 
     def describe(self) -> str:
         if self.kind == "fixed":
@@ -264,7 +278,7 @@ def _distribution(doc: Any, key: str, raw: Any) -> LengthDist:
     if isinstance(raw, int) and not isinstance(raw, bool):
         if raw < 1:
             raise doc.error(key, f"must be >= 1, got {raw!r}")
-        return LengthDist("fixed", raw)
+        return _bounded(doc, key, LengthDist("fixed", raw))
     if not isinstance(raw, dict):
         raise doc.error(key, "a number, {dist: uniform, min, max} or {dist: normal, mean, std}")
     kind = raw.get("dist")
@@ -279,13 +293,23 @@ def _distribution(doc: Any, key: str, raw: Any) -> LengthDist:
         value = raw.get(name)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise doc.error(f"{key}.{name}", f"must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise doc.error(f"{key}.{name}", f"must be a finite number, got {value!r}")
         values.append(float(value))
     a, b = values
     if kind == "uniform" and not (1 <= a <= b):
         raise doc.error(key, f"needs 1 <= min <= max, got min {a:g}, max {b:g}")
     if kind == "normal" and (a < 1 or b < 0):
         raise doc.error(key, f"needs mean >= 1 and std >= 0, got mean {a:g}, std {b:g}")
-    return LengthDist(kind, a, b)
+    return _bounded(doc, key, LengthDist(kind, a, b))
+
+
+def _bounded(doc: Any, key: str, dist: LengthDist) -> LengthDist:
+    if dist.high > SYNTHETIC_MAX_LENGTH:
+        raise doc.error(
+            key, f"{dist.describe()} reaches over {SYNTHETIC_MAX_LENGTH:,} tokens per prompt"
+        )
+    return dist
 
 
 def _synthetic(doc: Any, raw: Any, tokenizer: _Tokenizer) -> BuiltWorkload:
@@ -298,6 +322,10 @@ def _synthetic(doc: Any, raw: Any, tokenizer: _Tokenizer) -> BuiltWorkload:
     count = raw.get("count", 64)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise doc.error("workload.synthetic.count", f"must be a positive integer, got {count!r}")
+    if count > SYNTHETIC_MAX_COUNT:
+        raise doc.error(
+            "workload.synthetic.count", f"at most {SYNTHETIC_MAX_COUNT:,} prompts, got {count:,}"
+        )
     if "input_tokens" not in raw:
         raise doc.error("workload.synthetic.input_tokens", "required")
     inputs = _distribution(doc, "workload.synthetic.input_tokens", raw["input_tokens"])
@@ -306,6 +334,12 @@ def _synthetic(doc: Any, raw: Any, tokenizer: _Tokenizer) -> BuiltWorkload:
         if "output_tokens" in raw
         else None
     )
+    if count * inputs.a > SYNTHETIC_MAX_TOTAL:
+        raise doc.error(
+            "workload.synthetic",
+            f"{count:,} prompts of {inputs.describe()} tokens is over "
+            f"{SYNTHETIC_MAX_TOTAL:,} prompt tokens in all",
+        )
     prefix = raw.get("shared_prefix", 0.0)
     if isinstance(prefix, bool) or not isinstance(prefix, int | float) or not 0 <= prefix < 1:
         raise doc.error("workload.synthetic.shared_prefix", f"must be 0 <= f < 1, got {prefix!r}")

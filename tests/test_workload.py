@@ -138,12 +138,19 @@ def test_synthetic_fixed_lengths_in_tokens_with_the_demo_tokenizer(tmp_path) -> 
         ({"input_tokens": 8, "unit": "chars"}, "unit"),
         ({"input_tokens": 8, "unit": "tokens"}, "unit"),  # no tokenizer in the fake model
         ({"count": 3}, "input_tokens"),
+        # each of these used to hang validation (hours of prompt generation) or raise a
+        # ValueError traceback (NaN)
+        ({"count": 10**8, "input_tokens": 10}, "count"),
+        ({"input_tokens": 10**8}, "input_tokens"),
+        ({"input_tokens": {"dist": "normal", "mean": 100, "std": 10**6}}, "input_tokens"),
+        ({"input_tokens": {"dist": "normal", "mean": 10, "std": float("nan")}}, "input_tokens.std"),
+        ({"count": 10_000, "input_tokens": 5_000}, ""),
     ],
 )
 def test_bad_synthetic_names_the_key(tmp_path, synthetic, key) -> None:
     with pytest.raises(SpecError) as info:
         load_spec(_spec_with(tmp_path, {"synthetic": synthetic}))
-    assert f"workload.synthetic.{key}" in str(info.value)
+    assert f"workload.synthetic{'.' if key else ''}{key}" in str(info.value)
 
 
 def test_reference_prompts_are_capped_and_consistent(tmp_path) -> None:
