@@ -351,7 +351,7 @@ def dashboard(
     spec: SpecOpt = DEFAULT_SPEC,
     study: StudyOpt = None,
     storage: StorageOpt = None,
-    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8080,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8080,
     artifact_dir: ArtifactDirOpt = None,
 ) -> None:
     """Open optuna-dashboard on the study's storage (with its artifacts)."""
