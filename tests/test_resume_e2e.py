@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -191,7 +192,21 @@ def start_run(
 
 
 def load(spec: Path) -> optuna.Study:
+    """The study, once the run has created it. Opening an SQLite file with Optuna while the
+    run is still creating its tables stamps the schema version from this process too, and one
+    of the two stamps fails (a CI run: ``UNIQUE constraint failed: alembic_version``). So the
+    file is read first, read-only, and the study is opened only when the run has written it;
+    KeyError ("not yet") otherwise."""
     url = yaml.safe_load(spec.read_text())["storage"]
+    path = url.removeprefix("sqlite:///")
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            names_ = db.execute("SELECT study_name FROM studies").fetchall()
+            stamped = db.execute("SELECT version_num FROM alembic_version").fetchall()
+    except sqlite3.Error:
+        raise KeyError("the run has not created its storage yet") from None
+    if ("resume",) not in names_ or not stamped:
+        raise KeyError("the run has not created the study yet")
     return optuna.load_study(study_name="resume", storage=url)
 
 
