@@ -105,7 +105,7 @@ def _collect_lines(
             key = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
             lines[key] = key_node.start_mark.line + 1
             if _bool_word(key_node):
-                read = key_node.value.lower() in ("y", "yes", "on")
+                read = key_node.value.lower() in ("yes", "on")  # PyYAML's true words
                 bool_keys.setdefault(prefix, {})[read] = key_node.value
             _collect_lines(value_node, key, lines, bool_words, bool_keys)
     elif isinstance(node, yaml.SequenceNode):

@@ -10,6 +10,7 @@ them to their targets (:meth:`SearchSpace.resolve`), starting nothing.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,9 @@ from autotune.constraints import Constraint
 from autotune.names import int_list_label, parse_int_list
 from autotune.settings import ServerSettings, merge_json_key
 
+#: an environment variable's name as a shell accepts it (a space's ``env`` target, the spec's
+#: ``engine.env``): anything else cannot be exported, or means a typo
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TYPES = ("int", "float", "categorical", "bool", "int_list")
 _MISSING = object()
 

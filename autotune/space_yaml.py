@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune._yaml import YamlDoc, check_keys, load_yaml
 from autotune.constraints import ConstraintSyntaxError, compile_constraint
-from autotune.space import TYPES, Parameter, SearchSpace, Target
+from autotune.space import ENV_NAME, TYPES, Parameter, SearchSpace, Target
 
 _PARAM_KEYS = {
     "type",
@@ -196,7 +196,7 @@ def _parse_target(doc: YamlDoc, key: str, raw: Any) -> Target:
         raise doc.error(f"{key}.{kind}", "must be a non-empty string")
     if kind in ("flag", "json") and not name.startswith("--"):
         raise doc.error(f"{key}.{kind}", f"a flag starts with '--', got {name!r}")
-    if kind == "env" and not name.replace("_", "a").isalnum():
+    if kind == "env" and not ENV_NAME.fullmatch(name):
         raise doc.error(f"{key}.env", f"not a valid environment variable name: {name!r}")
     json_key = raw.get("key")
     if kind == "json" and not (isinstance(json_key, str) and json_key):

@@ -18,7 +18,7 @@ from autotune._yaml import YamlDoc, check_keys, load_yaml
 from autotune.engines.registry import engine_class, engine_names
 from autotune.errors import SpecError
 from autotune.names import METRIC_DIRECTIONS, direction
-from autotune.space import SearchSpace
+from autotune.space import ENV_NAME, SearchSpace
 from autotune.space_yaml import load_space
 from autotune.storage import check_url, study_name_problem
 
@@ -274,7 +274,7 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
         raise doc.error("engine.env", "must be a mapping of variable -> value")
     for raw_var, value in env.items():
         var = doc.name("engine.env", raw_var, "variable name")
-        if not _ENV_NAME.fullmatch(var):
+        if not ENV_NAME.fullmatch(var):
             raise doc.error(f"engine.env.{var}", "not a variable name (letters, digits, _)")
         doc.refuse_yaml11_bool(f"engine.env.{var}", value)
         if isinstance(value, bool) or not isinstance(value, str | int | float):
@@ -416,8 +416,6 @@ def _workload(doc: YamlDoc, raw: Any, base: Path, model: ModelSpec) -> WorkloadS
     )
 
 
-#: an environment variable's name, as a shell would accept it
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SLO_RE = re.compile(r"^\s*([a-z0-9_]+(?:@[0-9]+)?)\s*(<=|>=)\s*([0-9.eE+-]+)\s*$")
 #: workload keys of the load curve, precision stopping and goodput (see loadcurve.py)
 _CURVE_KEYS = ("target_precision", "max_measure_s", "max_repeats", "slo", "goodput_max_concurrency")

@@ -122,6 +122,10 @@ class LengthDist:
         return max(1, round(value))
 
     @property
+    def mean(self) -> float:
+        return (self.a + self.b) / 2 if self.kind == "uniform" else self.a
+
+    @property
     def high(self) -> float:
         """A length the draws (practically) never exceed."""
         if self.kind == "fixed":
@@ -334,7 +338,7 @@ def _synthetic(doc: Any, raw: Any, tokenizer: _Tokenizer) -> BuiltWorkload:
         if "output_tokens" in raw
         else None
     )
-    if count * inputs.a > SYNTHETIC_MAX_TOTAL:
+    if count * inputs.mean > SYNTHETIC_MAX_TOTAL:
         raise doc.error(
             "workload.synthetic",
             f"{count:,} prompts of {inputs.describe()} tokens is over "

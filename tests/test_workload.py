@@ -145,6 +145,8 @@ def test_synthetic_fixed_lengths_in_tokens_with_the_demo_tokenizer(tmp_path) -> 
         ({"input_tokens": {"dist": "normal", "mean": 100, "std": 10**6}}, "input_tokens"),
         ({"input_tokens": {"dist": "normal", "mean": 10, "std": float("nan")}}, "input_tokens.std"),
         ({"count": 10_000, "input_tokens": 5_000}, ""),
+        # in all by the mean length: uniform 1..4,000 is 2,000 on average, 20M for 10,000
+        ({"count": 10_000, "input_tokens": {"dist": "uniform", "min": 1, "max": 4_100}}, ""),
     ],
 )
 def test_bad_synthetic_names_the_key(tmp_path, synthetic, key) -> None:
