@@ -449,27 +449,9 @@ parameters:
 """
 
 
-NUMERIC_SPACE = """
-parameters:
-  x:
-    type: float
-    low: 0.0
-    high: 1.0
-    target: {flag: --x}
-  y:
-    type: int
-    low: 1
-    high: 1000
-    log: true
-    target: {flag: --y}
-"""
-
-
-def _peak(params):
-    """A smooth interior peak in two numeric values (x near 0.73, y near 300), nothing else."""
-    x, y = params.get("x", 0.5), params.get("y", 10)
-    bump = math.exp(-((x - 0.73) ** 2) / 0.08 - (math.log(y) - math.log(300)) ** 2 / 4.5)
-    return {"tok_s": 100 * bump + 5}
+#: the search benchmark's numeric landscape (results/search_efficiency_numeric.json)
+NUMERIC_SPACE = harness.ROOT / "search_spaces" / "numeric-sim.yaml"
+NUMERIC_LANDSCAPE = "autotune/testing/landscape_numeric.py:landscape"
 
 
 def test_auto_sampler_finds_an_interior_peak_of_numeric_values():
@@ -477,8 +459,8 @@ def test_auto_sampler_finds_an_interior_peak_of_numeric_values():
     launched (1.0, 1000) and its neighbours over and over and found the peak in 1 of 8 seeds
     within 40 launches. The local term, chosen by evidence (``search_model.fit_speed``), finds
     it; random search misses it in about half the seeds at this budget."""
-    space = load_space_text(NUMERIC_SPACE)
-    land = harness.Landscape(_peak, "peak", 0.05, (), dict(harness.DEFAULT_COST))
+    space = load_space(NUMERIC_SPACE)
+    land = harness.load_landscape(NUMERIC_LANDSCAPE, None)
     best, _, _ = harness.true_best(space, land)
     for seed in range(6):
         run = harness.run_strategy("auto", space, land, seed, 30, 0.95 * best, True)
@@ -486,17 +468,17 @@ def test_auto_sampler_finds_an_interior_peak_of_numeric_values():
 
 
 def test_the_speed_model_adds_its_local_term_only_where_the_data_need_it():
-    space = load_space_text(NUMERIC_SPACE)
-    enc = Encoder(space)
+    enc = Encoder(load_space(NUMERIC_SPACE))
+    land = harness.load_landscape(NUMERIC_LANDSCAPE, 0.0)
     rng = np.random.default_rng(0)
     configs = [
-        {"x": float(u), "y": int(v)}
+        {"fraction": float(u), "tokens": int(v)}
         for u, v in zip(rng.random(20), rng.integers(1, 1000, 20), strict=True)
     ]
     x = np.array([enc.row(c) for c in configs])
-    peaked = np.array([math.log(_peak(c)["tok_s"]) for c in configs])
+    peaked = np.array([math.log(land(c).true) for c in configs])
     assert fit_speed(enc, x, peaked).local_sd > 0
-    flat = np.array([0.01 * c["x"] for c in configs]) + rng.normal(0, 0.05, 20)
+    flat = np.array([0.01 * c["fraction"] for c in configs]) + rng.normal(0, 0.05, 20)
     assert fit_speed(enc, x, flat).local_sd == 0
     # a space without numeric dimensions has no local term to add
     cats = Encoder(load_space_text(RANK_SPACE))
