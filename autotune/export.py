@@ -20,7 +20,7 @@ import yaml
 from autotune import names
 from autotune.engines import build_engine
 from autotune.errors import SpecError
-from autotune.files import write_text_atomically
+from autotune.files import write_files_atomically
 from autotune.gate_reference import describe_checks
 from autotune.recheck import record_line
 from autotune.report import baseline_reason, best_trials, verified_baseline
@@ -45,7 +45,8 @@ class ExportResult:
     config: dict[str, Any]
     env: dict[str, str]
     command: list[str]
-    env_path: Path | None
+    #: the .env written beside it (always: empty when the config needs no environment)
+    env_path: Path
     #: why the baseline was exported (no configuration beat it), None for a winner
     baseline_reason: str | None = None
 
@@ -164,14 +165,15 @@ def export_values(
     words = [f"{k}={_shell_word(v)}" for k, v in env.items()] + [_shell_word(c) for c in command]
     header.append("#   " + " ".join(words))
     text = "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False)
-    write_text_atomically(out, text, option="--output")  # never a half-written file
-    env_path = None
-    if env:
-        env_path = write_text_atomically(
-            out.with_suffix(".env"),
-            "".join(f"{k}={v.replace(API_KEY, '${API_KEY}')}\n" for k, v in env.items()),
-            option="--output",
-        )
+    # The config and its .env are one export: both are written, or neither. A config that
+    # needs no environment still gets its (empty) .env, so an older export's .env never
+    # stands beside it as if it belonged to it.
+    env_path = out.with_suffix(".env")
+    env_text = "".join(f"{k}={v.replace(API_KEY, '${API_KEY}')}\n" for k, v in env.items())
+    write_files_atomically(
+        {out: text, env_path: env_text or "# this configuration needs no environment variables\n"},
+        option="--output",
+    )
     return ExportResult(
         path=out, trial_number=number, config=config, env=env, command=command, env_path=env_path
     )

@@ -308,6 +308,13 @@ def check_storage(url: str) -> None:
         )
 
 
+def worker_seed(seed: int | None, index: int) -> int | None:
+    """Worker ``index``'s sampler seed: distinct per worker (the same seed would have every
+    worker propose the same configs), and within the range ``--seed`` accepts (0 .. 2**32 - 1),
+    so a run given the largest seed does not start workers that refuse theirs."""
+    return None if seed is None else (seed + index) % 2**32
+
+
 def worker_argv(
     spec_path: Path,
     *,
@@ -412,8 +419,7 @@ def run_parallel(
     try:
         try:
             for device, share in zip(devices, shares, strict=True):
-                # within the range --seed accepts (0 .. 2**32 - 1)
-                seed = None if options.seed is None else (options.seed + device.index) % 2**32
+                seed = worker_seed(options.seed, device.index)
                 argv = worker_argv(
                     spec_path,
                     trials=share,

@@ -311,6 +311,15 @@ def test_bad_cli_numbers(tmp_path: Path, option: str, value: str) -> None:
     assert_untouched(tmp_path)
 
 
+@pytest.mark.parametrize("port", ["-1", "65536"])
+def test_dashboard_port_out_of_range(tmp_path: Path, port: str) -> None:
+    path = write(tmp_path)
+    result = invoke("dashboard", "--spec", str(path), "--port", port)
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--port'" in result.output
+    assert_untouched(tmp_path)
+
+
 @pytest.mark.parametrize(
     ("args", "key", "expected"),
     [

@@ -3,6 +3,8 @@ read back through vLLM's own config-file loader."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import yaml
 
 from autotune.engines import build_engine
@@ -41,6 +43,19 @@ def test_exported_yaml_round_trips_through_vllms_config_loader(tmp_path):
         "--config",
         str(out),
     ]
+
+
+def test_an_export_without_environment_leaves_no_older_env_beside_it(tmp_path):
+    """The header says the environment is "in the .env file beside it": an older export's
+    .env must not stand there, as if it belonged to a config that needs none."""
+    spec = load_spec(ROOT / "studies" / "demo.yaml")
+    out = tmp_path / "best.yaml"
+    export_values(spec, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}, out, title="first")
+    assert "VLLM_CPU_OMP_THREADS_BIND=0-1" in out.with_suffix(".env").read_text()
+    bare = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, env={}))
+    result = export_values(bare, {"max_num_seqs": 32}, out, title="second")
+    assert result.env == {} and result.env_path == out.with_suffix(".env")
+    assert "=" not in result.env_path.read_text()
 
 
 BASELINE_WINS_SPACE = """

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.errors import SpecError
-from autotune.files import write_text_atomically
+from autotune.files import write_files_atomically, write_text_atomically
 
 
 def test_writes_the_text_and_creates_the_folders(tmp_path: Path) -> None:
@@ -47,3 +47,20 @@ def test_report_to_an_unwritable_path_exits_2_without_a_traceback(tmp_path: Path
     assert result.exit_code == 2, (result.output, result.exception)
     assert "--output" in result.stderr and "cannot write" in result.stderr
     assert (tmp_path / "file").read_text() == "not a folder"
+
+
+def test_files_that_belong_together_are_written_together_or_not_at_all(tmp_path: Path) -> None:
+    """An exported config and its ``.env``: when the second cannot be written, the first must
+    not be replaced either (written one by one, a new config stood beside an old .env)."""
+    old = tmp_path / "best.yaml"
+    old.write_text("old config")
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(SpecError, match="cannot write .*file/best.env"):
+        write_files_atomically(
+            {old: "new config", tmp_path / "file" / "best.env": "A=1\n"}, option="--output"
+        )
+    assert old.read_text() == "old config"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.yaml", "file"]  # no .tmp left
+    pair = {old: "new config", tmp_path / "best.env": "A=1\n"}
+    write_files_atomically(pair, option="--output")
+    assert {p: p.read_text() for p in pair} == pair

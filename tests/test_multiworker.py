@@ -41,6 +41,7 @@ from autotune.parallel import (
     format_ids,
     parse_ids,
     split_trials,
+    worker_seed,
 )
 from autotune.storage import open_storage
 from tests.builders import sigint_as_a_terminal_would
@@ -497,3 +498,13 @@ def test_split_trials_is_exact() -> None:
         for workers in range(1, 8):
             shares = split_trials(total, workers)
             assert sum(shares) == total and max(shares) - min(shares) <= 1
+
+
+def test_worker_seeds_are_distinct_and_within_the_range_run_accepts() -> None:
+    """Each worker gets ``--seed`` plus its index; at the top of the range that wrapped past
+    2**32 - 1, a seed the worker's own ``autotune run`` refuses (exit 2 in every worker)."""
+    assert worker_seed(None, 3) is None
+    top = 2**32 - 1
+    seeds = [worker_seed(top - 1, index) for index in range(4)]
+    assert seeds == [top - 1, top, 0, 1]
+    assert [worker_seed(7, index) for index in range(3)] == [7, 8, 9]
