@@ -65,6 +65,7 @@ import importlib.util
 import itertools
 import json
 import math
+import numbers
 import os
 import platform
 import random
@@ -78,6 +79,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.trial import TrialState
 
@@ -153,7 +155,14 @@ class Landscape:
         try:
             result = self.function(dict(params))
         except Exception as exc:  # a user's function: say which one broke, and on what
-            raise BadInput(f"{self.where} raised {exc!r} on {params!r}") from None
+            hint = ""
+            if isinstance(exc, KeyError) and exc.args and exc.args[0] not in params:
+                # the baseline and the grids leave parameters to the engine: absent, not None
+                hint = (
+                    f" ({exc.args[0]!r} is left out where the config keeps the engine's "
+                    "default: read it with params.get)"
+                )
+            raise BadInput(f"{self.where} raised {exc!r} on {params!r}{hint}") from None
         if not isinstance(result, dict):
             raise BadInput(f"{self.where} returned {type(result).__name__}, not a dict")
         if "failure" in result:
@@ -164,19 +173,21 @@ class Landscape:
                     "(a non-empty string such as 'oom')"
                 )
             return Outcome(False, False, 0.0, reason)
+        # NumPy's scalars count (np.float32, np.int64, np.bool_ are not float, int, bool): a
+        # landscape that computes with NumPy returns them
         value = result.get("tok_s")
         if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not 0 < value < math.inf
+            isinstance(value, bool | np.bool_)
+            or not isinstance(value, numbers.Real)
+            or not 0 < float(value) < math.inf
         ):
             raise BadInput(
                 f"{self.where} returned {result!r}: needs a finite tok_s > 0 (or a failure reason)"
             )
         correct = result.get("correct", True)
-        if not isinstance(correct, bool):
+        if not isinstance(correct, bool | np.bool_):
             raise BadInput(f"{self.where} returned correct={correct!r}, not a bool")
-        return Outcome(True, correct, float(value))
+        return Outcome(True, bool(correct), float(value))
 
 
 def load_landscape(text: str, noise: float | None) -> Landscape:

@@ -48,6 +48,8 @@ def _run(tmp_path, body: str, *extra: str) -> tuple[int, str]:
     ("body", "expected"),
     [
         ("def f(params):\n    raise RuntimeError('boom')\n", "land.py:f raised RuntimeError"),
+        # the baseline leaves `size` to the engine: say so, not only "KeyError"
+        ("def f(params):\n    return {'tok_s': params['size']}\n", "read it with params.get"),
         ("def f(params):\n    return [1.0]\n", "returned list, not a dict"),
         ("def f(params):\n    return {'tok_s': float('inf')}\n", "finite tok_s > 0"),
         ("def f(params):\n    return {'tok_s': float('nan')}\n", "finite tok_s > 0"),
@@ -101,4 +103,20 @@ def test_the_same_landscape_with_good_values_runs(tmp_path, capsys):
     fault, is accepted and writes its result."""
     code, out = _run(tmp_path, GOOD + "NOISE = 0.0\nCOST_MINUTES = {'load': 2}\n")
     assert code == 0
+    assert (tmp_path / "result.json").exists()
+
+
+def test_a_landscape_computing_with_numpy_is_accepted(tmp_path, capsys):
+    """np.float32, np.int64 and np.bool_ are not Python floats, ints or bools: a landscape
+    written with NumPy returns them and must not be refused as "no finite tok_s"."""
+    body = (
+        "import numpy as np\n"
+        "def f(params):\n"
+        "    fast = params.get('mode') == 'fast'\n"
+        "    if params.get('size') == 8:\n"
+        "        return {'tok_s': np.int64(3), 'correct': np.bool_(False)}\n"
+        "    return {'tok_s': np.float32(2.0 if fast else 1.0), 'correct': np.bool_(True)}\n"
+    )
+    code, out = _run(tmp_path, body)
+    assert code == 0, capsys.readouterr().err
     assert (tmp_path / "result.json").exists()
