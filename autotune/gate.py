@@ -13,10 +13,13 @@ Policy (also in the README, "The correctness gate"):
   the spec pins ``check.logprob_tolerance``. Both numbers are stored with the reference.
 * A trial passes when, for every prompt: (1) its greedy tokens equal the reference's, except
   that a divergence at a position whose reference top-1/top-2 margin is within twice the
-  tolerance is a tie flip, accepted and comparison stops there; (2) its teacher-forced logprobs
-  differ from the reference's by at most the tolerance at every position; (3) sanity holds
-  (not empty, not whitespace-only, no runaway repetition, no non-printable characters) wherever
-  the reference itself was sane; (4) known-answer prompts match their regular expressions.
+  tolerance, to the reference's runner-up token there, is a tie flip, accepted and comparison
+  stops there (a flip to another token is not; without the runner-up, a reference recorded
+  before it was kept or an answer without per-token strings, the margin alone decides);
+  (2) its teacher-forced logprobs differ from the reference's by at most the tolerance at
+  every position; (3) sanity holds (not empty, not whitespace-only, no runaway repetition, no
+  non-printable characters) wherever the reference itself was sane; (4) known-answer prompts
+  match their regular expressions.
 * Anything else fails the trial as ``incorrect_output`` with the first divergent position and
   both texts. A failed trial gets no performance score.
 

@@ -85,6 +85,7 @@ async def _stream_completion(
     tokens: list[str] = []
     logprobs: list[float] = []
     margins: list[float | None] = []
+    runner_ups: list[str | None] = []
     try:
         async with open_stream(client, "/v1/completions", body, deadline_s=deadline_s) as response:
             if response.status_code != 200:
@@ -105,7 +106,9 @@ async def _stream_completion(
                     lp = choice.get("logprobs") or {}
                     tokens.extend(lp.get("tokens") or ())
                     logprobs.extend(_finite(x) for x in lp.get("token_logprobs") or ())
-                    margins.extend(_margin(top) for top in lp.get("top_logprobs") or ())
+                    for top in lp.get("top_logprobs") or ():
+                        margins.append(_margin(top))
+                        runner_ups.append(_runner_up(top))
     except TimeoutError:
         raise NoTokenWithin(phase, f"the request for prompt {prompt!r}", deadline_s or 0) from None
     except json.JSONDecodeError as exc:
@@ -118,6 +121,7 @@ async def _stream_completion(
         logprobs=tuple(logprobs),
         margins=tuple(margins),
         prompt_token_ids=tuple(prompt_ids),
+        runner_ups=tuple(runner_ups),
     )
 
 
@@ -133,6 +137,15 @@ def _margin(top: dict[str, float | None] | None) -> float | None:
     if best[1] == float("-inf"):
         return None  # no finite runner-up: no near-tie
     return float(best[0] - best[1])
+
+
+def _runner_up(top: dict[str, float | None] | None) -> str | None:
+    """The second most likely token of a ``top_logprobs`` entry (None without a finite one)."""
+    if not top or len(top) < 2:
+        return None
+    ranked = sorted(top.items(), key=lambda item: _finite(item[1]), reverse=True)
+    token, logprob = ranked[1]
+    return None if _finite(logprob) == float("-inf") else token
 
 
 class TeacherUnsupported(Exception):

@@ -172,9 +172,18 @@ def _first_divergence(
     margin = None
     if method != COMPARE_TEXT and position < len(ref.margins):
         margin = ref.margins[position]
-    if both and margin is not None and margin <= 2 * reference.tolerance:
-        return "tie_flip"
+    near_tie = both and margin is not None and margin <= 2 * reference.tolerance
+    if near_tie:
+        # a near tie excuses a flip to the other side of the tie, not to any token: a broken
+        # config whose output leaves the reference at a close position is still wrong (on a
+        # workload prompt nothing else, no teacher-forced check, would say so)
+        runner_up = ref.runner_ups[position] if position < len(ref.runner_ups) else None
+        chosen = got.tokens[position] if position < len(got.tokens) else None
+        if runner_up is None or chosen is None or chosen == runner_up:
+            return "tie_flip"
     detail = f"reference top-2 margin {margin}" if method != COMPARE_TEXT else ""
+    if near_tie:
+        detail += f": a near tie, but not to the reference's runner-up {runner_up!r}"
     if method == COMPARE_TOKEN_IDS and not got.token_ids and got.text:
         detail = "the answer carries no token ids (the baseline's did)"
     if method == COMPARE_TEXT:

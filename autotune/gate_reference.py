@@ -30,6 +30,9 @@ class Completion:
     logprobs: tuple[float, ...] = ()
     margins: tuple[float | None, ...] = ()
     prompt_token_ids: tuple[int, ...] = ()
+    #: per position, the second most likely token (its string, as ``top_logprobs`` names it):
+    #: a near-tie flip is excused only to this token, not to any token at a close position
+    runner_ups: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ class Reference:
                 logprobs=tuple(c["logprobs"]),
                 margins=tuple(c["margins"]),
                 prompt_token_ids=tuple(c["prompt_token_ids"]),
+                # absent from references recorded before runner-ups were kept
+                runner_ups=tuple(c.get("runner_ups", ())),
             )
             entries[prompt] = ReferenceEntry(completion, tuple(raw["teacher_logprobs"]))
         return cls(

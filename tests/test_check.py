@@ -108,6 +108,42 @@ def test_divergence_at_a_near_tie_is_a_tie_flip_not_an_error():
     assert result.passed and result.tie_flips == 1
 
 
+def test_a_near_tie_excuses_a_flip_to_the_runner_up_only():
+    """A broken config whose output leaves the reference at a close position, to a token
+    that was not the other side of the tie, is wrong: excusing any token there let garbage
+    pass on the workload prompts, which have no teacher-forced check behind them."""
+    base = _ref([1, 2, 3, 4], [5.0, 0.001, 5.0, 5.0])
+    ref = dataclasses.replace(base.entries["p"].completion, runner_ups=("t8", "t9", "t8", "t8"))
+    reference = dataclasses.replace(base, entries={"p": type(base.entries["p"])(ref)})
+    to_runner_up = Completion(
+        prompt="p", text="x", token_ids=(1, 9, 5, 5), tokens=("t1", "t9", "t5", "t5")
+    )
+    result = compare(reference, {"p": to_runner_up}, {})
+    assert result.passed and result.tie_flips == 1
+    elsewhere = Completion(
+        prompt="p", text="x", token_ids=(1, 7, 7, 7), tokens=("t1", "t7", "t7", "t7")
+    )
+    result = compare(reference, {"p": elsewhere}, {})
+    assert not result.passed and result.tie_flips == 0
+    div = result.first_divergence
+    assert div.position == 1 and div.got_token == "t7" and "runner-up 't9'" in div.detail
+    # a reference recorded before runner-ups were kept: the margin alone decides, as then
+    assert compare(base, {"p": elsewhere}, {}).passed
+
+
+def test_runner_ups_come_from_top_logprobs_and_round_trip():
+    from autotune.gate_client import _runner_up
+
+    assert _runner_up({" a": -0.1, " b": -0.2, " c": -3.0}) == " b"
+    assert _runner_up({" a": -0.1}) is None and _runner_up({" a": -0.1, " b": None}) is None
+    entry = REFERENCE.entries["one two three"]
+    completion = dataclasses.replace(entry.completion, runner_ups=(" x", None))
+    reference = dataclasses.replace(
+        REFERENCE, entries={"one two three": dataclasses.replace(entry, completion=completion)}
+    )
+    assert Reference.from_dict(reference.to_dict()) == reference
+
+
 def test_divergence_at_a_confident_position_fails():
     reference = _ref([1, 2, 3, 4], [5.0, 5.0, 5.0, 5.0])
     got = Completion(prompt="p", text="x", token_ids=(1, 2, 7, 4))
