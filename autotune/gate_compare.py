@@ -83,6 +83,23 @@ def compare(
             )
         elif prompt in teacher:
             expected = reference.entries[prompt].teacher_logprobs
+            if len(teacher[prompt]) != len(expected):
+                # scored on the same server the same way, the counts match unless the answer
+                # is cut short; comparing the overlap would let a short answer pass unseen
+                fail(
+                    Divergence(
+                        prompt=prompt,
+                        position=min(len(teacher[prompt]), len(expected)),
+                        kind="logprob",
+                        expected_text=ref.text,
+                        got_text=got.text,
+                        detail=(
+                            f"teacher-forced scoring covered {len(teacher[prompt])} tokens, "
+                            f"the reference's {len(expected)}"
+                        ),
+                    ),
+                    f"{prompt!r}: teacher-forced scoring covered a different number of tokens",
+                )
             diffs = [abs(a - b) for a, b in zip(expected, teacher[prompt], strict=False)]
             if diffs:
                 worst = max(range(len(diffs)), key=diffs.__getitem__)

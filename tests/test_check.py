@@ -144,6 +144,16 @@ def test_runner_ups_come_from_top_logprobs_and_round_trip():
     assert Reference.from_dict(reference.to_dict()) == reference
 
 
+def test_teacher_forced_scores_cut_short_fail():
+    """Only the overlap was compared: a trial whose scoring covered no token passed."""
+    completions, teacher = candidate("baseline_again")
+    prompt = next(p for p in teacher if teacher[p])
+    for short in ((), teacher[prompt][:-1]):
+        result = compare(REFERENCE, completions, {**teacher, prompt: short}, CHECK)
+        assert not result.passed
+        assert "teacher-forced scoring covered" in result.first_divergence.detail
+
+
 def test_divergence_at_a_confident_position_fails():
     reference = _ref([1, 2, 3, 4], [5.0, 5.0, 5.0, 5.0])
     got = Completion(prompt="p", text="x", token_ids=(1, 2, 7, 4))
