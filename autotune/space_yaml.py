@@ -145,6 +145,16 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
         labels = [repr(c) for c in choices]
         if len(set(labels)) != len(labels):
             raise doc.error(f"{key}.choices", "choices must be distinct")
+        # distinct as written is not enough: Optuna stores a choice by its index, found by ==
+        # (true == 1, 16 == 16.0, so `1` was recorded and launched as `true`), and a command
+        # line or env var carries 16 and "16" as the same text
+        for i, a in enumerate(choices):
+            for b in choices[:i]:
+                if a == b or (a is not None and b is not None and str(a) == str(b)):
+                    raise doc.error(
+                        f"{key}.choices",
+                        f"choices {b!r} and {a!r} are the same value to the engine; keep one",
+                    )
         fields["choices"] = tuple(tuple(c) if ptype == "int_list" else c for c in choices)
     elif "choices" in raw:
         raise doc.error(f"{key}.choices", f"not allowed for type {ptype}")

@@ -569,6 +569,32 @@ def test_a_non_finite_choice(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("choices", "pair"),
+    [
+        # Optuna finds a choice by ==: `1` was recorded and launched as `true`
+        ("[true, 1]", "True and 1"),
+        ("[16, 16.0]", "16 and 16.0"),
+        # the same text on a command line or in an env var
+        ("[16, '16']", "16 and '16'"),
+    ],
+)
+def test_choices_that_are_the_same_value_to_the_engine(
+    tmp_path: Path, choices: str, pair: str
+) -> None:
+    path = write(tmp_path)
+    (tmp_path / "space.yaml").write_text(
+        f"parameters:\n  x:\n    type: categorical\n    choices: {choices}\n"
+        "    target: {flag: --x}\n"
+    )
+    assert_bad_input(
+        invoke("run", "--spec", str(path)),
+        tmp_path,
+        "parameters.x.choices",
+        f"choices {pair} are the same value to the engine",
+    )
+
+
+@pytest.mark.parametrize(
     ("dotted", "value"),
     [
         ("workload.target_precision", float("nan")),
