@@ -81,6 +81,15 @@ class _TooLarge(Exception):
     pass
 
 
+class _NulCharacter(Exception):
+    """A value with a NUL character: no command line, environment or file name can carry it
+    (the launch raised ``ValueError: embedded null byte``, a traceback mid-study)."""
+
+    def __init__(self, key: str, line: int) -> None:
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
 def _bool_word(node: yaml.Node) -> bool:
     """A plain (unquoted) scalar that YAML 1.1 reads as a boolean but is not true/false."""
     return (
@@ -115,6 +124,8 @@ def _collect_lines(
             _collect_lines(item, key, lines, bool_words, bool_keys)
     elif _bool_word(node):
         bool_words[prefix] = node.value
+    elif isinstance(node, yaml.ScalarNode) and "\0" in node.value:
+        raise _NulCharacter(prefix or "(the document)", node.start_mark.line + 1)
 
 
 def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
@@ -144,6 +155,13 @@ def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
             raise SpecError(
                 f"the YAML expands to more than {MAX_NODES} keys and items (aliases?)",
                 file=str(path),
+            ) from None
+        except _NulCharacter as nul:
+            raise SpecError(
+                "contains a NUL character, which no command line or environment can carry",
+                file=str(path),
+                line=nul.line,
+                key=nul.key,
             ) from None
     if not isinstance(data, dict):
         raise SpecError(f"{what} must be a YAML mapping", file=str(path), line=1)

@@ -140,6 +140,8 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
                 )
             elif isinstance(choice, float) and not math.isfinite(choice):
                 raise doc.error(f"{key}.choices[{index}]", f"must be finite, got {choice!r}")
+            elif isinstance(choice, str) and (problem := _unlaunchable(choice, target.kind)):
+                raise doc.error(f"{key}.choices[{index}]", problem)
             else:
                 doc.refuse_yaml11_bool(f"{key}.choices[{index}]", choice)
         labels = [repr(c) for c in choices]
@@ -191,6 +193,14 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
             raise doc.error(f"{key}.baseline", f"{base!r} is outside the parameter's domain")
         param = Parameter(**fields, baseline=list(base) if ptype == "int_list" else base)
     return param
+
+
+def _unlaunchable(text: str, kind: str) -> str | None:
+    """Why a string value cannot reach the server as ``kind`` (a NUL character anywhere is
+    refused when the YAML is read: ``_yaml.load_yaml``)."""
+    if kind == "env" and ("\n" in text or "\r" in text):
+        return f"an environment value with a line break breaks the exported .env file: {text!r}"
+    return None
 
 
 def _parse_target(doc: YamlDoc, key: str, raw: Any) -> Target:

@@ -279,6 +279,9 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
         doc.refuse_yaml11_bool(f"engine.env.{var}", value)
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise doc.error(f"engine.env.{var}", f"must be a string, got {value!r}")
+        if isinstance(value, str) and ("\n" in value or "\r" in value):
+            # a line break breaks the .env file that export writes beside the config
+            raise doc.error(f"engine.env.{var}", f"must be one line, got {value!r}")
     version_command = raw.get("version_command") or []
     if not (isinstance(version_command, list) and all(isinstance(c, str) for c in version_command)):
         raise doc.error("engine.version_command", "must be a list of strings (no shell)")

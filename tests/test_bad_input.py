@@ -569,6 +569,44 @@ def test_a_non_finite_choice(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("dotted", "value", "key"),
+    [
+        # the launch raised "ValueError: embedded null byte", a traceback mid-study
+        ("engine.args", ["--decode-ms", "1\0"], "engine.args[1]"),
+        ("model.served_name", "fake\0", "model.served_name"),
+    ],
+)
+def test_a_nul_character_in_the_spec(tmp_path: Path, dotted: str, value: Any, key: str) -> None:
+    path = write(tmp_path, with_(SPEC, dotted, value))
+    assert_bad_input(invoke("run", "--spec", str(path)), tmp_path, str(path), key, "NUL character")
+
+
+@pytest.mark.parametrize(
+    ("space_text", "key", "expected"),
+    [
+        ('choices: [a, "b\\0"]\n    target: {flag: --x}', "parameters.x.choices[1]", "NUL"),
+        ('choices: [a, "b\\nc"]\n    target: {env: X}', "parameters.x.choices[1]", ".env"),
+    ],
+)
+def test_a_value_no_launch_can_carry(
+    tmp_path: Path, space_text: str, key: str, expected: str
+) -> None:
+    path = write(tmp_path)
+    (tmp_path / "space.yaml").write_text(
+        f"parameters:\n  x:\n    type: categorical\n    {space_text}\n"
+    )
+    assert_bad_input(invoke("run", "--spec", str(path)), tmp_path, "space.yaml:", key, expected)
+
+
+def test_an_engine_env_value_on_two_lines(tmp_path: Path) -> None:
+    """Export writes ``engine.env`` into the .env beside the config, one line per variable."""
+    path = write(tmp_path, with_(SPEC, "engine.env", {"A": "1\n2"}))
+    assert_bad_input(
+        invoke("run", "--spec", str(path)), tmp_path, str(path), "engine.env.A", "one line"
+    )
+
+
+@pytest.mark.parametrize(
     ("choices", "pair"),
     [
         # Optuna finds a choice by ==: `1` was recorded and launched as `true`
