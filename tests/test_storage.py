@@ -14,9 +14,11 @@ from autotune.storage import (
     check_url,
     is_sqlite,
     load_study,
+    open_storage,
     resolve_url,
     sqlite_file,
 )
+from tests.helpers import needs_pg
 
 
 def _url(tmp_path: Path) -> str:
@@ -46,6 +48,18 @@ def test_load_study_hides_a_database_password() -> None:
     with pytest.raises(SpecError) as caught:
         load_study("postgresql+psycopg://u:secret@127.0.0.1:1/db", "x")
     assert "secret" not in str(caught.value)
+
+
+@needs_pg
+def test_a_plain_postgresql_url_opens(pg_url: str) -> None:
+    """``postgresql://`` is what users write (and what Optuna's docs show); SQLAlchemy 2.1 reads
+    it as the psycopg 3 driver, which the postgres extra did not install: "No module named
+    'psycopg'". Both drivers are installed now, so both spellings open the same database."""
+    plain = pg_url.replace("postgresql+psycopg2://", "postgresql://", 1)
+    assert plain != pg_url
+    name = "plain-url-study"
+    optuna.create_study(storage=open_storage(plain), study_name=name, load_if_exists=True)
+    assert name in optuna.study.get_all_study_names(storage=open_storage(pg_url))
 
 
 @pytest.mark.parametrize(
