@@ -150,7 +150,8 @@ async def stream_request(
             open_raw_stream(client, "/v1/completions", body) as stream,
         ):
             if stream.status != 200:
-                detail = (await stream.read()).decode("utf-8", "replace")[:200]
+                # one line: a non-OpenAI server answers with a whole HTML page
+                detail = " ".join((await stream.read()).decode("utf-8", "replace").split())[:200]
                 return RequestRecord(
                     prompt=prompt,
                     ok=False,

@@ -302,7 +302,11 @@ def run_command(
                 markup=False,
                 highlight=False,
             )
-    if result.metrics:
+    measured = not (result.failure or "").startswith(("request_errors", "hang"))
+    if result.metrics and not measured:
+        # the figures of a benchmark whose requests failed are not the server's speed
+        console.print("[bold red]no figures:[/] the benchmark's requests failed (below)")
+    elif result.metrics:
         spread = result.bench.get("spread") or {}
         table = Table(title=f"{result.url} ({result.model}), workload {spec.name}")
         for col in ("metric", "value", "spread"):

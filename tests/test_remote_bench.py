@@ -96,6 +96,46 @@ def test_bench_bad_url_is_a_clean_error(tmp_path, url, expect) -> None:
     assert not out.exists()
 
 
+def test_bench_against_a_server_that_is_not_openai_compatible(tmp_path) -> None:
+    """A plain web server (every POST answered with an HTML error page): one failure line,
+    exit 1, and no table of zeros presented as the server's speed."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's API
+            self._page()
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._page()
+
+        def _page(self) -> None:
+            body = b"<html>\n  <body>\n    <h1>Not here</h1>\n  </body>\n</html>\n"
+            self.send_response(501)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)  # the OS picks the port
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec = write_fake_spec(tmp_path, SPACE, name="remote")
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = _bench("--spec", str(spec), "--url", url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.exit_code == 1, result.output
+    assert "output_tokens_per_s" not in result.output
+    assert "no figures" in result.output
+    failed = [line for line in result.output.splitlines() if "failed:" in line]
+    assert len(failed) == 1 and "http 501: <html> <body> <h1>Not here</h1>" in failed[0]
+
+
 def test_bench_check_without_a_reference_is_bad_input(tmp_path, served) -> None:
     spec_path = write_fake_spec(tmp_path, SPACE, name="noref")
     spec = load_spec(spec_path)
