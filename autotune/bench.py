@@ -32,6 +32,7 @@ import httpx
 
 from autotune import names
 from autotune.engines.dialect import RequestDialect
+from autotune.errors import excerpt
 from autotune.protocol import TRANSPORT_ERRORS, TokenDeadline, completion_body, open_raw_stream
 
 #: inter-token gaps below this are "arrived together" rather than measured decode steps
@@ -150,8 +151,7 @@ async def stream_request(
             open_raw_stream(client, "/v1/completions", body) as stream,
         ):
             if stream.status != 200:
-                # one line: a non-OpenAI server answers with a whole HTML page
-                detail = " ".join((await stream.read()).decode("utf-8", "replace").split())[:200]
+                detail = excerpt((await stream.read()).decode("utf-8", "replace"))
                 return RequestRecord(
                     prompt=prompt,
                     ok=False,

@@ -79,3 +79,10 @@ class InfrastructureError(TrialFailure):
         if reason not in INFRA_REASONS:
             raise ValueError(f"unknown infrastructure reason {reason!r}")
         super().__init__(reason, detail, evidence=evidence)
+
+
+def excerpt(body: str, limit: int = 200) -> str:
+    """A server's answer as evidence: one line of at most ``limit`` characters. A server that
+    is not what the spec says answers with a whole HTML page, which read as a dozen lines of
+    markup in ``show``, ``bench`` and the run's own status line."""
+    return " ".join(body.split())[:limit]

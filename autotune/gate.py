@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 import httpx
 
 from autotune.engines.dialect import TEACHER_ECHO, TEACHER_PROMPT_LOGPROBS, RequestDialect
+from autotune.errors import excerpt
 from autotune.gate_client import (
     TeacherUnsupported,
     complete_greedy,
@@ -141,7 +142,7 @@ async def collect_outputs(
                 # The baseline could score it, this config cannot (seen: a broken model whose
                 # logprobs are not finite, which JSON cannot carry): the gate fails it.
                 if isinstance(exc, httpx.HTTPStatusError):
-                    exc = f"{exc.response.status_code}: {exc.response.text[:200]}"
+                    exc = f"{exc.response.status_code}: {excerpt(exc.response.text)}"
                 teacher[prompt] = TeacherRejected(str(exc))
     return {c.prompt: c for c in completions}, teacher
 

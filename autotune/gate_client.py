@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from autotune.engines.dialect import TEACHER_ECHO, TEACHER_PROMPT_LOGPROBS, RequestDialect
+from autotune.errors import excerpt
 from autotune.gate_reference import Completion
 from autotune.protocol import (
     NoTokenWithin,
@@ -185,7 +186,13 @@ async def teacher_forced_logprobs(
             deadline_s or 0,
         ) from None
     response.raise_for_status()
-    choice = (response.json().get("choices") or [{}])[0]
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise TeacherUnsupported(f"the scoring answer is not JSON: {excerpt(response.text)}")
+    choice = (answer.get("choices") or [{}])[0]
     if mode == TEACHER_PROMPT_LOGPROBS:
         return _from_prompt_scores(dialect, choice, reference)
     return _from_echo(choice, reference)

@@ -37,7 +37,7 @@ import httpx
 
 from autotune import _proc, oom
 from autotune.engines.base import LaunchConfig, find_root_cause
-from autotune.errors import CandidateError, InfrastructureError
+from autotune.errors import CandidateError, InfrastructureError, excerpt
 
 #: how often /health is polled while waiting; readiness is detected within this much time
 HEALTH_POLL_S = 0.05
@@ -319,9 +319,19 @@ class ServerProcess:
             raise self.failure(
                 "startup_failed",
                 f"healthy, but the first completion failed with "
-                f"{response.status_code}: {response.text[:300]}",
+                f"{response.status_code}: {excerpt(response.text, 300)}",
             )
-        choices = response.json().get("choices") or []
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise self.failure(
+                "startup_failed",
+                "healthy, but the first completion is not an OpenAI completions answer: "
+                f"{excerpt(response.text)}",
+            )
+        choices = answer.get("choices") or []
         if not choices:
             raise self.failure("startup_failed", "the first completion returned no choices")
 

@@ -31,7 +31,7 @@ from autotune.cleanup import reclaim, trial_dead_reason, worker_record
 from autotune.client import build_client
 from autotune.engines.base import Engine
 from autotune.engines.vllm import speculative
-from autotune.errors import CandidateError, InfrastructureError, TrialFailure
+from autotune.errors import CandidateError, InfrastructureError, TrialFailure, excerpt
 from autotune.gate import (
     CheckResult,
     Reference,
@@ -359,7 +359,7 @@ class TrialRunner:
             if isinstance(exc, httpx.HTTPStatusError):
                 # Alive, but it refuses the gate's own requests: this config cannot be verified,
                 # so it can never be scored.
-                body = exc.response.text[:300]
+                body = excerpt(exc.response.text, 300)
                 raise server.failure(
                     "request_errors",
                     f"the server rejected a verification request with "

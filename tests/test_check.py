@@ -265,3 +265,29 @@ def test_describe_checks_names_only_checks_that_ran():
     # an older record that never said which checks ran claims none of them
     assert "token ids" not in describe_checks({"passed": True, "prompts_checked": 5})
     assert describe_checks({"passed": False}) == "not verified"
+
+
+def test_a_scoring_answer_that_is_not_json_is_unsupported_scoring():
+    """A server whose completions work but whose scoring request answers an HTML page: the
+    gate's "cannot score" path (the trial fails as unverifiable), not a JSONDecodeError."""
+    import asyncio
+
+    import httpx
+
+    from autotune.gate import TeacherUnsupported, teacher_forced_logprobs
+
+    def page(_request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text="<html>\n<body>busy</body>\n</html>")
+
+    async def score() -> None:
+        transport = httpx.MockTransport(page)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            await teacher_forced_logprobs(
+                client,
+                "m",
+                REFERENCE.entries["one two three"].completion,
+                dialect=VLLM_DIALECT,
+            )
+
+    with pytest.raises(TeacherUnsupported, match="not JSON: <html> <body>busy</body> </html>"):
+        asyncio.run(score())

@@ -10,6 +10,7 @@ says which ran. A server that returns no text stops the study at its baseline.
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import optuna
@@ -22,7 +23,7 @@ from autotune.errors import PreflightError
 from autotune.report import best_trials, is_verified_feasible
 from autotune.spec import load_spec
 from autotune.study import RunOptions, open_study, run_study
-from tests.builders import write_fake_spec
+from tests.builders import fake_spec, save_spec, write_fake_spec
 from tests.helpers import autotune_cmd
 
 SPACE = """
@@ -184,3 +185,51 @@ def test_show_and_export_name_the_checks_that_ran(dialect_run) -> None:
     header = [line for line in out.read_text().splitlines() if line.startswith("# Checks passed:")]
     assert len(header) == 1 and f"{compared_by} (" in header[0]
     assert "corrupt_words" not in out.read_text()
+
+
+#: a web server that is not an inference server: healthy on GET, an HTML page on POST
+WEB_PAGE_SERVER = """
+import http.server, sys
+host, port, status = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+PAGE = b"<html>\\n  <body>\\n    <h1>Not an API</h1>\\n  </body>\\n</html>\\n"
+class Page(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
+        self.wfile.write(b"ok")
+    def do_POST(self):
+        self.send_response(status); self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(PAGE))); self.end_headers()
+        self.wfile.write(PAGE)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer((host, port), Page).serve_forever()
+"""
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (501, "first completion failed with 501: <html> <body> <h1>Not an API</h1>"),
+        # a 200 that is not JSON was a JSONDecodeError traceback
+        (200, "not an OpenAI completions answer: <html> <body> <h1>Not an API</h1>"),
+    ],
+)
+def test_a_web_server_that_is_not_an_inference_server(
+    tmp_path: Path, status: int, expected: str
+) -> None:
+    """The engine's command starts something that answers HTTP but not the completions API:
+    the run stops at its baseline with one line of evidence (exit 3), not a dozen lines of
+    HTML markup or a traceback."""
+    command = [sys.executable, "-c", WEB_PAGE_SERVER, "{host}", "{port}", str(status)]
+    spec = fake_spec("web", command=command, storage=f"sqlite:///{tmp_path / 'web.db'}")
+    spec_path = save_spec(tmp_path, spec, SPACE, file="web.yaml")
+    done = subprocess.run(
+        autotune_cmd("run", "--trials", "2", "--spec", str(spec_path)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 3, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0], done.stderr
