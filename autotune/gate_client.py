@@ -87,6 +87,7 @@ async def _stream_completion(
     logprobs: list[float] = []
     margins: list[float | None] = []
     runner_ups: list[str | None] = []
+    events = 0
     try:
         async with open_stream(client, "/v1/completions", body, deadline_s=deadline_s) as response:
             if response.status_code != 200:
@@ -95,6 +96,7 @@ async def _stream_completion(
             async for payload, _now in sse_payloads(
                 response, time.perf_counter(), token_deadline_s=deadline_s
             ):
+                events += 1
                 if payload == b"[DONE]":
                     break
                 chunk = json.loads(payload)
@@ -114,6 +116,14 @@ async def _stream_completion(
         raise NoTokenWithin(phase, f"the request for prompt {prompt!r}", deadline_s or 0) from None
     except json.JSONDecodeError as exc:
         raise StreamError(f"a stream chunk was not JSON: {exc}") from None
+    kind = response.headers.get("content-type", "no content type")
+    if not events and "text/event-stream" not in kind:
+        # a server that ignores "stream": true answers one JSON body, and the gate would
+        # report "returns no text" (true of what it read, but not why)
+        raise StreamError(
+            f"the answer was not a server-sent event stream ({kind}): autotune streams every "
+            "request (stream: true) to time each token"
+        )
     return Completion(
         prompt=prompt,
         text="".join(text),

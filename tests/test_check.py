@@ -291,3 +291,25 @@ def test_a_scoring_answer_that_is_not_json_is_unsupported_scoring():
 
     with pytest.raises(TeacherUnsupported, match="not JSON: <html> <body>busy</body> </html>"):
         asyncio.run(score())
+
+
+def test_a_server_that_does_not_stream_is_named_as_such():
+    """A server that ignores ``stream: true`` answers one JSON body: the gate read no event
+    and reported "returns no text", true of what it read but not why."""
+    import asyncio
+
+    import httpx
+
+    from autotune.gate import complete_greedy
+    from autotune.protocol import StreamError
+
+    def whole(_request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"choices": [{"text": " four five six"}]})
+
+    async def ask() -> None:
+        transport = httpx.MockTransport(whole)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            await complete_greedy(client, "m", "one two three", 4, dialect=VLLM_DIALECT)
+
+    with pytest.raises(StreamError, match=r"not a server-sent event stream \(application/json\)"):
+        asyncio.run(ask())
