@@ -316,10 +316,16 @@ class ServerProcess:
         if response.status_code != 200:
             if not self.alive():
                 raise self.failure("startup_failed", "server died on its first completion")
+            hint = ""
+            if response.status_code in (404, 405):
+                hint = (
+                    " (no POST /v1/completions here: autotune's gate and client use the "
+                    "OpenAI completions API)"
+                )
             raise self.failure(
                 "startup_failed",
                 f"healthy, but the first completion failed with "
-                f"{response.status_code}: {excerpt(response.text, 300)}",
+                f"{response.status_code}: {excerpt(response.text, 300)}{hint}",
             )
         try:
             answer = response.json()

@@ -210,6 +210,7 @@ http.server.HTTPServer((host, port), Page).serve_forever()
     ("status", "expected"),
     [
         (501, "first completion failed with 501: <html> <body> <h1>Not an API</h1>"),
+        (404, "no POST /v1/completions here"),
         # a 200 that is not JSON was a JSONDecodeError traceback
         (200, "not an OpenAI completions answer: <html> <body> <h1>Not an API</h1>"),
     ],
