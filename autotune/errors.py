@@ -15,6 +15,8 @@ is retried and never counted against the configuration::
 
 from __future__ import annotations
 
+import re
+
 from autotune.names import CANDIDATE_REASONS, INFRA_REASONS
 
 
@@ -82,7 +84,9 @@ class InfrastructureError(TrialFailure):
 
 
 def excerpt(body: str, limit: int = 200) -> str:
-    """A server's answer as evidence: one line of at most ``limit`` characters. A server that
-    is not what the spec says answers with a whole HTML page, which read as a dozen lines of
-    markup in ``show``, ``bench`` and the run's own status line."""
+    """A server's answer as evidence: one line of at most ``limit`` characters, an HTML page's
+    text without its markup. A server that is not what the spec says answers with a whole HTML
+    page, which read as a dozen lines of markup in ``show``, ``bench`` and the run's status."""
+    if body.lstrip()[:1] == "<":
+        body = re.sub(r"<[^<>]*>", " ", body)
     return " ".join(body.split())[:limit]

@@ -209,10 +209,10 @@ http.server.HTTPServer((host, port), Page).serve_forever()
 @pytest.mark.parametrize(
     ("status", "expected"),
     [
-        (501, "first completion failed with 501: <html> <body> <h1>Not an API</h1>"),
+        (501, "first completion failed with 501: Not an API"),
         (404, "no POST /v1/completions here"),
         # a 200 that is not JSON was a JSONDecodeError traceback
-        (200, "not an OpenAI completions answer: <html> <body> <h1>Not an API</h1>"),
+        (200, "not an OpenAI completions answer: Not an API"),
     ],
 )
 def test_a_web_server_that_is_not_an_inference_server(
