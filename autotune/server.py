@@ -322,6 +322,11 @@ class ServerProcess:
                     " (no POST /v1/completions here: autotune's gate and client use the "
                     "OpenAI completions API)"
                 )
+            elif response.status_code in (401, 403):
+                hint = (
+                    " (the server refused autotune's per-trial API key: the command engine "
+                    'hands it over as AUTOTUNE_API_KEY, or as engine.env: {VAR: "{api_key}"})'
+                )
             raise self.failure(
                 "startup_failed",
                 f"healthy, but the first completion failed with "

@@ -211,6 +211,7 @@ http.server.HTTPServer((host, port), Page).serve_forever()
     [
         (501, "first completion failed with 501: Not an API"),
         (404, "no POST /v1/completions here"),
+        (401, "refused autotune's per-trial API key"),
         # a 200 that is not JSON was a JSONDecodeError traceback
         (200, "not an OpenAI completions answer: Not an API"),
     ],
