@@ -139,8 +139,13 @@ def test_cli_refuses_a_server_without_text_with_exit_3(tmp_path: Path) -> None:
     raw["storage"] = f"sqlite:///{tmp_path / 'cli.db'}"
     spec_path = tmp_path / "cli.yaml"
     spec_path.write_text(yaml.safe_dump(raw))
+    assert "returns no text" in _preflight_failure(tmp_path, spec_path, "--confirm-top", "0")
+
+
+def _preflight_failure(tmp_path: Path, spec_path: Path, *extra: str) -> str:
+    """``autotune run`` stopped at its baseline: exit 3 and exactly one line on stderr."""
     done = subprocess.run(
-        autotune_cmd("run", "--trials", "2", "--spec", str(spec_path), "--confirm-top", "0"),
+        autotune_cmd("run", "--trials", "2", "--spec", str(spec_path), *extra),
         capture_output=True,
         text=True,
         timeout=300,
@@ -148,7 +153,8 @@ def test_cli_refuses_a_server_without_text_with_exit_3(tmp_path: Path) -> None:
     )
     assert done.returncode == 3, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "returns no text" in lines[0], done.stderr
+    assert len(lines) == 1, done.stderr
+    return lines[0]
 
 
 def test_show_and_export_name_the_checks_that_ran(dialect_run) -> None:
@@ -225,13 +231,4 @@ def test_a_web_server_that_is_not_an_inference_server(
     command = [sys.executable, "-c", WEB_PAGE_SERVER, "{host}", "{port}", str(status)]
     spec = fake_spec("web", command=command, storage=f"sqlite:///{tmp_path / 'web.db'}")
     spec_path = save_spec(tmp_path, spec, SPACE, file="web.yaml")
-    done = subprocess.run(
-        autotune_cmd("run", "--trials", "2", "--spec", str(spec_path)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 3, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and expected in lines[0], done.stderr
+    assert expected in _preflight_failure(tmp_path, spec_path)
