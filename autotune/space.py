@@ -80,6 +80,24 @@ class Parameter:
             return parse_int_list(label)
         return trial.suggest_categorical(self.name, list(self.choices))
 
+    def distribution(self) -> optuna.distributions.BaseDistribution:
+        """The distribution :meth:`suggest` asks Optuna for (what a study stores per trial)."""
+        if self.type == "int":
+            return optuna.distributions.IntDistribution(
+                int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
+            )
+        if self.type == "float":
+            return optuna.distributions.FloatDistribution(
+                float(self.low), float(self.high), log=self.log, step=self.step
+            )
+        if self.type == "bool":
+            return optuna.distributions.CategoricalDistribution([False, True])
+        if self.type == "int_list":
+            return optuna.distributions.CategoricalDistribution(
+                [int_list_label(c) for c in self.choices]
+            )
+        return optuna.distributions.CategoricalDistribution(list(self.choices))
+
     def draw(self, rng: random.Random) -> Any:
         """A uniformly random value, for feasibility checks without a study."""
         if self.type == "int":

@@ -149,6 +149,30 @@ def preflight(spec: StudySpec, engine: Engine, *, validate: bool = True) -> list
     return engine.machine_limits(spec.space)
 
 
+def check_space_unchanged(study: optuna.Study, spec: StudySpec) -> None:
+    """Refuse to resume a study whose trials took a parameter from a domain the space no
+    longer has: Optuna cannot continue it (a categorical parameter's choices or a parameter's
+    type or log scale changed) and raised a ValueError traceback at the first ask, after the
+    study had been opened. Numeric bounds may move (Optuna allows it), and parameters may be
+    added or dropped."""
+    current = {p.name: p for p in spec.space.parameters}
+    for trial in study.get_trials(deepcopy=False):
+        for name, old in trial.distributions.items():
+            parameter = current.get(name)
+            if parameter is None:
+                continue
+            try:
+                optuna.distributions.check_distribution_compatibility(old, parameter.distribution())
+            except ValueError as exc:
+                raise SpecError(
+                    f"study {study.study_name!r} has trials with {name} from "
+                    f"{optuna.distributions.distribution_to_json(old)}, which the space no "
+                    f"longer has ({exc}). Restore it, or give a new --study name",
+                    file=str(spec.space.path),
+                    key=f"parameters.{name}",
+                ) from None
+
+
 def open_study(
     spec: StudySpec,
     url: str,
@@ -200,6 +224,7 @@ def open_study(
                 file=str(spec.path),
                 key="objective",
             ) from None
+        check_space_unchanged(study, spec)  # before anything is written to the study
     chosen = strategy.record_sampler(study, sampler_name)
     if chosen != first_choice:  # resumed without --sampler: the study's own strategy
         study.sampler = make_sampler(chosen)

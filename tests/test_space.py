@@ -100,6 +100,23 @@ def test_parses_every_type_and_target(tmp_path):
     assert argv[6] == '{"cudagraph_capture_sizes":[1,2,4],"cudagraph_mode":"FULL"}'
 
 
+def test_each_parameter_states_the_distribution_it_asks_optuna_for(tmp_path):
+    """``Parameter.distribution`` is what a resumed study is checked against: it must be what
+    ``suggest`` records, for every type."""
+    floats = (
+        "  frac:\n    type: float\n    low: 0.5\n    high: 0.95\n    step: 0.05\n"
+        "    target: {flag: --gpu-memory-utilization}\n"
+        "  scale:\n    type: float\n    low: 0.1\n    high: 10\n    log: true\n"
+        "    target: {env: SCALE}\n"
+    )
+    space = load_space(write(tmp_path, GOOD.replace("constraints:", floats + "constraints:")))
+    assert {p.type for p in space.parameters} == {"bool", "categorical", "int_list", "int", "float"}
+    trial = optuna.create_study().ask()
+    for parameter in space.parameters:
+        parameter.suggest(trial)
+        assert trial.distributions[parameter.name] == parameter.distribution(), parameter.name
+
+
 def test_conditional_parameters_follow_their_condition(tmp_path):
     space = load_space(write(tmp_path, GOOD))
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))

@@ -65,6 +65,44 @@ def test_open_study_refuses_a_spec_with_other_directions(tmp_path: Path) -> None
     assert "minimize" in str(info.value)
 
 
+def test_a_resumed_study_whose_choices_changed_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """Optuna cannot continue a study whose categorical parameter changed its choices: the
+    resumed run raised a ValueError traceback at its first ask, after opening the study."""
+    spec = load_spec(write_fake_spec(tmp_path, SPACE, name="moved"))
+    url = spec.default_storage()
+    study, _created = open_study(spec, url)
+    trial = study.ask()
+    spec.space.suggest(trial)
+    study.tell(trial, 1.0)
+    before = (len(study.trials), study.user_attrs)
+    grown = SPACE.replace("[2, 8]", "[2, 8, 16]")
+    changed = load_spec(write_fake_spec(tmp_path, grown, name="moved"))
+    with pytest.raises(SpecError) as info:
+        open_study(changed, url)
+    assert info.value.key == "parameters.max_num_seqs"
+    assert info.value.file == str(tmp_path / "space.yaml")
+    assert "new --study name" in str(info.value)
+    again = optuna.load_study(study_name="moved", storage=url)
+    assert (len(again.trials), again.user_attrs) == before
+
+
+def test_a_resumed_study_may_move_numeric_bounds(tmp_path: Path) -> None:
+    numeric = SPACE.replace(
+        "type: categorical\n    choices: [2, 8]", "type: int\n    low: 2\n    high: 8"
+    )
+    spec = load_spec(write_fake_spec(tmp_path, numeric, name="bounds"))
+    study, _created = open_study(spec, spec.default_storage())
+    trial = study.ask()
+    spec.space.suggest(trial)
+    study.tell(trial, 1.0)
+    wider_space = numeric.replace("high: 8", "high: 64")
+    wider = load_spec(write_fake_spec(tmp_path, wider_space, name="bounds"))
+    again, created = open_study(wider, wider.default_storage())
+    assert created is False and len(again.trials) == 1
+
+
 def test_enqueue_retry_keeps_the_config_and_its_pin(tmp_path: Path) -> None:
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'retry.db'}")
     distributions = {"max_num_seqs": optuna.distributions.CategoricalDistribution([2, 8])}
