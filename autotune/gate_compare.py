@@ -16,6 +16,8 @@ from autotune.gate_reference import (
     COMPARE_TEXT,
     COMPARE_TOKEN_IDS,
     COMPARE_TOKEN_STRINGS,
+    TIE_FLIPS_BY_MARGIN,
+    TIE_FLIPS_BY_RUNNER_UP,
     CheckResult,
     Completion,
     Divergence,
@@ -62,8 +64,12 @@ def compare(
             first = divergence
 
     method = reference.capabilities.comparison
+    rules: set[str] = set()
     for prompt, got in completions.items():
         ref = reference.entries[prompt].completion
+        rule = tie_flip_rule(ref, got, method)
+        if rule is not None:
+            rules.add(rule)
         divergence = _first_divergence(reference, ref, got, method)
         if divergence == "tie_flip":
             tie_flips += 1
@@ -159,6 +165,14 @@ def compare(
         checks={
             "compared_by": method,
             "prompts": len(completions),
+            # the weaker rule if any prompt fell back to it: the record must not overstate
+            "tie_flips_by": (
+                TIE_FLIPS_BY_MARGIN
+                if TIE_FLIPS_BY_MARGIN in rules
+                else TIE_FLIPS_BY_RUNNER_UP
+                if rules
+                else None
+            ),
             "teacher_forced": reference.capabilities.teacher_forced if teacher else None,
             "sanity": True,
             "known_answers": known,
@@ -173,6 +187,24 @@ def units(completion: Completion, method: str) -> Sequence[Any]:
     if method == COMPARE_TOKEN_STRINGS:
         return completion.tokens
     return completion.text
+
+
+def tie_flip_rule(ref: Completion, got: Completion, method: str) -> str | None:
+    """Which rule excuses a near-tie flip of ``got`` from ``ref``, or None where none can be.
+
+    ``TIE_FLIPS_BY_RUNNER_UP`` (only a flip to the reference's runner-up token) needs the
+    reference's runner-ups and the answer's per-token strings. Without either, a reference
+    recorded before runner-ups were kept or an answer compared by ids alone (under load), the
+    older ``TIE_FLIPS_BY_MARGIN`` applies: any token at a close position is excused. None for a
+    text comparison or a reference without top-2 margins, where no flip is excused at all.
+    This is the rule :func:`_first_divergence` applies; :func:`compare` records it
+    (``checks["tie_flips_by"]``) so a verdict says which rule excused its flips.
+    """
+    if method == COMPARE_TEXT or all(m is None for m in ref.margins):
+        return None
+    if ref.runner_ups and got.tokens:
+        return TIE_FLIPS_BY_RUNNER_UP
+    return TIE_FLIPS_BY_MARGIN
 
 
 def _first_divergence(

@@ -18,6 +18,12 @@ COMPARE_TOKEN_IDS = "token_ids"
 COMPARE_TOKEN_STRINGS = "token_strings"
 COMPARE_TEXT = "text"
 
+#: how a near-tie token flip was excused (``CheckResult.checks["tie_flips_by"]``): only a flip to
+#: the reference's runner-up token, or (the fallback without runner-ups or per-token strings)
+#: any flip at a position whose top-2 margin is close
+TIE_FLIPS_BY_RUNNER_UP = "runner_up"
+TIE_FLIPS_BY_MARGIN = "margin_only"
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -185,8 +191,9 @@ class CheckResult:
     tie_flips: int = 0
     first_divergence: Divergence | None = None
     problems: tuple[str, ...] = field(default_factory=tuple)
-    #: the checks that actually ran, e.g. ``{"compared_by": "token_ids", "teacher_forced":
-    #: "prompt_logprobs", "sanity": True, "known_answers": 2}``; a check absent here never ran
+    #: the checks that actually ran, e.g. ``{"compared_by": "token_ids", "tie_flips_by":
+    #: "runner_up", "teacher_forced": "prompt_logprobs", "sanity": True, "known_answers": 2}``;
+    #: a check absent here never ran (``tie_flips_by`` None: no near-tie flip could be excused)
     checks: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,6 +221,12 @@ def describe_checks(check: dict[str, Any] | None) -> str:
     }
     compared = by.get(ran.get("compared_by"), str(ran.get("compared_by")))
     parts = [f"{compared} ({check.get('prompts_checked')} prompts)"]
+    tie_flips = {
+        TIE_FLIPS_BY_RUNNER_UP: "near-tie flips excused to the runner-up only",
+        TIE_FLIPS_BY_MARGIN: "near-tie flips excused by the margin alone",
+    }
+    if ran.get("tie_flips_by"):
+        parts.append(tie_flips.get(ran["tie_flips_by"], f"near-tie flips by {ran['tie_flips_by']}"))
     if ran.get("teacher_forced"):
         parts.append(f"teacher-forced logprobs ({ran['teacher_forced']})")
     if ran.get("sanity"):

@@ -15,6 +15,7 @@ import pytest
 
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.gate import (
+    Capabilities,
     Completion,
     Reference,
     compare,
@@ -129,6 +130,43 @@ def test_a_near_tie_excuses_a_flip_to_the_runner_up_only():
     assert div.position == 1 and div.got_token == "t7" and "runner-up 't9'" in div.detail
     # a reference recorded before runner-ups were kept: the margin alone decides, as then
     assert compare(base, {"p": elsewhere}, {}).passed
+
+
+def test_the_check_records_which_tie_flip_rule_applied():
+    """The runner-up rule needs the reference's runner-ups and the answer's per-token strings;
+    without either the margin alone excuses a flip, and the record says so (it was silent)."""
+    base = _ref([1, 2, 3, 4], [5.0, 0.001, 5.0, 5.0])
+    ref = dataclasses.replace(base.entries["p"].completion, runner_ups=("t8", "t9", "t8", "t8"))
+    with_runner_ups = dataclasses.replace(base, entries={"p": type(base.entries["p"])(ref)})
+    strings = Completion(
+        prompt="p", text="x", token_ids=(1, 9, 5, 5), tokens=("t1", "t9", "t5", "t5")
+    )
+    ids_only = Completion(prompt="p", text="x", token_ids=(1, 9, 5, 5))
+
+    def rule(reference: Reference, got: Completion) -> str | None:
+        return compare(reference, {"p": got}, {}).checks["tie_flips_by"]
+
+    assert rule(with_runner_ups, strings) == "runner_up"
+    assert rule(base, strings) == "margin_only"  # recorded before runner-ups were kept
+    assert rule(with_runner_ups, ids_only) == "margin_only"  # no per-token strings
+    # text comparison, or no top-2 margins: no flip is excused by any rule
+    text_only = dataclasses.replace(
+        with_runner_ups, capabilities=Capabilities(token_ids=False, token_strings=False)
+    )
+    assert rule(text_only, strings) is None
+    assert rule(_ref([1, 2, 3, 4], [None] * 4), strings) is None
+
+
+def test_describe_checks_names_the_tie_flip_rule():
+    from autotune.gate import describe_checks
+
+    def line(rule: str | None) -> str:
+        checks = {"compared_by": "token_ids", "tie_flips_by": rule, "sanity": True}
+        return describe_checks({"passed": True, "prompts_checked": 4, "checks": checks})
+
+    assert "near-tie flips excused to the runner-up only" in line("runner_up")
+    assert "near-tie flips excused by the margin alone" in line("margin_only")
+    assert "near-tie" not in line(None)
 
 
 def test_runner_ups_come_from_top_logprobs_and_round_trip():
