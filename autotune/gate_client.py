@@ -18,13 +18,14 @@ from typing import Any
 import httpx
 
 from autotune.engines.dialect import TEACHER_ECHO, TEACHER_PROMPT_LOGPROBS, RequestDialect
-from autotune.errors import excerpt
 from autotune.gate_reference import Completion
 from autotune.protocol import (
+    NotJsonObject,
     NoTokenWithin,
     StreamError,
     completion_body,
     open_stream,
+    parse_json_object,
     sse_payloads,
 )
 
@@ -197,11 +198,9 @@ async def teacher_forced_logprobs(
         ) from None
     response.raise_for_status()
     try:
-        answer = response.json()
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict):
-        raise TeacherUnsupported(f"the scoring answer is not JSON: {excerpt(response.text)}")
+        answer = parse_json_object(response.content, "the scoring answer is not JSON")
+    except NotJsonObject as exc:
+        raise TeacherUnsupported(str(exc)) from None
     choice = (answer.get("choices") or [{}])[0]
     if mode == TEACHER_PROMPT_LOGPROBS:
         return _from_prompt_scores(dialect, choice, reference)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ import httpx
 
 from autotune.client import StreamingClient
 from autotune.engines.dialect import RequestDialect
+from autotune.errors import excerpt
 
 
 def completion_body(
@@ -158,6 +160,30 @@ async def _send_streaming(
 
 class StreamError(Exception):
     """A streamed answer that broke the protocol (an error event, a chunk that is not JSON)."""
+
+
+class NotJsonObject(ValueError):
+    """A whole (not streamed) answer that is not a JSON object; the message ends in an excerpt
+    of the body (:func:`autotune.errors.excerpt`), the evidence of what answered instead."""
+
+
+def parse_json_object(body: str | bytes, what: str) -> dict[str, Any]:
+    """``body`` parsed as a JSON object, else :class:`NotJsonObject` ``"<what>: <excerpt>"``.
+
+    A server that is not what the spec says (a proxy's error page, a web UI on the port) answers
+    with HTML or a bare string; a caller reports that in its own words (``what``) with the body
+    as evidence, not as a JSONDecodeError or an AttributeError on ``.get``. Pass an httpx
+    response's ``content``: bytes parse exactly as ``response.json()`` does (UTF-8/16/32, a BOM
+    allowed); the excerpt reads them as UTF-8.
+    """
+    try:
+        answer = json.loads(body)
+    except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes in no UTF encoding
+        answer = None
+    if isinstance(answer, dict):
+        return answer
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    raise NotJsonObject(f"{what}: {excerpt(text)}")
 
 
 #: what a request's transport raises when the connection fails or the answer breaks off

@@ -38,6 +38,7 @@ import httpx
 from autotune import _proc, oom
 from autotune.engines.base import LaunchConfig, find_root_cause
 from autotune.errors import CandidateError, InfrastructureError, excerpt
+from autotune.protocol import NotJsonObject, parse_json_object
 
 #: how often /health is polled while waiting; readiness is detected within this much time
 HEALTH_POLL_S = 0.05
@@ -333,15 +334,12 @@ class ServerProcess:
                 f"{response.status_code}: {excerpt(response.text, 300)}{hint}",
             )
         try:
-            answer = response.json()
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict):
-            raise self.failure(
-                "startup_failed",
-                "healthy, but the first completion is not an OpenAI completions answer: "
-                f"{excerpt(response.text)}",
+            answer = parse_json_object(
+                response.content,
+                "healthy, but the first completion is not an OpenAI completions answer",
             )
+        except NotJsonObject as exc:
+            raise self.failure("startup_failed", str(exc)) from None
         choices = answer.get("choices") or []
         if not choices:
             raise self.failure("startup_failed", "the first completion returned no choices")

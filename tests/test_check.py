@@ -331,6 +331,31 @@ def test_a_scoring_answer_that_is_not_json_is_unsupported_scoring():
         asyncio.run(score())
 
 
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"busy", "bad answer: busy"),  # not JSON
+        ('["choices"]', 'bad answer: ["choices"]'),  # JSON, not an object
+        ('"ok"', 'bad answer: "ok"'),
+        (b"\x80 caf\xe9", "bad answer: \ufffd caf\ufffd"),  # bytes in no UTF encoding
+        ("<html>\n<body>\n<h1>Bad Gateway</h1>\n</body>\n</html>", "bad answer: Bad Gateway"),
+        ("x" * 500, "bad answer: " + "x" * 200),  # the evidence is an excerpt
+    ],
+)
+def test_parse_json_object_names_what_answered_instead(body: str | bytes, message: str):
+    """The server's first completion and the gate's scoring request read whole answers through
+    this one helper: the error is the caller's words and one line of the body, a ValueError
+    (never a JSONDecodeError traceback or an AttributeError on a list's ``.get``)."""
+    from autotune.protocol import NotJsonObject, parse_json_object
+
+    with pytest.raises(NotJsonObject) as caught:
+        parse_json_object(body, "bad answer")
+    assert str(caught.value) == message and isinstance(caught.value, ValueError)
+    assert parse_json_object(b'{"choices": []}', "bad answer") == {"choices": []}
+    # as httpx's response.json(): a UTF-8 byte-order mark is allowed
+    assert parse_json_object(b'\xef\xbb\xbf{"a": 1}', "bad answer") == {"a": 1}
+
+
 def test_a_server_that_does_not_stream_is_named_as_such():
     """A server that ignores ``stream: true`` answers one JSON body: the gate read no event
     and reported "returns no text", true of what it read but not why."""
