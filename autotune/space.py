@@ -25,6 +25,15 @@ from autotune.settings import ServerSettings, merge_json_key
 #: an environment variable's name as a shell accepts it (a space's ``env`` target, the spec's
 #: ``engine.env``): anything else cannot be exported, or means a typo
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def is_one_line(value: str) -> bool:
+    """Whether an environment value (a space's ``env`` choice, the spec's ``engine.env``) can be
+    written as one line of the ``.env`` file that export writes beside the config: a line break
+    would end the variable there and start a line the file's reader takes as another."""
+    return "\n" not in value and "\r" not in value
+
+
 TYPES = ("int", "float", "categorical", "bool", "int_list")
 _MISSING = object()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune._yaml import YamlDoc, check_keys, load_yaml
 from autotune.constraints import ConstraintSyntaxError, compile_constraint
-from autotune.space import ENV_NAME, TYPES, Parameter, SearchSpace, Target
+from autotune.space import ENV_NAME, TYPES, Parameter, SearchSpace, Target, is_one_line
 
 _PARAM_KEYS = {
     "type",
@@ -198,7 +198,7 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
 def _unlaunchable(text: str, kind: str) -> str | None:
     """Why a string value cannot reach the server as ``kind`` (a NUL character anywhere is
     refused when the YAML is read: ``_yaml.load_yaml``)."""
-    if kind == "env" and ("\n" in text or "\r" in text):
+    if kind == "env" and not is_one_line(text):
         return f"an environment value with a line break breaks the exported .env file: {text!r}"
     return None
 

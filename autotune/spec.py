@@ -18,7 +18,7 @@ from autotune._yaml import YamlDoc, check_keys, load_yaml
 from autotune.engines.registry import engine_class, engine_names
 from autotune.errors import SpecError
 from autotune.names import METRIC_DIRECTIONS, direction
-from autotune.space import ENV_NAME, SearchSpace
+from autotune.space import ENV_NAME, SearchSpace, is_one_line
 from autotune.space_yaml import load_space
 from autotune.storage import check_url, study_name_problem
 
@@ -279,8 +279,7 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
         doc.refuse_yaml11_bool(f"engine.env.{var}", value)
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise doc.error(f"engine.env.{var}", f"must be a string, got {value!r}")
-        if isinstance(value, str) and ("\n" in value or "\r" in value):
-            # a line break breaks the .env file that export writes beside the config
+        if isinstance(value, str) and not is_one_line(value):
             raise doc.error(f"engine.env.{var}", f"must be one line, got {value!r}")
     version_command = raw.get("version_command") or []
     if not (isinstance(version_command, list) and all(isinstance(c, str) for c in version_command)):

@@ -586,6 +586,7 @@ def test_a_nul_character_in_the_spec(tmp_path: Path, dotted: str, value: Any, ke
     [
         ('choices: [a, "b\\0"]\n    target: {flag: --x}', "parameters.x.choices[1]", "NUL"),
         ('choices: [a, "b\\nc"]\n    target: {env: X}', "parameters.x.choices[1]", ".env"),
+        ('choices: [a, "b\\rc"]\n    target: {env: X}', "parameters.x.choices[1]", ".env"),
     ],
 )
 def test_a_value_no_launch_can_carry(
@@ -598,9 +599,10 @@ def test_a_value_no_launch_can_carry(
     assert_bad_input(invoke("run", "--spec", str(path)), tmp_path, "space.yaml:", key, expected)
 
 
-def test_an_engine_env_value_on_two_lines(tmp_path: Path) -> None:
+@pytest.mark.parametrize("value", ["1\n2", "1\r2"])
+def test_an_engine_env_value_on_two_lines(tmp_path: Path, value: str) -> None:
     """Export writes ``engine.env`` into the .env beside the config, one line per variable."""
-    path = write(tmp_path, with_(SPEC, "engine.env", {"A": "1\n2"}))
+    path = write(tmp_path, with_(SPEC, "engine.env", {"A": value}))
     assert_bad_input(
         invoke("run", "--spec", str(path)), tmp_path, str(path), "engine.env.A", "one line"
     )

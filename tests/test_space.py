@@ -8,6 +8,7 @@ import optuna
 import pytest
 
 from autotune.errors import SpecError
+from autotune.space import is_one_line
 from autotune.space_yaml import load_space
 
 GOOD = """
@@ -345,3 +346,10 @@ def test_demo_and_glm5_spaces_load():
         "NCCL_MIN_NCHANNELS <= NCCL_MAX_NCHANNELS",
         'not (async_scheduling and speculative_method == "ngram")',
     ]
+
+
+def test_an_env_value_is_one_line_without_a_line_feed_or_carriage_return():
+    """The one rule for env values (a space's env choices and the spec's engine.env), both of
+    which export writes into a .env file, one line per variable."""
+    assert is_one_line("") and is_one_line("a b\t=c")
+    assert not is_one_line("a\nb") and not is_one_line("a\rb") and not is_one_line("a\r\n")
