@@ -53,7 +53,9 @@ from autotune.gate_compare import (
     compare_under_load,
     max_abs_diff,
     sanity_problem,
+    under_load_tie_flips_by,
     units,
+    weakest_tie_rule,
 )
 from autotune.gate_reference import (
     COMPARE_TEXT,
@@ -90,6 +92,8 @@ __all__ = [
     "compare",
     "compare_tokens",
     "compare_under_load",
+    "under_load_tie_flips_by",
+    "weakest_tie_rule",
     "complete_greedy",
     "describe_checks",
     "detect_teacher_mode",

@@ -236,5 +236,8 @@ def describe_checks(check: dict[str, Any] | None) -> str:
     compared = check.get("under_load_compared_by") or {}
     if compared:
         how = ", ".join(f"{n} by {by.get(m, m)}" for m, n in sorted(compared.items()))
+        rule = check.get("under_load_tie_flips_by")
+        if rule:
+            how += "; " + tie_flips.get(rule, f"near-tie flips by {rule}")
         parts.append(f"under load ({how})")
     return "; ".join(parts)

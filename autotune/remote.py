@@ -45,6 +45,8 @@ from autotune.gate import (
     detect_teacher_mode,
     gather_completions,
     teacher_forced_logprobs,
+    under_load_tie_flips_by,
+    weakest_tie_rule,
 )
 from autotune.loadcurve import run_benchmark
 from autotune.server_metrics import MetricsMap, ServerMetricsRecorder
@@ -182,15 +184,18 @@ def under_load(
     """Benchmark answers against the reference (as ``objective._check_under_load``)."""
     records = comparable_answers(reference, bench.samples, reference_requests(workload), sample)
     divergences = []
+    rules: set[str | None] = set()
     for record in records:
-        divergence, _method = compare_under_load(
+        divergence, method = compare_under_load(
             reference, record.prompt, record.token_ids, record.text
         )
+        rules.add(under_load_tie_flips_by(reference, record.prompt, method))
         if divergence is not None:
             divergences.append(divergence)
     return {
         "checked": len(records),
         "divergent": len(divergences),
+        "tie_flips_by": weakest_tie_rule(rules),
         "first_divergence": asdict(divergences[0]) if divergences else None,
     }
 

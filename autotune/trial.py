@@ -41,6 +41,8 @@ from autotune.gate import (
     compare_under_load,
     record_reference,
     sanity_problem,
+    under_load_tie_flips_by,
+    weakest_tie_rule,
 )
 from autotune.loadcurve import record_curve, run_benchmark
 from autotune.protocol import NoTokenWithin, StreamError
@@ -493,16 +495,20 @@ class TrialRunner:
         )
         divergences = []
         methods: dict[str, int] = {}
+        rules: set[str | None] = set()
         for record in sample:
             divergence, method = compare_under_load(
                 reference, record.prompt, record.token_ids, record.text
             )
             methods[method] = methods.get(method, 0) + 1
+            rules.add(under_load_tie_flips_by(reference, record.prompt, method))
             if divergence is not None:
                 divergences.append(divergence)
         check = dict(trial.user_attrs.get(names.CHECK) or {})
         check["under_load_checked"] = len(sample)
         check["under_load_compared_by"] = methods
+        # the weaker rule wins the record: one answer excused by the margin alone is enough
+        check["under_load_tie_flips_by"] = weakest_tie_rule(rules)
         check["under_load_divergent"] = len(divergences)
         if not sample:
             check["under_load_skipped"] = (

@@ -169,6 +169,32 @@ def test_describe_checks_names_the_tie_flip_rule():
     assert "near-tie" not in line(None)
 
 
+def test_the_under_load_check_records_its_tie_flip_rule():
+    """A streamed benchmark answer has token ids but no per-token strings: a near-tie flip under
+    load is excused by the margin alone, whatever runner-ups the reference keeps, and the
+    trial's record says so (``under_load_tie_flips_by``); a text comparison excuses none."""
+    from autotune.gate import describe_checks, under_load_tie_flips_by, weakest_tie_rule
+
+    base = _ref([1, 2, 3, 4], [5.0, 0.001, 5.0, 5.0])
+    ref = dataclasses.replace(base.entries["p"].completion, runner_ups=("t8", "t9", "t8", "t8"))
+    with_runner_ups = dataclasses.replace(base, entries={"p": type(base.entries["p"])(ref)})
+    assert under_load_tie_flips_by(with_runner_ups, "p", "token_ids") == "margin_only"
+    assert under_load_tie_flips_by(with_runner_ups, "p", "text") is None
+    assert weakest_tie_rule({"runner_up", "margin_only"}) == "margin_only"
+    assert weakest_tie_rule({"runner_up", None}) == "runner_up"
+    assert weakest_tie_rule({None}) is None and weakest_tie_rule(set()) is None
+    record = {
+        "passed": True,
+        "prompts_checked": 3,
+        "checks": {"compared_by": "token_ids", "sanity": True},
+        "under_load_compared_by": {"token_ids": 8},
+        "under_load_tie_flips_by": "margin_only",
+    }
+    assert describe_checks(record).endswith(
+        "under load (8 by token ids; near-tie flips excused by the margin alone)"
+    )
+
+
 def test_runner_ups_come_from_top_logprobs_and_round_trip():
     from autotune.gate_client import _runner_up
 
