@@ -33,7 +33,20 @@ import httpx
 from autotune import names
 from autotune.engines.dialect import RequestDialect
 from autotune.errors import excerpt
-from autotune.protocol import TRANSPORT_ERRORS, TokenDeadline, completion_body, open_raw_stream
+from autotune.protocol import (
+    CUT_SHORT,
+    ERROR_FIELDS,
+    TRANSPORT_ERRORS,
+    StreamError,
+    TokenDeadline,
+    bad_shape,
+    chunk_error,
+    completion_body,
+    cut_short,
+    error_event,
+    error_field,
+    open_raw_stream,
+)
 
 #: inter-token gaps below this are "arrived together" rather than measured decode steps
 BUNCHED_GAP_S = 0.0001
@@ -167,6 +180,8 @@ async def stream_request(
                     break
             else:  # the body ended: a last event without its newline still counts
                 tokens.add([buffer], clock() - start)
+            if tokens.in_error:
+                raise error_event(b"")
     except TimeoutError:  # our own no-token deadline (protocol.TokenDeadline)
         waited = "the first token" if not times else f"token {len(times) + 1}"
         error = f"hang: no token within {read_timeout_s:g} s (waiting for {waited})"
@@ -176,12 +191,17 @@ async def stream_request(
         return _failed(prompt, f"{type(exc).__name__}: {exc}", start, times)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return _failed(prompt, f"bad stream chunk: {exc}", start, times)
+    except StreamError as exc:
+        return _failed(prompt, str(exc), start, times)
     e2e = time.perf_counter() - start
     n_tokens = tokens.usage if tokens.usage is not None else len(times)
     if not times:
-        return RequestRecord(
-            prompt=prompt, ok=False, error="stream ended without tokens", e2e_s=e2e
-        )
+        error = "stream ended without tokens"
+        if "text/event-stream" not in stream.content_type:
+            # a server that ignores "stream": true answers one JSON body: say so, each time
+            kind = stream.content_type or "no content type"
+            error += f": the answer was not a server-sent event stream ({kind})"
+        return RequestRecord(prompt=prompt, ok=False, error=error, e2e_s=e2e)
     return RequestRecord(
         prompt=prompt,
         ok=True,
@@ -197,7 +217,7 @@ async def stream_request(
 class _Tokens:
     """What one streamed answer delivered so far: token times, ids, text, the usage count."""
 
-    __slots__ = ("dialect", "ids", "text", "times", "usage")
+    __slots__ = ("dialect", "ids", "in_error", "text", "times", "usage")
 
     def __init__(self, dialect: RequestDialect) -> None:
         self.dialect = dialect  # where a chunk carries its token ids (if it does)
@@ -205,34 +225,68 @@ class _Tokens:
         self.ids: list[int] = []
         self.text: list[str] = []
         self.usage: int | None = None
+        #: inside an ``event: error``, whose data is the detail
+        self.in_error = False
 
     def add(self, lines: list[bytes], now: float) -> bool:
         """Take the complete SSE lines that arrived at ``now``; True at ``[DONE]``.
 
         A chunk of k token ids is k tokens at one time; a chunk with text and no ids (a
-        dialect without them) one token. Raises ``json.JSONDecodeError`` for a bad event.
+        dialect without them) one token. Raises ``json.JSONDecodeError`` for an event that is
+        not JSON, and :class:`~autotune.protocol.StreamError` for an answer the server reports
+        as failed (an error event or field, a cut-short finish reason) or a chunk whose fields
+        are not a completion's.
         """
-        for line in lines:
-            if not line.startswith(b"data:"):
-                continue  # the blank line that ends an event, a comment, another field
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                return True
-            chunk = json.loads(payload.decode())
-            usage = chunk.get("usage")
-            if usage:
-                self.usage = usage.get("completion_tokens")
-            for choice in chunk.get("choices") or ():
-                new_ids = self.dialect.token_ids(choice)
-                piece = choice.get("text")
-                if piece:
-                    self.text.append(piece)
-                if new_ids:
-                    self.ids += new_ids
-                    self.times += [now] * len(new_ids)
-                elif piece:
-                    self.times.append(now)
+        payload = b""
+        try:
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    # the blank line that ends an event, a comment, another field
+                    if line and line.startswith(ERROR_FIELDS):
+                        self.in_error |= error_field(line)
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    return True
+                if not payload:
+                    continue  # an empty data field is no event (the SSE standard)
+                if self.in_error:
+                    raise error_event(payload)
+                chunk = json.loads(payload.decode())
+                if chunk.__class__ is not dict or "error" in chunk:
+                    problem = chunk_error(chunk, payload)
+                    if problem is not None:
+                        raise problem
+                usage = chunk.get("usage")
+                if usage:
+                    self.usage = _completion_tokens(usage)
+                for choice in chunk.get("choices") or ():
+                    new_ids = self.dialect.token_ids(choice)
+                    piece = choice.get("text")
+                    if piece:
+                        if piece.__class__ is not str:
+                            raise TypeError("text is not a string")
+                        self.text.append(piece)
+                    if new_ids:
+                        self.ids += new_ids
+                        self.times += [now] * len(new_ids)
+                    elif piece:
+                        self.times.append(now)
+                    finish = choice.get("finish_reason")
+                    if finish is not None and finish in CUT_SHORT:
+                        raise cut_short(finish, payload)
+        except (AttributeError, LookupError, TypeError):
+            # a list where an object belongs, a number for text: named, not a Python error
+            raise bad_shape(payload) from None
         return False
+
+
+def _completion_tokens(usage: dict[str, Any]) -> int | None:
+    """``usage.completion_tokens``, the server's own count of the answer's tokens, if given."""
+    count = usage.get("completion_tokens")
+    if count is not None and count.__class__ is not int:
+        raise TypeError("usage.completion_tokens is not an integer")
+    return count
 
 
 def _failed(prompt: str, error: str, start: float, times: list[float]) -> RequestRecord:

@@ -9,7 +9,6 @@ what the answers carry (``gate_reference.Capabilities``) and the gate judges wit
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -20,12 +19,16 @@ import httpx
 from autotune.engines.dialect import TEACHER_ECHO, TEACHER_PROMPT_LOGPROBS, RequestDialect
 from autotune.gate_reference import Completion
 from autotune.protocol import (
+    CUT_SHORT,
     NotJsonObject,
     NoTokenWithin,
     StreamError,
+    bad_shape,
     completion_body,
+    cut_short,
     open_stream,
     parse_json_object,
+    read_chunk,
     sse_payloads,
 )
 
@@ -100,23 +103,25 @@ async def _stream_completion(
                 events += 1
                 if payload == b"[DONE]":
                     break
-                chunk = json.loads(payload)
-                if chunk.get("error"):
-                    raise StreamError(f"the stream carried an error: {chunk['error']}")
-                for choice in chunk.get("choices") or []:
-                    text.append(choice.get("text") or "")
-                    ids.extend(dialect.token_ids(choice))
-                    prompt_ids.extend(dialect.prompt_token_ids(choice))
-                    lp = choice.get("logprobs") or {}
-                    tokens.extend(lp.get("tokens") or ())
-                    logprobs.extend(_finite(x) for x in lp.get("token_logprobs") or ())
-                    for top in lp.get("top_logprobs") or ():
-                        margins.append(_margin(top))
-                        runner_ups.append(_runner_up(top))
+                chunk = read_chunk(payload)
+                try:
+                    for choice in chunk.get("choices") or ():
+                        text.append(_text(choice))
+                        ids.extend(dialect.token_ids(choice))
+                        prompt_ids.extend(dialect.prompt_token_ids(choice))
+                        lp = choice.get("logprobs") or {}
+                        tokens.extend(lp.get("tokens") or ())
+                        logprobs.extend(_finite(x) for x in lp.get("token_logprobs") or ())
+                        for top in lp.get("top_logprobs") or ():
+                            top = _top_dict(top)
+                            margins.append(_margin(top))
+                            runner_ups.append(_runner_up(top))
+                        if choice.get("finish_reason") in CUT_SHORT:
+                            raise cut_short(choice["finish_reason"], payload)
+                except (AttributeError, LookupError, TypeError, ValueError):
+                    raise bad_shape(payload) from None
     except TimeoutError:
         raise NoTokenWithin(phase, f"the request for prompt {prompt!r}", deadline_s or 0) from None
-    except json.JSONDecodeError as exc:
-        raise StreamError(f"a stream chunk was not JSON: {exc}") from None
     kind = response.headers.get("content-type", "no content type")
     if not events and "text/event-stream" not in kind:
         # a server that ignores "stream": true answers one JSON body, and the gate would
@@ -125,6 +130,9 @@ async def _stream_completion(
             f"the answer was not a server-sent event stream ({kind}): autotune streams every "
             "request (stream: true) to time each token"
         )
+    if not events:
+        # not even [DONE]: read as an answer, the gate would call the config's output empty
+        raise StreamError(f"the event stream ({kind}) ended without a single data event")
     return Completion(
         prompt=prompt,
         text="".join(text),
@@ -135,6 +143,28 @@ async def _stream_completion(
         prompt_token_ids=tuple(prompt_ids),
         runner_ups=tuple(runner_ups),
     )
+
+
+def _text(choice: dict[str, Any]) -> str:
+    """A chunk's text; None (a chunk carrying only a finish reason) is none."""
+    text = choice.get("text")
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        raise TypeError("text is not a string")
+    return text
+
+
+def _top_dict(top: Any) -> dict[str, float | None] | None:
+    """One position's ``top_logprobs`` as ``{token: logprob}``.
+
+    The completions API gives that dict; some servers give the chat API's shape on
+    ``/v1/completions`` too, a list of ``{"token", "logprob"}`` objects (read as a dict, it was
+    an AttributeError).
+    """
+    if isinstance(top, list):
+        return {entry["token"]: entry.get("logprob") for entry in top}
+    return top
 
 
 def _finite(value: float | None) -> float:

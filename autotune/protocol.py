@@ -98,10 +98,37 @@ async def sse_payloads(
 ) -> AsyncIterator[tuple[bytes, float]]:
     """Yield (data payload, arrival time since ``start``) of each server-sent event.
 
+    With ``token_deadline_s``, raises ``TimeoutError`` when no bytes arrive for that long (the
+    caller turns it into :class:`NoTokenWithin` with its own names). An error the stream reports
+    outside its data's JSON (:func:`error_field`) raises :class:`StreamError`; an empty ``data:``
+    field is no event (the SSE standard).
+    """
+    in_error = False  # inside an ``event: error``: its data is the detail
+    async for lines, now in _sse_lines(response, start, token_deadline_s):
+        for line in lines:
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if not payload:
+                    continue
+                if in_error:
+                    raise error_event(payload)
+                yield payload, now
+            elif line.startswith(ERROR_FIELDS):
+                in_error |= error_field(line)
+    if in_error:
+        raise error_event(b"")
+
+
+async def _sse_lines(
+    response: httpx.Response, start: float, token_deadline_s: float | None
+) -> AsyncIterator[tuple[list[bytes], float]]:
+    """The body's lines as they complete, with their arrival time; at the end, the last line
+    even without its newline.
+
     Raw bytes split by hand: ``aiter_lines`` decodes and re-splits text per chunk, and on a
     machine where the server and the client share two cores that client CPU time was taken from
-    the server being measured. With ``token_deadline_s``, raises ``TimeoutError`` when no bytes
-    arrive for that long (the caller turns it into :class:`NoTokenWithin` with its own names).
+    the server being measured. A CR before the newline (CRLF endings) is left to the reader's
+    ``strip``.
     """
     buffer = b""
     chunks = response.aiter_bytes()
@@ -113,14 +140,10 @@ async def sse_payloads(
                 data = await anext(chunks)
         except StopAsyncIteration:
             break
-        now = time.perf_counter() - start
         buffer += data
         *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line.startswith(b"data:"):
-                yield line[5:].strip(), now
-    if buffer.startswith(b"data:"):
-        yield buffer[5:].strip(), time.perf_counter() - start
+        yield lines, time.perf_counter() - start
+    yield [buffer], time.perf_counter() - start
 
 
 #: connect/write bounds of a streamed request; reading is bounded per token by the caller
@@ -159,7 +182,82 @@ async def _send_streaming(
 
 
 class StreamError(Exception):
-    """A streamed answer that broke the protocol (an error event, a chunk that is not JSON)."""
+    """A streamed answer that broke the protocol or reported its own failure: an error event,
+    a chunk that is not a JSON object, an answer the server says it cut short. The message
+    ends in an excerpt of what the server sent (:func:`autotune.errors.excerpt`)."""
+
+
+#: the SSE fields, beside ``data:``, that can report a failure (see :func:`error_field`)
+ERROR_FIELDS = (b"error:", b"event:")
+
+#: finish reasons with which a server says it gave up on an answer, not that the answer ended
+#: (SGLang's and vLLM's ``abort``: a request the engine dropped; ``error``)
+CUT_SHORT = ("abort", "error")
+
+
+def error_field(line: bytes) -> bool:
+    """Read an SSE line that is not ``data:``: True when it opens an error event
+    (``event: error``, whose data is the detail), :class:`StreamError` for an ``error:`` field.
+
+    Servers report a failure mid-answer in more ways than a data event with an ``error`` object
+    (:func:`chunk_error`): llama.cpp's server writes an ``error: {...}`` line, a field the SSE
+    standard tells a client to ignore, and others name the event. Ignored, the answer so far
+    read as a whole one: the gate compared a truncated answer and called the config incorrect,
+    the benchmark counted a broken request as served.
+    """
+    name, _, value = line.partition(b":")
+    if name.strip() == b"error":
+        raise StreamError(f"the stream carried an error: {_evidence(value)}")
+    return name.strip() == b"event" and value.strip() == b"error"
+
+
+def error_event(payload: bytes) -> StreamError:
+    """The failure an ``event: error`` reported, its data (``payload``) as the evidence."""
+    return StreamError(f"the stream carried an error event: {_evidence(payload) or '(no data)'}")
+
+
+def chunk_error(chunk: Any, payload: bytes) -> StreamError | None:
+    """Why a data event's parsed JSON (``chunk``) is no completion chunk, or None.
+
+    An error report (``{"error": {...}}``: OpenAI, vLLM, SGLang, llama.cpp; TGI's error is a
+    string) or JSON that is not an object, which no reader can take choices from.
+    """
+    if not isinstance(chunk, dict):
+        return StreamError(f"a stream chunk is not a JSON object: {_evidence(payload)}")
+    if chunk.get("error"):
+        return StreamError(f"the stream carried an error: {_evidence(payload)}")
+    return None
+
+
+def cut_short(reason: str, payload: bytes) -> StreamError:
+    """An answer the server ended with a ``finish_reason`` in :data:`CUT_SHORT`."""
+    return StreamError(
+        f"the server cut the answer short (finish_reason {reason!r}): {_evidence(payload)}"
+    )
+
+
+def bad_shape(payload: bytes) -> StreamError:
+    """A chunk whose fields are not what a completions chunk holds (``choices`` not a list of
+    objects, ``text`` not a string, ``token_ids`` not a list): read further, a Python error."""
+    return StreamError(
+        f"a stream chunk is not a completions chunk (choices[].text): {_evidence(payload)}"
+    )
+
+
+def read_chunk(payload: bytes) -> dict[str, Any]:
+    """A data event's payload as a completion chunk, else :class:`StreamError` naming it."""
+    try:
+        chunk = json.loads(payload)
+    except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes in no UTF encoding
+        raise StreamError(f"a stream chunk was not JSON: {_evidence(payload)}") from None
+    problem = chunk_error(chunk, payload)
+    if problem is not None:
+        raise problem
+    return chunk
+
+
+def _evidence(raw: bytes) -> str:
+    return excerpt(raw.decode("utf-8", "replace"), 300)
 
 
 class NotJsonObject(ValueError):
@@ -203,6 +301,8 @@ class RawStream:
     chunks: AsyncIterator[bytes]
     #: the rest of the body at once (for an error answer's detail)
     read: Callable[[], Awaitable[bytes]]
+    #: the Content-Type header ("" without one): evidence when no token came
+    content_type: str = ""
 
 
 @contextlib.asynccontextmanager
@@ -220,7 +320,12 @@ async def open_raw_stream(
     if not isinstance(client, StreamingClient):
         response = await _send_streaming(client, path, body)
         try:
-            yield RawStream(response.status_code, response.aiter_bytes(), response.aread)
+            yield RawStream(
+                response.status_code,
+                response.aiter_bytes(),
+                response.aread,
+                response.headers.get("content-type", ""),
+            )
         finally:
             await response.aclose()
         return
@@ -237,7 +342,12 @@ async def open_raw_stream(
             url, json=body, headers=client.raw_headers, timeout=_RAW_TIMEOUT
         )
     try:
-        yield RawStream(answer.status, answer.content.iter_any(), answer.read)
+        yield RawStream(
+            answer.status,
+            answer.content.iter_any(),
+            answer.read,
+            answer.headers.get("Content-Type", ""),
+        )
     finally:
         # back to the pool if the body was read to its end, closed otherwise (aiohttp decides)
         answer.release()

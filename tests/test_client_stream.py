@@ -146,6 +146,41 @@ def test_an_error_status_keeps_the_body_as_detail():
     assert not record.ok and not record.hung and record.error == "http 500: boom"
 
 
+def test_an_error_field_mid_answer_fails_the_request_with_the_servers_words():
+    """llama.cpp's server reports a failure mid-answer as an ``error:`` line, then ends the
+    body as usual: the request was recorded as served, with the tokens before it."""
+
+    async def handler(reader, writer, _n):
+        await read_request(reader)
+        failure = b'error: {"code":500,"message":"llama_decode failed"}\n\n'
+        writer.write(STREAM_HEAD + chunked(event(0) + failure) + b"0\r\n\r\n")
+        await writer.drain()
+
+    record = run_raw(handler)
+    assert not record.ok and not record.hung and len(record.token_times_s) == 1
+    assert record.error == (
+        'the stream carried an error: {"code":500,"message":"llama_decode failed"}'
+    )
+
+
+def test_a_whole_json_answer_names_its_content_type():
+    """A server that ignores ``stream: true``: the error said only "stream ended without
+    tokens", request after request."""
+
+    async def handler(reader, writer, _n):
+        await read_request(reader)
+        body = json.dumps({"choices": [{"text": " t0 t1 t2"}]}).encode()
+        head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
+        writer.write(head.encode() + b"\r\n\r\n" + body)
+        await writer.drain()
+
+    record = run_raw(handler)
+    assert not record.ok and record.error == (
+        "stream ended without tokens: the answer was not a server-sent event stream "
+        "(application/json)"
+    )
+
+
 def test_a_connection_closed_before_any_answer_is_tried_once_more():
     async def handler(reader, writer, n):
         await read_request(reader)

@@ -1,0 +1,261 @@
+"""Answers from OpenAI-compatible servers autotune has not met (llama.cpp, SGLang, TGI, a proxy):
+the legitimate variants of the protocol are read as the answer they are, and an answer that
+reports a failure or is not a completion fails the request with the server's words as evidence,
+never as a Python error nor as a (shorter) answer.
+
+Both readers are driven through ``httpx.MockTransport`` with exact bytes: the benchmark client
+(``bench.stream_request``, which records a failed request) and the gate (``complete_greedy``,
+which raises ``StreamError``; the trial records it as ``request_errors``). The aiohttp
+transport, which the benchmark uses on a real server, is in ``test_client_stream.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from autotune.bench import RequestRecord, stream_request
+from autotune.engines.vllm.dialect import VLLM_DIALECT
+from autotune.gate_client import Completion, complete_greedy
+from autotune.protocol import StreamError
+
+SSE = "text/event-stream"
+
+
+def data(obj: object, **dumps: object) -> bytes:
+    return b"data: " + json.dumps(obj, **dumps).encode() + b"\n\n"
+
+
+def token(i: int, **extra: object) -> bytes:
+    return data({"choices": [{"index": 0, "text": f" t{i}", "token_ids": [i], **extra}]})
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def answer_with(
+    pieces: list[bytes], content_type: str | None = SSE, status: int = 200
+) -> httpx.AsyncClient:
+    """A client whose every request is answered with ``pieces``, one network read each."""
+
+    class Pieces(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            for piece in pieces:
+                yield piece
+
+    def handler(_request: httpx.Request) -> httpx.Response:
+        headers = {"content-type": content_type} if content_type else {}
+        return httpx.Response(status, headers=headers, stream=Pieces())
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://t")
+
+
+def bench(pieces: list[bytes], content_type: str | None = SSE) -> RequestRecord:
+    async def go() -> RequestRecord:
+        async with answer_with(pieces, content_type) as client:
+            return await stream_request(
+                client, "m", "p", 3, dialect=VLLM_DIALECT, read_timeout_s=10.0
+            )
+
+    return asyncio.run(go())
+
+
+def gate(pieces: list[bytes], content_type: str | None = SSE) -> Completion:
+    async def go() -> Completion:
+        async with answer_with(pieces, content_type) as client:
+            return await complete_greedy(client, "m", "p", 3, dialect=VLLM_DIALECT, deadline_s=10.0)
+
+    return asyncio.run(go())
+
+
+# --- legitimate variants: read as the answer they carry -----------------------------------------
+
+TWO_TOKENS = token(1) + token(2)
+VARIANTS = {
+    "no space after data:": TWO_TOKENS.replace(b"data: ", b"data:") + DONE,
+    "CRLF line endings": (TWO_TOKENS + DONE).replace(b"\n", b"\r\n"),
+    "comments and event names": b": keep-alive\n\n"
+    + b"event: completion\n"
+    + token(1)
+    + b": ping\n\n"
+    + token(2)
+    + DONE,
+    "a last chunk of usage only": TWO_TOKENS
+    + data({"choices": [], "usage": {"completion_tokens": 2}})
+    + DONE,
+    "text null, finish reason alone": token(1)
+    + data({"choices": [{"text": None}]})
+    + token(2)
+    + data({"choices": [{"text": "", "finish_reason": "length"}]})
+    + DONE,
+    "no [DONE]: the body just ends": TWO_TOKENS,
+    "blanks around [DONE]": TWO_TOKENS + b"data:   [DONE]  \n\n",
+}
+
+
+@pytest.mark.parametrize("body", VARIANTS.values(), ids=VARIANTS.keys())
+def test_legitimate_stream_variants_are_read_as_their_answer(body: bytes) -> None:
+    record = bench([body])
+    assert record.ok, record.error
+    assert (record.token_ids, record.text, record.output_tokens) == ((1, 2), " t1 t2", 2)
+    completion = gate([body])
+    assert (completion.token_ids, completion.text) == ((1, 2), " t1 t2")
+
+
+def test_an_empty_data_field_is_no_event() -> None:
+    """The SSE standard dispatches no event for an empty data buffer; it was parsed as JSON
+    and failed the request ("bad stream chunk: Expecting value")."""
+    body = token(1) + b"data:\n\n" + b"data: \r\n\r\n" + token(2) + DONE
+    record = bench([body])
+    assert record.ok and record.token_ids == (1, 2), record.error
+    assert gate([body]).token_ids == (1, 2)
+
+
+def test_a_character_split_across_network_reads_is_whole() -> None:
+    body = data({"choices": [{"text": " naïve €", "token_ids": [1]}]}, ensure_ascii=False) + DONE
+    cut = body.index("€".encode()) + 1  # inside the euro sign's three bytes
+    record = bench([body[:cut], body[cut:]])
+    assert record.ok and record.text == " naïve €", record.error
+    assert gate([body[:cut], body[cut:]]).text == " naïve €"
+
+
+# --- a failure the server reports mid-answer: the request failed, with its words ---------------
+
+ERRORS = {
+    # OpenAI, vLLM, SGLang, recent llama.cpp: a data event with an error object
+    "error object": (
+        data({"error": {"message": "CUDA error: an illegal memory access", "code": 500}}),
+        "the stream carried an error: ",
+    ),
+    # TGI: the error is a string
+    "error string": (
+        data({"error": "CUDA error: an illegal memory access", "error_type": "generation"}),
+        "the stream carried an error: ",
+    ),
+    # llama.cpp's server_sent_event(sink, "error", ...): an `error:` field, not data
+    "error: field": (
+        b'error: {"code":500,"message":"CUDA error: an illegal memory access"}\n\n',
+        "the stream carried an error: ",
+    ),
+    "event: error": (
+        b'event: error\ndata: {"message": "CUDA error: an illegal memory access"}\n\n',
+        "the stream carried an error event: ",
+    ),
+}
+
+
+@pytest.mark.parametrize(("event", "said"), ERRORS.values(), ids=ERRORS.keys())
+def test_an_error_reported_mid_stream_fails_the_request_with_the_servers_words(
+    event: bytes, said: str
+) -> None:
+    """After the error the stream ends as usual ([DONE], or just ends): read as an answer, the
+    tokens before it were a benchmark request served and a gate answer that looked wrong
+    (``incorrect_output`` for a config that crashed)."""
+    for tail in (DONE, b""):
+        record = bench([token(1) + event + tail])
+        assert not record.ok and not record.hung
+        assert record.error.startswith(said), record.error
+        assert "CUDA error: an illegal memory access" in record.error
+        assert len(record.token_times_s) == 1  # the token before the error is kept
+        with pytest.raises(StreamError) as caught:
+            gate([token(1) + event + tail])
+        assert str(caught.value) == record.error
+
+
+def test_an_error_event_without_data_at_the_end_still_fails() -> None:
+    record = bench([token(1) + b"event: error\n\n"])
+    assert not record.ok and record.error == "the stream carried an error event: (no data)"
+    with pytest.raises(StreamError, match=r"error event: \(no data\)"):
+        gate([token(1) + b"event: error\n"])
+
+
+@pytest.mark.parametrize("reason", ["abort", "error"])
+def test_an_answer_the_server_cut_short_is_no_answer(reason: str) -> None:
+    """SGLang and vLLM end a dropped request with finish_reason "abort": its tokens so far
+    are not an answer of the asked length."""
+    body = token(1) + data({"choices": [{"text": "", "finish_reason": reason}]}) + DONE
+    record = bench([body])
+    assert not record.ok
+    assert record.error.startswith(f"the server cut the answer short (finish_reason {reason!r})")
+    with pytest.raises(StreamError, match=rf"cut the answer short \(finish_reason '{reason}'\)"):
+        gate([body])
+
+
+# --- chunks that are not completions: named, never a Python error ------------------------------
+
+MALFORMED = {
+    "a JSON list": (b"data: [1, 2]\n\n", "a stream chunk is not a JSON object: [1, 2]"),
+    "JSON null": (b"data: null\n\n", "a stream chunk is not a JSON object: null"),
+    "choices an object": (
+        data({"choices": {"text": " a"}}),
+        'a stream chunk is not a completions chunk (choices[].text): {"choices": {"text": " a"}}',
+    ),
+    "a choice a string": (
+        data({"choices": ["a"]}),
+        'a stream chunk is not a completions chunk (choices[].text): {"choices": ["a"]}',
+    ),
+    "text a number": (
+        data({"choices": [{"text": 5, "token_ids": [1]}]}),
+        "a stream chunk is not a completions chunk (choices[].text): ",
+    ),
+    "token ids a number": (
+        data({"choices": [{"text": " a", "token_ids": 5}]}),
+        "a stream chunk is not a completions chunk (choices[].text): ",
+    ),
+}
+
+
+@pytest.mark.parametrize(("event", "said"), MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_chunk_that_is_not_a_completion_chunk_is_named(event: bytes, said: str) -> None:
+    """Each was an AttributeError or TypeError out of the benchmark client and the gate."""
+    record = bench([token(1) + event + DONE])
+    assert not record.ok and record.error.startswith(said), record.error
+    with pytest.raises(StreamError) as caught:
+        gate([token(1) + event + DONE])
+    assert str(caught.value).startswith(said)
+
+
+@pytest.mark.parametrize(
+    "usage", [{"completion_tokens": "3"}, [3]], ids=["count a string", "usage a list"]
+)
+def test_a_usage_that_is_not_a_count_is_named(usage: object) -> None:
+    record = bench([token(1) + data({"choices": [], "usage": usage}) + DONE])
+    assert not record.ok
+    assert record.error.startswith("a stream chunk is not a completions chunk"), record.error
+
+
+def test_bytes_in_no_utf_encoding_are_a_stream_error_in_the_gate() -> None:
+    """The gate's reader let UnicodeDecodeError out (the benchmark's already named it)."""
+    with pytest.raises(StreamError, match="a stream chunk was not JSON: "):
+        gate([token(1) + b'data: "\xff\xfe"\n\n' + DONE])
+
+
+def test_top_logprobs_as_a_list_of_token_objects_are_read() -> None:
+    """The chat API's shape of ``top_logprobs`` (a list of {token, logprob}), which some servers
+    give on /v1/completions too: read as a dict it was an AttributeError in the gate."""
+    top = [{"token": " a", "logprob": -0.1}, {"token": " b", "logprob": -2.1}]
+    lp = {"tokens": [" a"], "token_logprobs": [-0.1], "top_logprobs": [top]}
+    body = data({"choices": [{"text": " a", "token_ids": [1], "logprobs": lp}]}) + DONE
+    completion = gate([body])
+    assert completion.runner_ups == (" b",) and completion.margins == (pytest.approx(2.0),)
+
+
+def test_an_event_stream_without_a_single_event_is_named() -> None:
+    """Not even [DONE]: the gate read an empty answer, and a trial's verdict was
+    ``incorrect_output: empty output`` for a server that sent nothing."""
+    with pytest.raises(StreamError, match=r"event stream \(text/event-stream\) ended without"):
+        gate([b": keep-alive\n\n"])
+
+
+def test_a_whole_json_answer_to_a_streamed_request_names_the_content_type() -> None:
+    """``autotune bench --url`` without ``--check`` runs no gate: each request of a server that
+    ignores ``stream: true`` said only "stream ended without tokens"."""
+    body = json.dumps({"choices": [{"text": " t1 t2"}]}).encode()
+    record = bench([body], content_type="application/json")
+    assert record.error == (
+        "stream ended without tokens: the answer was not a server-sent event stream "
+        "(application/json)"
+    )
