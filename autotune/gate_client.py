@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from autotune.engines.dialect import TEACHER_ECHO, TEACHER_PROMPT_LOGPROBS, RequestDialect
+from autotune.errors import excerpt
 from autotune.gate_reference import Completion
 from autotune.protocol import (
     CUT_SHORT,
@@ -231,10 +232,19 @@ async def teacher_forced_logprobs(
         answer = parse_json_object(response.content, "the scoring answer is not JSON")
     except NotJsonObject as exc:
         raise TeacherUnsupported(str(exc)) from None
-    choice = (answer.get("choices") or [{}])[0]
-    if mode == TEACHER_PROMPT_LOGPROBS:
-        return _from_prompt_scores(dialect, choice, reference)
-    return _from_echo(choice, reference)
+    if answer.get("error"):  # a 200 whose body reports a failure
+        raise TeacherUnsupported(f"the scoring answer is an error: {excerpt(response.text)}")
+    try:
+        choice = (answer.get("choices") or [{}])[0]
+        if mode == TEACHER_PROMPT_LOGPROBS:
+            return _from_prompt_scores(dialect, choice, reference)
+        return _from_echo(choice, reference)
+    except (AttributeError, LookupError, TypeError, ValueError):
+        # a list where an object belongs, an offset of null, a logprob that is no number:
+        # unsupported with the answer as evidence, not a Python error out of the gate
+        raise TeacherUnsupported(
+            f"the scoring answer is not a completions answer: {excerpt(response.text)}"
+        ) from None
 
 
 def _from_prompt_scores(

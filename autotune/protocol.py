@@ -281,7 +281,7 @@ def parse_json_object(body: str | bytes, what: str) -> dict[str, Any]:
     if isinstance(answer, dict):
         return answer
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-    raise NotJsonObject(f"{what}: {excerpt(text)}")
+    raise NotJsonObject(f"{what}: {excerpt(text) or '(an empty body)'}")
 
 
 #: what a request's transport raises when the connection fails or the answer breaks off

@@ -342,7 +342,11 @@ class ServerProcess:
             raise self.failure("startup_failed", str(exc)) from None
         choices = answer.get("choices") or []
         if not choices:
-            raise self.failure("startup_failed", "the first completion returned no choices")
+            # the body is the evidence: a 200 that carries {"error": ...} says why
+            raise self.failure(
+                "startup_failed",
+                f"the first completion returned no choices: {excerpt(response.text, 300)}",
+            )
 
     # --- stop ------------------------------------------------------------------------------
 

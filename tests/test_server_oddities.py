@@ -6,21 +6,32 @@ never as a Python error nor as a (shorter) answer.
 Both readers are driven through ``httpx.MockTransport`` with exact bytes: the benchmark client
 (``bench.stream_request``, which records a failed request) and the gate (``complete_greedy``,
 which raises ``StreamError``; the trial records it as ``request_errors``). The aiohttp
-transport, which the benchmark uses on a real server, is in ``test_client_stream.py``.
+transport, which the benchmark uses on a real server, is in ``test_client_stream.py``. Whole
+(not streamed) answers: the gate's teacher-forced scoring and the server's first completion.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import httpx
 import pytest
 
 from autotune.bench import RequestRecord, stream_request
+from autotune.engines.base import LaunchConfig
+from autotune.engines.dialect import OPENAI, TEACHER_ECHO, TEACHER_PROMPT_LOGPROBS
 from autotune.engines.vllm.dialect import VLLM_DIALECT
-from autotune.gate_client import Completion, complete_greedy
+from autotune.errors import CandidateError
+from autotune.gate_client import (
+    Completion,
+    TeacherUnsupported,
+    complete_greedy,
+    teacher_forced_logprobs,
+)
 from autotune.protocol import StreamError
+from autotune.server import ServerProcess
 
 SSE = "text/event-stream"
 
@@ -259,3 +270,82 @@ def test_a_whole_json_answer_to_a_streamed_request_names_the_content_type() -> N
         "stream ended without tokens: the answer was not a server-sent event stream "
         "(application/json)"
     )
+
+
+# --- whole answers: teacher-forced scoring and the first completion -----------------------------
+
+REFERENCE = Completion(prompt="p", text=" four", token_ids=(7,), prompt_token_ids=(1, 2))
+
+
+def score(body: bytes, mode: str) -> tuple[float, ...]:
+    dialect = VLLM_DIALECT if mode == TEACHER_PROMPT_LOGPROBS else OPENAI
+
+    async def go() -> tuple[float, ...]:
+        async with answer_with([body], "application/json") as client:
+            return await teacher_forced_logprobs(
+                client, "m", REFERENCE, dialect=dialect, mode=mode, deadline_s=10.0
+            )
+
+    return asyncio.run(go())
+
+
+SCORING = {
+    "choices an object": ({"choices": {"0": {}}}, TEACHER_ECHO),
+    "a choice a string": ({"choices": ["x"]}, TEACHER_PROMPT_LOGPROBS),
+    "logprobs a list": ({"choices": [{"logprobs": [1]}]}, TEACHER_ECHO),
+    "an offset null": (
+        {"choices": [{"logprobs": {"text_offset": [0, None], "token_logprobs": [None, -1.0]}}]},
+        TEACHER_ECHO,
+    ),
+    "a logprob a string": (
+        {"choices": [{"logprobs": {"text_offset": [0, 1], "token_logprobs": [None, "x"]}}]},
+        TEACHER_ECHO,
+    ),
+    "a prompt score without logprob": (
+        {"choices": [{"prompt_logprobs": [None, {"2": {}}, {"7": {"rank": 1}}]}]},
+        TEACHER_PROMPT_LOGPROBS,
+    ),
+}
+
+
+@pytest.mark.parametrize(("answer", "mode"), SCORING.values(), ids=SCORING.keys())
+def test_a_scoring_answer_of_another_shape_is_unsupported_with_evidence(
+    answer: dict, mode: str
+) -> None:
+    """Each was a KeyError, AttributeError, TypeError or ValueError out of the gate (at the
+    baseline, out of detecting the scoring mode); unsupported, the baseline records no
+    teacher-forced check and a trial's check fails with this reason."""
+    body = json.dumps(answer).encode()
+    with pytest.raises(TeacherUnsupported) as caught:
+        score(body, mode)
+    expected = f"the scoring answer is not a completions answer: {body.decode()}"
+    assert str(caught.value) == expected
+
+
+def test_a_scoring_answer_that_is_an_error_or_empty_says_so() -> None:
+    error = b'{"error": {"message": "logprobs are not supported"}}'
+    with pytest.raises(TeacherUnsupported, match="an error: .*logprobs are not supported"):
+        score(error, TEACHER_ECHO)
+    with pytest.raises(TeacherUnsupported) as caught:
+        score(b"", TEACHER_ECHO)
+    assert str(caught.value) == "the scoring answer is not JSON: (an empty body)"
+
+
+def test_a_first_completion_without_choices_shows_the_body(tmp_path: Path) -> None:
+    """A 200 whose body is an error (a proxy whose upstream failed): the reason was "returned
+    no choices", without what the server said."""
+    launch = LaunchConfig(
+        argv=("unused",), env={}, host="127.0.0.1", port=0, api_key="", served_model="m"
+    )
+    proc = ServerProcess(launch, tmp_path / "server.log", startup_timeout_s=1)
+
+    async def go() -> None:
+        body = b'{"error": {"message": "upstream model is loading"}}'
+        async with answer_with([body], "application/json") as client:
+            await proc._first_completion(client)  # the readiness check's last step
+
+    with pytest.raises(CandidateError) as caught:
+        asyncio.run(go())
+    assert caught.value.reason == "startup_failed"
+    assert "returned no choices: " in str(caught.value)
+    assert "upstream model is loading" in str(caught.value)
