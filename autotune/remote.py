@@ -31,7 +31,7 @@ from autotune.bench import BenchResult, bench_summary
 from autotune.client import StreamingClient, connect
 from autotune.engines.dialect import RequestDialect
 from autotune.engines.registry import engine_class
-from autotune.errors import SpecError
+from autotune.errors import SpecError, excerpt
 from autotune.files import write_text_atomically
 from autotune.gate import (
     Capabilities,
@@ -49,6 +49,7 @@ from autotune.gate import (
     weakest_tie_rule,
 )
 from autotune.loadcurve import run_benchmark
+from autotune.protocol import NoTokenWithin, StreamError
 from autotune.server_metrics import MetricsMap, ServerMetricsRecorder
 from autotune.spec import StudySpec, WorkloadSpec
 from autotune.storage import load_study
@@ -218,7 +219,11 @@ async def bench_remote(
         served = await _served_model(client, url, model or spec.model.served_name)
         result = RemoteResult(url=url, model=served)
         if reference is not None:
-            check, notices = await run_gate(client, served, reference, spec, dialect=dialect)
+            try:
+                check, notices = await run_gate(client, served, reference, spec, dialect=dialect)
+            except (NoTokenWithin, StreamError, httpx.HTTPError) as exc:
+                result.failure = _gate_request_failure(exc)
+                return result
             result.check = check.to_dict()
             result.notices += notices
             if not check.passed:
@@ -252,6 +257,21 @@ async def bench_remote(
                     f"{first['position']})"
                 )
         return result
+
+
+def _gate_request_failure(exc: Exception) -> str:
+    """Why the gate's own requests failed, as a trial would record it (``trial.py``): the
+    server could not be verified, so it is not measured. A failure line, not a traceback."""
+    if isinstance(exc, NoTokenWithin):
+        return f"hang: verification: {exc}"
+    if isinstance(exc, httpx.HTTPStatusError):
+        return (
+            f"request_errors: the server rejected a verification request with "
+            f"{exc.response.status_code}: {excerpt(exc.response.text, 300)}"
+        )
+    if isinstance(exc, httpx.HTTPError):
+        return f"request_errors: verification request failed: {type(exc).__name__}: {exc}"
+    return f"request_errors: verification: {exc}"
 
 
 def study_reference(url: str, name: str) -> Reference:

@@ -217,3 +217,31 @@ def test_parse_prometheus_text() -> None:
         "vllm:e2e_sum": 3.5,
         "vllm:e2e_count": 4.0,
     }
+
+
+def test_bench_check_against_a_server_that_refuses_the_gate(
+    study_with_reference, served, tmp_path
+) -> None:
+    """The gate's own requests answered with 500: one failure line (the server could not be
+    verified, so it is not measured), exit 1, and the JSON says why; it was a traceback."""
+    spec_path, _spec = study_with_reference
+    refusing = served("--fault", "http_500")
+    out = tmp_path / "refused.json"
+    result = _bench(
+        "--spec",
+        str(spec_path),
+        "--url",
+        refusing.url,
+        "--api-key",
+        KEY,
+        "--check",
+        "--json",
+        str(out),
+    )
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    failed = [line for line in result.output.splitlines() if "failed:" in line]
+    assert len(failed) == 1 and "rejected a verification request with 500" in failed[0]
+    data = json.loads(out.read_text())
+    assert data["passed"] is False and data["failure"].startswith("request_errors")
+    assert "output_tokens_per_s" not in data
