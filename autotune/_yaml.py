@@ -11,6 +11,7 @@ dropped from the command line without a word. Callers where a string was meant a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,9 @@ class YamlDoc:
 
 
 _BOOL_TAG = "tag:yaml.org,2002:bool"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+#: a lone surrogate (``"\\ud800"`` in a YAML or JSON escape): no text, no encoding can write it
+SURROGATE = re.compile("[\ud800-\udfff]")
 #: more key paths than this means aliases expand into a bomb (``&a [*b, *b, ...]``)
 MAX_NODES = 100_000
 
@@ -81,13 +85,24 @@ class _TooLarge(Exception):
     pass
 
 
+class _DuplicateKey(Exception):
+    """A mapping that names one key twice: YAML keeps the last value without a word, so a
+    second ``max_num_seqs:`` further down replaced the first one silently."""
+
+    def __init__(self, key: str, line: int, first: int) -> None:
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
 class _NulCharacter(Exception):
     """A value with a NUL character: no command line, environment or file name can carry it
-    (the launch raised ``ValueError: embedded null byte``, a traceback mid-study)."""
+    (the launch raised ``ValueError: embedded null byte``, a traceback mid-study). Also a lone
+    surrogate (``"\\ud800"``), which is no text: the launch and the export raised
+    ``UnicodeEncodeError``."""
 
-    def __init__(self, key: str, line: int) -> None:
+    def __init__(self, key: str, line: int, why: str) -> None:
         super().__init__(key)
-        self.key, self.line = key, line
+        self.key, self.line, self.why = key, line, why
 
 
 def _bool_word(node: yaml.Node) -> bool:
@@ -100,6 +115,12 @@ def _bool_word(node: yaml.Node) -> bool:
     )
 
 
+def _key_value(node: yaml.Node) -> Any:
+    """A mapping key as YAML reads it (a key YAML cannot hash already failed to load). A fresh
+    constructor each time: one kept would keep every node it ever read."""
+    return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+
+
 def _collect_lines(
     node: yaml.Node,
     prefix: str,
@@ -110,8 +131,15 @@ def _collect_lines(
     if len(lines) > MAX_NODES:
         raise _TooLarge
     if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
         for key_node, value_node in node.value:
             key = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+            if key_node.tag != _MERGE_TAG:  # ``<<: *base`` merges; the mapping's own keys win
+                # the key as YAML reads it: ``1`` and ``0x1``, or ``on`` and ``yes``, are one key
+                value = _key_value(key_node)
+                if value in seen:
+                    raise _DuplicateKey(key, key_node.start_mark.line + 1, seen[value])
+                seen[value] = key_node.start_mark.line + 1
             lines[key] = key_node.start_mark.line + 1
             if _bool_word(key_node):
                 read = key_node.value.lower() in ("yes", "on")  # PyYAML's true words
@@ -125,18 +153,30 @@ def _collect_lines(
     elif _bool_word(node):
         bool_words[prefix] = node.value
     elif isinstance(node, yaml.ScalarNode) and "\0" in node.value:
-        raise _NulCharacter(prefix or "(the document)", node.start_mark.line + 1)
+        why = "contains a NUL character, which no command line or environment can carry"
+        raise _NulCharacter(prefix or "(the document)", node.start_mark.line + 1, why)
+    elif isinstance(node, yaml.ScalarNode) and SURROGATE.search(node.value):
+        why = "contains a lone surrogate (an escape such as \\ud800), which is not text"
+        raise _NulCharacter(prefix or "(the document)", node.start_mark.line + 1, why)
 
 
 def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
     """Read ``path`` as YAML; any problem becomes one SpecError naming the file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise SpecError(f"{what} file not found", file=str(path)) from None
     except OSError as exc:
         raise SpecError(f"cannot read {what} file: {exc.strerror}", file=str(path)) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"not UTF-8 text: byte 0x{raw[exc.start]:02x} cannot be read (save the file as UTF-8)",
+            file=str(path),
+            line=raw[: exc.start].count(b"\n") + 1,
+        ) from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -144,7 +184,12 @@ def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         problem = getattr(exc, "problem", None) or str(exc)
+        if problem == "but found another document":  # PyYAML's words for a second ``---``
+            problem = "a second document begins here; one file holds one document"
         raise SpecError(f"malformed YAML: {problem}", file=str(path), line=line) from None
+    except RecursionError:
+        # PyYAML composes nested collections recursively: ``[[[[...]]]]`` a few hundred deep
+        raise SpecError("the YAML is nested too deeply to read", file=str(path)) from None
     lines: dict[str, int] = {}
     bool_words: dict[str, str] = {}
     bool_keys: dict[str, dict[bool, str]] = {}
@@ -156,9 +201,16 @@ def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
                 f"the YAML expands to more than {MAX_NODES} keys and items (aliases?)",
                 file=str(path),
             ) from None
+        except _DuplicateKey as dup:
+            raise SpecError(
+                f"duplicate key (also on line {dup.first}); YAML would keep only the last one",
+                file=str(path),
+                line=dup.line,
+                key=dup.key,
+            ) from None
         except _NulCharacter as nul:
             raise SpecError(
-                "contains a NUL character, which no command line or environment can carry",
+                nul.why,
                 file=str(path),
                 line=nul.line,
                 key=nul.key,
@@ -184,3 +236,9 @@ def check_keys(
         if key not in mapping:
             raise doc.error(prefix, f"missing required key {key!r}")
     return mapping
+
+
+def check_text(doc: YamlDoc, key: str, value: Any) -> None:
+    """A free-text field (``description``, ``help``): a string, or absent."""
+    if value is not None and not isinstance(value, str):
+        raise doc.error(key, f"must be text, got {value!r}")

@@ -93,6 +93,8 @@ _ALLOWED = (
     ast.Call,
 )
 _FUNCS = {"len": len, "max": max, "min": min}
+#: the names a constraint reads as functions (so no parameter may have one of them)
+FUNCTIONS = frozenset(_FUNCS)
 _ORDER = {
     ast.Lt: lambda a, b: a < b,
     ast.LtE: lambda a, b: a <= b,
@@ -150,7 +152,11 @@ def compile_constraint(
             f"invalid expression {expr!r}: {exc or type(exc).__name__}"
         ) from None
     used: set[str] = set()
+    called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in _FUNCS and id(node) not in called:
+            # ``len > 1`` read no parameter: evaluating it raised a KeyError, a traceback
+            raise ConstraintSyntaxError(f"{node.id} is a function: call it in {expr!r}")
         if not isinstance(node, _ALLOWED):
             raise ConstraintSyntaxError(f"{type(node).__name__} is not allowed in {expr!r}")
         if isinstance(node, ast.Call) and not (

@@ -34,8 +34,30 @@ def _shell_word(text: str) -> str:
     """``text`` quoted for a POSIX shell, except ``$API_KEY``, left to expand (in double
     quotes): ``Bearer $API_KEY`` -> ``'Bearer '"$API_KEY"``, one word once expanded."""
     if API_KEY not in text:
+        return _quote(text)
+    return f'"{API_KEY}"'.join(_quote(part) if part else "" for part in text.split(API_KEY))
+
+
+def _quote(text: str) -> str:
+    """``shlex.quote``, on one line: a word with a line break or another character that is not
+    printable (``python -c`` with a two-line script, a choice written ``"a\\nb"``) is written
+    ``$'...'`` with that character escaped. shlex kept the line break, which ended the header's
+    ``#`` comment: the rest of the word was read as YAML (a broken file, or a stray key)."""
+    if all(c == " " or c.isprintable() for c in text):
         return shlex.quote(text)
-    return f'"{API_KEY}"'.join(shlex.quote(part) if part else "" for part in text.split(API_KEY))
+    return "$'" + "".join(_escaped(c) for c in text) + "'"
+
+
+def _escaped(char: str) -> str:
+    """One character inside ``$'...'`` (bash, zsh, ksh, POSIX 2024): ``\\xHH`` is a byte, so
+    characters past ASCII are ``\\uHHHH`` (UTF-8 in a UTF-8 locale)."""
+    if char in "\\'":
+        return "\\" + char
+    if char == " " or char.isprintable():
+        return char
+    if ord(char) < 128:
+        return f"\\x{ord(char):02x}"
+    return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}"
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,8 @@ FAILED_MARKER = "AUTOTUNE_PATCH_FAILED"
 PATCHES_ENV = "AUTOTUNE_PATCHES"
 PATCH_DIRS_ENV = "AUTOTUNE_PATCH_DIRS"
 
-_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+#: a patch's name (``PatchInfo.name``, a space's ``patch`` target), matched whole
+PATCH_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 class PatchError(RuntimeError):
@@ -113,8 +114,8 @@ class PatchInfo:
     default: Any
 
     def __post_init__(self) -> None:
-        if not _NAME_RE.match(self.name):
-            raise PatchError(f"patch name {self.name!r} must match {_NAME_RE.pattern}", "*")
+        if not PATCH_NAME.fullmatch(self.name):
+            raise PatchError(f"patch name {self.name!r} must match {PATCH_NAME.pattern}", "*")
         if self.kind not in KINDS:
             raise PatchError(f"kind {self.kind!r} is not one of {KINDS}", self.name)
         if self.engine not in ENGINES:

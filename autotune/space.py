@@ -29,9 +29,11 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def is_one_line(value: str) -> bool:
     """Whether an environment value (a space's ``env`` choice, the spec's ``engine.env``) can be
-    written as one line of the ``.env`` file that export writes beside the config: a line break
-    would end the variable there and start a line the file's reader takes as another."""
-    return "\n" not in value and "\r" not in value
+    written as one line of the ``.env`` file that export writes beside the config, and in the
+    config's YAML header: a line break (``\\n``, ``\\r``, and the ones Python and YAML also
+    break at: ``\\x85``, ``\\u2028``...) would end the variable there and start a line the
+    file's reader takes as another; any other control character makes the YAML unreadable."""
+    return all(c in " \t" or c.isprintable() for c in value)
 
 
 TYPES = ("int", "float", "categorical", "bool", "int_list")
@@ -128,8 +130,13 @@ class Parameter:
                 return False
             if self.type == "int" and not float(value).is_integer():
                 return False
-            return float(self.low) <= float(value) <= float(self.high)
+            if not float(self.low) <= float(value) <= float(self.high):
+                return False
+            return self.step is None or _on_grid(value, self.low, self.step)
         if self.type == "int_list":
+            # a scalar (``baseline: 4``, ``when: {sizes: 4}``) is no list: list(4) raised
+            if not isinstance(value, list | tuple):
+                return False
             return list(value) in [list(c) for c in self.choices]
         return value in self.choices
 
@@ -245,6 +252,15 @@ class SearchSpace:
             else:
                 patches[target.name] = value
         return ServerSettings(flags=flags, json_flags=json_flags, env=env, patches=patches)
+
+
+def _on_grid(value: float, low: float, step: float) -> bool:
+    """Whether ``value`` is ``low`` plus a whole number of ``step`` (what Optuna proposes for a
+    stepped domain); a float grid allows for rounding (0.8 + 3 * 0.05 is 0.9500000000000001)."""
+    if isinstance(value, int) and isinstance(low, int) and isinstance(step, int):
+        return (value - low) % step == 0
+    count = (value - low) / step
+    return abs(count - round(count)) <= 1e-9 * max(1.0, abs(count))
 
 
 def _env_text(value: Any) -> str:

@@ -9,14 +9,18 @@ format is documented in the README and in ``docs/ARCHITECTURE.md``.
 from __future__ import annotations
 
 import itertools
+import keyword
 import math
 import random
+import re
 from collections.abc import Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from autotune._yaml import YamlDoc, check_keys, load_yaml
-from autotune.constraints import ConstraintSyntaxError, compile_constraint
+from autotune._yaml import YamlDoc, check_keys, check_text, load_yaml
+from autotune.constraints import FUNCTIONS, ConstraintSyntaxError, compile_constraint
+from autotune.patching import PATCH_NAME
 from autotune.space import ENV_NAME, TYPES, Parameter, SearchSpace, Target, is_one_line
 
 _PARAM_KEYS = {
@@ -35,12 +39,41 @@ _PARAM_KEYS = {
 _FEASIBILITY_DRAWS = 5000
 #: at most this many value combinations are tried per constraint to find a type error at load
 _TYPE_CHECK_COMBINATIONS = 20_000
+#: a parameter name: also a name in constraints, so ASCII (Python reads the ligature ``ﬁ`` as
+#: ``fi``, another parameter) and neither a keyword (``None``, ``if``) nor a constraint function
+_PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: a command-line flag: ``--`` and a name, no ``=`` (``--a=3`` with a value after it gave
+#: ``--a=3 5``) and no space (one argv word, never split by a shell)
+_FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: Linux's limit on one argv word or one ``NAME=value`` environment string (MAX_ARG_STRLEN,
+#: with its NUL): a longer value fails every launch with "Argument list too long"
+MAX_ARG_BYTES = 131_072
+#: environment variables no parameter may set, and why
+_RESERVED_ENV = {
+    "PATH": "PATH decides which program starts: set it where autotune runs, not per trial",
+}
+#: flags no parameter may set, and why: a tuned ``--port`` made the server listen where autotune
+#: never looked, and the startup timeout was blamed on the configuration
+_RESERVED_FLAGS = {
+    "--host": "autotune gives each server its address",
+    "--port": "autotune gives each server its address",
+}
 
 
-def load_space(path: str | Path) -> SearchSpace:
-    """Read and validate a search-space YAML file; any problem is one SpecError."""
+def load_space(
+    path: str | Path,
+    *,
+    reserved_env: Mapping[str, str] | None = None,
+    reserved_flags: Mapping[str, str] | None = None,
+) -> SearchSpace:
+    """Read and validate a search-space YAML file; any problem is one SpecError.
+
+    ``reserved_env`` and ``reserved_flags``: environment variables and flags the launch sets
+    itself (the engine's API key, the flags of the spec's command template), name -> why,
+    refused as targets (the spec passes its engine's)."""
     doc = load_yaml(path, what="search space")
     check_keys(doc, doc.data, "", {"parameters", "constraints", "description"}, {"parameters"})
+    check_text(doc, "description", doc.data.get("description"))
     raw_params = doc.data["parameters"]
     if not isinstance(raw_params, dict) or not raw_params:
         raise doc.error("parameters", "must be a non-empty mapping of parameter names")
@@ -49,6 +82,12 @@ def load_space(path: str | Path) -> SearchSpace:
         params.append(
             _parse_parameter(doc, doc.name("parameters", name, "parameter name"), raw, params)
         )
+    reserved = {**_RESERVED_ENV, **(reserved_env or {})}
+    flags = {**_RESERVED_FLAGS, **(reserved_flags or {})}
+    for param in params:
+        _check_env_target(doc, param, reserved)
+        _check_flag_target(doc, param, flags)
+        _check_reachable(doc, param, {p.name: p for p in params})
     names = {p.name for p in params}
     constraints = []
     raw_constraints = doc.data.get("constraints") or []
@@ -72,9 +111,13 @@ def load_space(path: str | Path) -> SearchSpace:
 
 def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]) -> Parameter:
     key = f"parameters.{name}"
-    if not name.isidentifier():
-        raise doc.error(key, "parameter names must be identifiers (letters, digits, _)")
+    if not _PARAM_NAME.fullmatch(name):
+        raise doc.error(key, "parameter names must be identifiers (ASCII letters, digits, _)")
+    if keyword.iskeyword(name) or name in FUNCTIONS:
+        what = "a Python keyword" if keyword.iskeyword(name) else "a function"
+        raise doc.error(key, f"{name!r} cannot name a parameter: constraints read it as {what}")
     check_keys(doc, raw, key, _PARAM_KEYS, {"type", "target"})
+    check_text(doc, f"{key}.help", raw.get("help"))
     ptype = raw["type"]
     if ptype not in TYPES:
         raise doc.error(f"{key}.type", f"unknown type {ptype!r} (one of {', '.join(TYPES)})")
@@ -95,9 +138,12 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
                 raise doc.error(f"{key}.{bound}", f"must be a finite number, got {value!r}")
             if ptype == "int" and not float(value).is_integer():
                 raise doc.error(f"{key}.{bound}", f"must be an integer, got {value!r}")
-            fields[bound] = value
+            fields[bound] = int(value) if ptype == "int" else value
         if fields["low"] > fields["high"]:
             raise doc.error(key, f"empty domain: low {fields['low']} > high {fields['high']}")
+        if not math.isfinite(float(fields["high"]) - float(fields["low"])):
+            # -1e308 .. 1e308: Optuna's samplers raised OverflowError mid-study
+            raise doc.error(key, "the range high - low is too wide for a float")
         fields["log"] = bool(raw.get("log", False))
         if not isinstance(raw.get("log", False), bool):
             raise doc.error(f"{key}.log", "must be true or false")
@@ -113,7 +159,11 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
                 raise doc.error(f"{key}.step", f"must be a positive number, got {step!r}")
             if fields["log"]:
                 raise doc.error(f"{key}.step", "step cannot be combined with log")
-            fields["step"] = step
+            if ptype == "int" and not float(step).is_integer():
+                # int(0.5) is 0, which Optuna refused mid-study; int(1.5) silently became 1
+                raise doc.error(f"{key}.step", f"must be a whole number for type int, got {step!r}")
+            fields["step"] = int(step) if ptype == "int" else step
+            _check_step_divides(doc, key, fields["low"], fields["high"], fields["step"])
     else:
         for unwanted in ("low", "high", "log", "step"):
             if unwanted in raw:
@@ -160,8 +210,8 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
         fields["choices"] = tuple(tuple(c) if ptype == "int_list" else c for c in choices)
     elif "choices" in raw:
         raise doc.error(f"{key}.choices", f"not allowed for type {ptype}")
-    when = raw.get("when") or {}
-    if not isinstance(when, dict):
+    when = {} if raw.get("when") is None else raw["when"]
+    if not isinstance(when, dict):  # ``when: false`` or ``''`` read as no condition at all
         raise doc.error(f"{key}.when", "must be a mapping of earlier parameter -> value")
     earlier_names = {p.name: p for p in earlier}
     for raw_other, expected in when.items():
@@ -173,8 +223,8 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
         values = expected["in"] if isinstance(expected, dict) and "in" in expected else [expected]
         if isinstance(expected, dict) and set(expected) != {"in"}:
             raise doc.error(f"{key}.when.{other}", "use a value or {in: [values]}")
-        if not isinstance(values, list):
-            raise doc.error(f"{key}.when.{other}.in", "must be a list of values")
+        if not isinstance(values, list) or not values:
+            raise doc.error(f"{key}.when.{other}.in", "must be a non-empty list of values")
         for index, v in enumerate(values):
             if earlier_names[other].type == "categorical":
                 in_list = isinstance(expected, dict)
@@ -191,7 +241,11 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
             doc.refuse_yaml11_bool(f"{key}.baseline", base)
         if not param.contains(base):
             raise doc.error(f"{key}.baseline", f"{base!r} is outside the parameter's domain")
-        param = Parameter(**fields, baseline=list(base) if ptype == "int_list" else base)
+        if ptype == "int_list":
+            base = list(base)
+        elif ptype == "int":
+            base = int(base)  # 2.0 went to the engine as "--flag 2.0", which an int flag refuses
+        param = Parameter(**fields, baseline=base)
     return param
 
 
@@ -199,8 +253,86 @@ def _unlaunchable(text: str, kind: str) -> str | None:
     """Why a string value cannot reach the server as ``kind`` (a NUL character anywhere is
     refused when the YAML is read: ``_yaml.load_yaml``)."""
     if kind == "env" and not is_one_line(text):
-        return f"an environment value with a line break breaks the exported .env file: {text!r}"
+        return (
+            "an environment value with a line break or a control character breaks the exported "
+            f".env file: {text!r}"
+        )
+    if kind in ("flag", "json", "env") and len(text.encode()) >= MAX_ARG_BYTES:
+        return (
+            f"{len(text.encode()):,} bytes: longer than one command-line argument or environment "
+            f"variable can be ({MAX_ARG_BYTES - 1:,} bytes)"
+        )
     return None
+
+
+def _decimal_text(value: Decimal) -> str:
+    return format(value.normalize(), "f")
+
+
+def _check_step_divides(doc: YamlDoc, key: str, low: float, high: float, step: float) -> None:
+    """``step`` must divide ``high - low``: Optuna otherwise lowers ``high`` to the last step
+    with a warning mid-study (``low: 1, high: 8, step: 3`` never tries 8)."""
+    d_low, d_step = Decimal(str(low)), Decimal(str(step))
+    span = Decimal(str(high)) - d_low
+    if span % d_step == 0:
+        return
+    last = d_low + (span // d_step) * d_step
+    raise doc.error(
+        f"{key}.step",
+        f"step {_decimal_text(d_step)} does not divide high - low = {_decimal_text(span)}: "
+        f"the last value would be {_decimal_text(last)}; make high {_decimal_text(last)} "
+        f"or {_decimal_text(last + d_step)}",
+    )
+
+
+def _check_env_target(doc: YamlDoc, param: Parameter, reserved: Mapping[str, str]) -> None:
+    """An ``env`` target the launch sets itself (the engine's API key, autotune's patch
+    selection: the tuned value was overwritten without a word) or that decides which program
+    starts (PATH: a bad value failed as the configuration's fault)."""
+    name = param.target.name
+    if param.target.kind != "env":
+        return
+    why = reserved.get(name)
+    if why is None and name.startswith("AUTOTUNE_"):
+        why = "autotune sets its AUTOTUNE_ variables itself (the API key, the patch selection)"
+    if why is not None:
+        raise doc.error(f"parameters.{param.name}.target.env", f"{name} cannot be tuned: {why}")
+
+
+def _check_flag_target(doc: YamlDoc, param: Parameter, reserved: Mapping[str, str]) -> None:
+    target = param.target
+    if target.kind not in ("flag", "json"):
+        return
+    for flag, what in ((target.name, target.kind), (target.false_flag, "false_flag")):
+        if flag in reserved:
+            raise doc.error(
+                f"parameters.{param.name}.target.{what}",
+                f"{flag} cannot be tuned: {reserved[flag]}",
+            )
+
+
+def _check_reachable(doc: YamlDoc, param: Parameter, by_name: Mapping[str, Parameter]) -> None:
+    """A parameter whose ``when`` conditions (with those of the parameters they name, and so
+    on) allow no value of some parameter is never active: never tuned, silently."""
+    allowed: dict[str, list[Any]] = {}
+    todo, done = [param], set()
+    while todo:
+        current = todo.pop()
+        if current.name in done:
+            continue
+        done.add(current.name)
+        for other, expected in current.when.items():
+            values = expected["in"] if isinstance(expected, dict) else [expected]
+            before = allowed.get(other)
+            now = list(values) if before is None else [v for v in before if v in values]
+            if not now:
+                raise doc.error(
+                    f"parameters.{param.name}.when",
+                    f"the parameter is never active: the conditions on {other!r} (its own "
+                    "and those of the parameters it depends on) leave no value",
+                )
+            allowed[other] = now
+            todo.append(by_name[other])
 
 
 def _parse_target(doc: YamlDoc, key: str, raw: Any) -> Target:
@@ -214,30 +346,78 @@ def _parse_target(doc: YamlDoc, key: str, raw: Any) -> Target:
     name = raw[kind]
     if not isinstance(name, str) or not name:
         raise doc.error(f"{key}.{kind}", "must be a non-empty string")
-    if kind in ("flag", "json") and not name.startswith("--"):
-        raise doc.error(f"{key}.{kind}", f"a flag starts with '--', got {name!r}")
+    if kind in ("flag", "json"):
+        _check_flag(doc, f"{key}.{kind}", name)
     if kind == "env" and not ENV_NAME.fullmatch(name):
         raise doc.error(f"{key}.env", f"not a valid environment variable name: {name!r}")
+    if kind == "patch" and not PATCH_NAME.fullmatch(name):
+        raise doc.error(
+            f"{key}.patch", f"a patch name is lowercase letters, digits and _, got {name!r}"
+        )
     json_key = raw.get("key")
     if kind == "json" and not (isinstance(json_key, str) and json_key):
         raise doc.error(f"{key}.key", "a json target needs the key inside the JSON object")
+    if kind == "json" and "" in json_key.split("."):
+        # "a..b" set the key "" inside "a"; ".a" and "a." made an empty key the engine refuses
+        raise doc.error(f"{key}.key", f"a dotted key path with an empty part: {json_key!r}")
     if kind != "json" and json_key is not None:
         raise doc.error(f"{key}.key", "only json targets take a key")
     false_flag = raw.get("false_flag")
-    if false_flag is not None and (kind != "flag" or not str(false_flag).startswith("--")):
-        raise doc.error(f"{key}.false_flag", "must be a flag starting with '--' on a flag target")
+    if false_flag is not None:
+        if kind != "flag" or not isinstance(false_flag, str) or not false_flag.startswith("--"):
+            raise doc.error(
+                f"{key}.false_flag", "must be a flag starting with '--' on a flag target"
+            )
+        _check_flag(doc, f"{key}.false_flag", false_flag)
+        if false_flag == name:  # false then launched as the flag itself: true
+            raise doc.error(f"{key}.false_flag", f"must differ from the flag {name}")
     return Target(kind=kind, name=name, key=json_key, false_flag=false_flag)
 
 
+def _check_flag(doc: YamlDoc, key: str, flag: str) -> None:
+    if not flag.startswith("--"):
+        raise doc.error(key, f"a flag starts with '--', got {flag!r}")
+    if not _FLAG.fullmatch(flag):
+        raise doc.error(
+            key,
+            "a flag is '--' and a name of letters, digits, '-', '_' or '.' (no '=', no "
+            f"spaces; the value comes from the parameter), got {flag!r}",
+        )
+
+
 def _check_targets_unique(doc: YamlDoc, space: SearchSpace) -> None:
+    """No two parameters set one thing: the same target, one command-line flag (a flag, a
+    false_flag, a JSON flag: the launch had it twice, or one value replaced the other), or
+    nested keys of one JSON flag (``a`` and ``a.b``: setting ``a.b`` inside a number raised)."""
     seen: dict[tuple, str] = {}
+    flags: dict[str, tuple[str, str | None]] = {}  # flag -> (parameter, its JSON key or None)
     for param in space.parameters:
-        ident = (param.target.kind, param.target.name, param.target.key)
+        target = param.target
+        key = f"parameters.{param.name}.target"
+        ident = (target.kind, target.name, target.key)
         if ident in seen:
-            raise doc.error(
-                f"parameters.{param.name}.target", f"same target as parameter {seen[ident]!r}"
-            )
+            raise doc.error(key, f"same target as parameter {seen[ident]!r}")
         seen[ident] = param.name
+        if target.kind not in ("flag", "json"):
+            continue
+        for flag in filter(None, (target.name, target.false_flag)):
+            other = flags.get(flag)
+            if other is not None and (other[1] is None or target.kind != "json"):
+                raise doc.error(key, f"{flag} is also set by parameter {other[0]!r}")
+            if other is None:
+                flags[flag] = (param.name, target.key)
+        if target.kind == "json":
+            for other in space.parameters:
+                if other is param or other.target.kind != "json":
+                    continue
+                if other.target.name == target.name and target.key.startswith(
+                    f"{other.target.key}."
+                ):
+                    raise doc.error(
+                        key,
+                        f"{target.name} key {target.key} is inside key {other.target.key}, "
+                        f"which parameter {other.name!r} sets",
+                    )
 
 
 def _probe_values(param: Parameter) -> list[Any]:

@@ -14,12 +14,20 @@ from pathlib import Path
 from typing import Any
 
 from autotune import workload as sources  # prompts, file or synthetic: see workload.py
-from autotune._yaml import YamlDoc, check_keys, load_yaml
+from autotune._yaml import YamlDoc, check_keys, check_text, load_yaml
 from autotune.engines.registry import engine_class, engine_names
 from autotune.errors import SpecError
 from autotune.names import METRIC_DIRECTIONS, direction
 from autotune.space import ENV_NAME, SearchSpace, is_one_line
 from autotune.space_yaml import load_space
+from autotune.spec_checks import (
+    count,
+    launch_word,
+    number,
+    roofline_section,
+    seconds,
+    unknown_scheme,
+)
 from autotune.storage import check_url, study_name_problem
 
 ENGINE_KINDS = ("vllm", "command")
@@ -185,7 +193,19 @@ def load_spec(path: str | Path) -> StudySpec:
     space_path = base / space_rel
     if not space_path.is_file():
         raise doc.error("search_space", f"file not found: {space_path}")
-    space = load_space(space_path)
+    engine = _engine(doc, data["engine"], base)
+    key_env = engine_class(engine.kind).key_env
+    words = [*engine.command, *engine.args]
+    space = load_space(
+        space_path,
+        reserved_env={key_env: "the engine's API key, which autotune sets per trial"},
+        reserved_flags={  # "--model", "{served_name}": the template sets the flag
+            flag: f"the spec's engine command sets it ({flag} {word})"
+            for flag, word in zip(words, words[1:], strict=False)
+            if flag.startswith("--") and re.search(r"\{[a-z_]+\}", word)
+        },
+    )
+    check_text(doc, "description", data.get("description"))
     timeouts = check_keys(
         doc, data.get("timeouts") or {}, "timeouts", {"startup_s", "max_consecutive_infra_failures"}
     )
@@ -197,10 +217,13 @@ def load_spec(path: str | Path) -> StudySpec:
             check_url(storage)
         except SpecError as exc:
             raise doc.error("storage", exc.message) from None
+        problem = unknown_scheme(storage)
+        if problem:
+            raise doc.error("storage", problem)
     return StudySpec(
         path=doc.path,
         name=name,
-        engine=_engine(doc, data["engine"], base),
+        engine=engine,
         model=_model(doc, data["model"], base),
         space=space,
         check=_check(doc, data["check"]),
@@ -210,20 +233,14 @@ def load_spec(path: str | Path) -> StudySpec:
         objective=_check_objective_levels(
             doc, _objective(doc, data.get("objective") or {}), workload, data
         ),
-        startup_timeout_s=_number(
-            doc, "timeouts.startup_s", timeouts.get("startup_s", 300), positive=True
-        ),
-        max_consecutive_infra_failures=int(
-            _number(
-                doc,
-                "timeouts.max_consecutive_infra_failures",
-                timeouts.get("max_consecutive_infra_failures", 3),
-                positive=True,
-                integer=True,
-            )
+        startup_timeout_s=seconds(doc, "timeouts.startup_s", timeouts.get("startup_s", 300)),
+        max_consecutive_infra_failures=count(
+            doc,
+            "timeouts.max_consecutive_infra_failures",
+            timeouts.get("max_consecutive_infra_failures", 3),
         ),
         storage=storage,
-        roofline=dict(data.get("roofline") or {}),
+        roofline=roofline_section(doc, data.get("roofline")),
     )
 
 
@@ -250,6 +267,8 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
         command = list(engine.default_command)
     if not (isinstance(command, list) and command and all(isinstance(c, str) for c in command)):
         raise doc.error("engine.command", "must be a non-empty list of strings (no shell)")
+    if not command[0]:
+        raise doc.error("engine.command[0]", "the program to start cannot be empty")
     problem = engine.command_problem(command)
     if problem:
         raise doc.error("engine.command", problem)
@@ -258,10 +277,10 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
         raise doc.error("engine.args", "must be a list of strings")
     for index, arg in enumerate(args):
         doc.refuse_yaml11_bool(f"engine.args[{index}]", arg)
-        if isinstance(arg, bool) or not isinstance(arg, str | int | float):
-            raise doc.error(f"engine.args[{index}]", f"must be a string, got {arg!r}")
+        launch_word(doc, f"engine.args[{index}]", arg)
     for what, parts in (("command", command), ("args", args)):
         for index, part in enumerate(parts):
+            launch_word(doc, f"engine.{what}[{index}]", part)
             if "{api_key}" in str(part):
                 raise doc.error(
                     f"engine.{what}[{index}]",
@@ -276,21 +295,27 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
         var = doc.name("engine.env", raw_var, "variable name")
         if not ENV_NAME.fullmatch(var):
             raise doc.error(f"engine.env.{var}", "not a variable name (letters, digits, _)")
+        if var == engine.key_env or var.startswith("AUTOTUNE_"):  # replaced at every launch
+            raise doc.error(f"engine.env.{var}", "autotune sets this variable itself")
         doc.refuse_yaml11_bool(f"engine.env.{var}", value)
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise doc.error(f"engine.env.{var}", f"must be a string, got {value!r}")
+        launch_word(doc, f"engine.env.{var}", value, prefix=f"{var}=")
         if isinstance(value, str) and not is_one_line(value):
-            raise doc.error(f"engine.env.{var}", f"must be one line, got {value!r}")
+            raise doc.error(f"engine.env.{var}", f"must be one line of text, got {value!r}")
     version_command = raw.get("version_command") or []
     if not (isinstance(version_command, list) and all(isinstance(c, str) for c in version_command)):
         raise doc.error("engine.version_command", "must be a list of strings (no shell)")
+    if version_command and not version_command[0]:
+        raise doc.error("engine.version_command[0]", "the program to start cannot be empty")
     if version_command and not engine.takes_version_command:
         raise doc.error("engine.version_command", "only the command engine takes it")
     dirs = raw.get("patch_dirs") or ["../patches"]
-    if not isinstance(dirs, list):
+    if not isinstance(dirs, list) or not all(isinstance(d, str) and d for d in dirs):
         raise doc.error("engine.patch_dirs", "must be a list of directories")
     patch_dirs = tuple((base / d).resolve() for d in dirs)
     health = raw.get("health_path", "/health")
+    if not (isinstance(health, str) and re.fullmatch(r"/[^\s?#]*", health)):
+        # appended to the server's address: "health" made http://127.0.0.1:8000health
+        raise doc.error("engine.health_path", f"must be a path such as /health, got {health!r}")
     return EngineSpec(
         kind=kind,
         command=tuple(command),
@@ -312,6 +337,10 @@ def _model(doc: YamlDoc, raw: Any, base: Path) -> ModelSpec:
     # engine model id / absolute path and let preflight decide whether it exists.
     resolved = str(local.resolve()) if (path.startswith(".") or local.exists()) else path
     tokenizer = raw.get("tokenizer")
+    for field_name, kinds in (("served_name", str | int), ("tokenizer", str)):
+        value = raw.get(field_name)  # a list became the name "['x']"
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            raise doc.error(f"model.{field_name}", f"must be a string, got {value!r}")
     if tokenizer is not None:
         tok_local = base / str(tokenizer)
         tokenizer = str(tok_local.resolve()) if tok_local.exists() else str(tokenizer)
@@ -336,28 +365,32 @@ def _check(doc: YamlDoc, raw: Any) -> CheckSpec:
     )
     prompts = _strings(doc, "check.prompts", raw["prompts"])
     answers = []
+    if not isinstance(raw.get("known_answers") or [], list):
+        raise doc.error("check.known_answers", "must be a list of {prompt, expect}")
     for index, item in enumerate(raw.get("known_answers") or []):
         key = f"check.known_answers[{index}]"
         item = check_keys(doc, item, key, {"prompt", "expect"}, {"prompt", "expect"})
+        for part in ("prompt", "expect"):  # a list was sent as the text "['...']"
+            value = item[part]
+            if isinstance(value, bool) or not isinstance(value, str | int | float) or value == "":
+                raise doc.error(f"{key}.{part}", f"must be a non-empty string, got {value!r}")
         try:
             re.compile(str(item["expect"]))
         except re.error as exc:
             raise doc.error(f"{key}.expect", f"invalid regular expression: {exc}") from None
         answers.append(KnownAnswer(prompt=str(item["prompt"]), expect=str(item["expect"])))
     tol = raw.get("logprob_tolerance", "auto")
-    tol = None if tol == "auto" else _number(doc, "check.logprob_tolerance", tol, positive=True)
+    tol = None if tol == "auto" else number(doc, "check.logprob_tolerance", tol, positive=True)
     return CheckSpec(
         prompts=prompts,
-        max_tokens=int(
-            _number(doc, "check.max_tokens", raw.get("max_tokens", 32), positive=True, integer=True)
-        ),
+        max_tokens=count(doc, "check.max_tokens", raw.get("max_tokens", 32)),
         known_answers=tuple(answers),
         logprob_tolerance=tol,
-        tolerance_floor=_number(
+        tolerance_floor=number(
             doc, "check.tolerance_floor", raw.get("tolerance_floor", 0.01), positive=True
         ),
-        under_load_sample=int(
-            _number(doc, "check.under_load_sample", raw.get("under_load_sample", 8), integer=True)
+        under_load_sample=count(
+            doc, "check.under_load_sample", raw.get("under_load_sample", 8), positive=False
         ),
     )
 
@@ -386,7 +419,7 @@ def _workload(doc: YamlDoc, raw: Any, base: Path, model: ModelSpec) -> WorkloadS
         if k not in _CURVE_KEYS and not (k == "concurrency" and "levels" in curve)
     }
     ints = {
-        k: int(_number(doc, f"workload.{k}", raw[k], positive=k != "warmup_requests", integer=True))
+        k: count(doc, f"workload.{k}", raw[k], positive=k != "warmup_requests")
         for k in (
             "max_tokens",
             "concurrency",
@@ -399,8 +432,8 @@ def _workload(doc: YamlDoc, raw: Any, base: Path, model: ModelSpec) -> WorkloadS
     }
     extra = {}
     if "request_timeout_s" in raw:
-        extra["request_timeout_s"] = _number(
-            doc, "workload.request_timeout_s", raw["request_timeout_s"], positive=True
+        extra["request_timeout_s"] = seconds(
+            doc, "workload.request_timeout_s", raw["request_timeout_s"]
         )
     built = sources.build(doc, raw, base, model)
     # a file line without max_tokens is answered with workload.max_tokens
@@ -431,23 +464,21 @@ def _curve(doc: YamlDoc, raw: dict[str, Any]) -> dict[str, Any]:
         if not levels:
             raise doc.error("workload.concurrency", "must be a number or a non-empty list")
         for index, level in enumerate(levels):
-            _number(doc, f"workload.concurrency[{index}]", level, positive=True, integer=True)
+            count(doc, f"workload.concurrency[{index}]", level)
         if len(set(levels)) != len(levels):
             raise doc.error("workload.concurrency", f"levels repeat: {levels}")
         out["levels"] = tuple(int(v) for v in levels)
         out["concurrency"] = max(out["levels"])
     if "target_precision" in raw:
-        value = _number(doc, "workload.target_precision", raw["target_precision"])
+        value = number(doc, "workload.target_precision", raw["target_precision"])
         if value >= 1:
             raise doc.error("workload.target_precision", f"a fraction below 1, got {value!r}")
         out["target_precision"] = float(value)
     if "max_measure_s" in raw:
-        out["max_measure_s"] = float(
-            _number(doc, "workload.max_measure_s", raw["max_measure_s"], positive=True)
-        )
+        out["max_measure_s"] = float(seconds(doc, "workload.max_measure_s", raw["max_measure_s"]))
     for key in ("max_repeats", "goodput_max_concurrency"):
         if key in raw:
-            out[key] = int(_number(doc, f"workload.{key}", raw[key], positive=True, integer=True))
+            out[key] = count(doc, f"workload.{key}", raw[key])
     slos = raw.get("slo") or []
     if not isinstance(slos, list):
         raise doc.error("workload.slo", "must be a list like ['ttft_p95_ms <= 500']")
@@ -472,6 +503,8 @@ def _slo(doc: YamlDoc, key: str, text: Any) -> SloSpec:
         raise doc.error(key, f"bad number in {text!r}") from None
     if not math.isfinite(bound):
         raise doc.error(key, f"the bound must be a finite number, got {text!r}")
+    if bound < 0:  # no metric is negative: "<= -5" never held, ">= -5" always did
+        raise doc.error(key, f"the bound must be >= 0 (metrics are never negative), got {text!r}")
     return SloSpec(metric=match.group(1), op=match.group(2), bound=bound)
 
 
@@ -505,9 +538,13 @@ def _objective(doc: YamlDoc, raw: Any) -> ObjectiveSpec:
     raw = check_keys(doc, raw, "objective", {"metric", "metrics", "constraints"})
     if "metric" in raw and "metrics" in raw:
         raise doc.error("objective", "give either metric or metrics, not both")
-    metrics = raw.get("metrics") or [raw.get("metric", "decode_tokens_per_s")]
+    metrics = raw["metrics"] if "metrics" in raw else [raw.get("metric", "decode_tokens_per_s")]
     if isinstance(metrics, str):
         metrics = [metrics]
+    if not isinstance(metrics, list) or not metrics:  # [] silently meant the default metric
+        raise doc.error("objective.metrics", "must be a metric or a non-empty list of metrics")
+    if len(set(map(str, metrics))) != len(metrics):
+        raise doc.error("objective.metrics", f"a metric is named twice: {metrics}")
     for index, metric in enumerate(metrics):
         if (
             not isinstance(metric, str)
@@ -518,6 +555,8 @@ def _objective(doc: YamlDoc, raw: Any) -> ObjectiveSpec:
                 f"objective.metrics[{index}]" if "metrics" in raw else "objective.metric",
                 f"unknown metric {metric!r} (one of {', '.join(METRIC_DIRECTIONS)})",
             )
+    if not isinstance(raw.get("constraints") or [], list):  # a string was read letter by letter
+        raise doc.error("objective.constraints", "must be a list like ['ttft_p95_ms <= 500']")
     slos = [
         _slo(doc, f"objective.constraints[{index}]", text)
         for index, text in enumerate(raw.get("constraints") or [])
@@ -529,22 +568,6 @@ def _strings(doc: YamlDoc, key: str, raw: Any) -> tuple[str, ...]:
     if not isinstance(raw, list) or not raw or not all(isinstance(p, str) and p for p in raw):
         raise doc.error(key, "must be a non-empty list of non-empty strings")
     return tuple(raw)
-
-
-def _number(
-    doc: YamlDoc, key: str, value: Any, *, positive: bool = False, integer: bool = False
-) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise doc.error(key, f"must be a number, got {value!r}")
-    if not math.isfinite(value):  # NaN passes every comparison below
-        raise doc.error(key, f"must be a finite number, got {value!r}")
-    if integer and not float(value).is_integer():
-        raise doc.error(key, f"must be an integer, got {value!r}")
-    if positive and value <= 0:
-        raise doc.error(key, f"must be > 0, got {value!r}")
-    if value < 0:
-        raise doc.error(key, f"must be >= 0, got {value!r}")
-    return value
 
 
 def spec_error_for_missing_model(spec: StudySpec) -> SpecError | None:

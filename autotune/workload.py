@@ -45,7 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune import names
+from autotune._yaml import SURROGATE as _SURROGATE
 from autotune.errors import SpecError
+from autotune.spec_checks import MAX_COUNT
 
 #: at most this many distinct workload prompts get a reference (correctness under load);
 #: a 10,000-line file must not make the baseline answer 10,000 prompts twice
@@ -208,19 +210,13 @@ def read_prompt_file(
         raise SpecError(f"cannot read: {exc}", file=str(path), key="workload.file") from None
     records: list[tuple[int, str, Any]] = []  # (line, where, parsed)
     if text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"not JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
+        items = _json(text, path, 0)
         records = [(0, f"item {i}", item) for i, item in enumerate(items)]
     else:
         for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
-            try:
-                records.append((number, "", json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise SpecError(f"not JSON: {exc.msg}", file=str(path), line=number) from None
+            records.append((number, "", _json(line, path, number)))
     prompts: list[str] = []
     lengths: list[int | None] = []
     skipped = 0
@@ -234,9 +230,13 @@ def read_prompt_file(
             raise bad(f"expected a JSON object, got {type(record).__name__}")
         max_tokens = record.get("max_tokens")
         if max_tokens is not None and (
-            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+            isinstance(max_tokens, bool)
+            or not isinstance(max_tokens, int)
+            or not 1 <= max_tokens <= MAX_COUNT
         ):
-            raise bad(f"max_tokens must be a positive integer, got {max_tokens!r}")
+            raise bad(
+                f"max_tokens must be a positive integer up to {MAX_COUNT:,}, got {max_tokens!r}"
+            )
         if "prompt" in record:
             prompt = record["prompt"]
             if not isinstance(prompt, str) or not prompt:
@@ -271,11 +271,27 @@ def read_prompt_file(
                 'expected "prompt", "messages" or "conversations" (ShareGPT), got keys '
                 + ", ".join(sorted(map(str, record))[:6])
             )
+        if _SURROGATE.search(prompt):  # no text: the request (and the workload hash) raised
+            raise bad("the prompt has a lone surrogate (an escape such as \\ud800), not text")
         prompts.append(prompt)
         lengths.append(max_tokens)
         if limit is not None and len(prompts) >= limit:
             break
     return prompts, lengths, skipped, chat
+
+
+def _json(text: str, path: Path, line: int) -> Any:
+    """One JSON value of the prompt file (``line`` 0: the whole file, an array). Nesting a few
+    thousand deep raised RecursionError, and an integer of over 4300 digits ValueError: both
+    tracebacks."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = exc.lineno if line == 0 else line
+        raise SpecError(f"not JSON: {exc.msg}", file=str(path), line=where) from None
+    except (ValueError, RecursionError) as exc:
+        why = str(exc) if isinstance(exc, ValueError) else "nested too deeply"
+        raise SpecError(f"not JSON: {why}", file=str(path), line=line or None) from None
 
 
 def _distribution(doc: Any, key: str, raw: Any) -> LengthDist:
