@@ -195,14 +195,18 @@ def load_spec(path: str | Path) -> StudySpec:
         raise doc.error("search_space", f"file not found: {space_path}")
     engine = _engine(doc, data["engine"], base)
     key_env = engine_class(engine.kind).key_env
+    own_flags = engine_class(engine.kind).own_flags
     words = [*engine.command, *engine.args]
     space = load_space(
         space_path,
         reserved_env={key_env: "the engine's API key, which autotune sets per trial"},
         reserved_flags={  # "--model", "{served_name}": the template sets the flag
-            flag: f"the spec's engine command sets it ({flag} {word})"
-            for flag, word in zip(words, words[1:], strict=False)
-            if flag.startswith("--") and re.search(r"\{[a-z_]+\}", word)
+            **own_flags,
+            **{
+                flag: f"the spec's engine command sets it ({flag} {word})"
+                for flag, word in zip(words, words[1:], strict=False)
+                if flag.startswith("--") and re.search(r"\{[a-z_]+\}", word)
+            },
         },
     )
     check_text(doc, "description", data.get("description"))

