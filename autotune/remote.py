@@ -88,6 +88,10 @@ class RemoteResult:
 
 
 def check_url(url: str) -> str:
+    """``--url`` as a base URL, or bad input (exit 2): a control character or a space (httpx
+    raised InvalidURL mid-run, a traceback) or anything but http(s)://host."""
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in url):
+        raise SpecError(f"a URL cannot hold spaces or control characters: {url!r}", key="--url")
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise SpecError(f"expected http(s)://host:port, got {url!r}", key="--url")

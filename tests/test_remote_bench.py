@@ -84,7 +84,14 @@ def test_bench_records_a_server_without_metrics_as_unavailable(tmp_path, served)
 
 @pytest.mark.parametrize(
     "url, expect",
-    [("localhost:8000", "expected http(s)://host:port"), ("http://127.0.0.1:9", "cannot reach")],
+    [
+        ("localhost:8000", "expected http(s)://host:port"),
+        ("http://127.0.0.1:9", "cannot reach"),
+        # httpx raised InvalidURL mid-run: a traceback
+        ("http://127.0.0.1:9/v1 x", "cannot hold spaces or control characters"),
+        ("http://127.0.0.1:9/\x01", "cannot hold spaces or control characters"),
+        ("http://127.0.0.1:9/\x00", "cannot hold spaces or control characters"),
+    ],
 )
 def test_bench_bad_url_is_a_clean_error(tmp_path, url, expect) -> None:
     spec = write_fake_spec(tmp_path, SPACE, name="badurl")
