@@ -42,6 +42,28 @@ def candidate(name: str):
     return completions, {p: tuple(v) for p, v in raw["teacher"].items()}
 
 
+def test_a_known_answer_pattern_that_never_finishes_fails_the_check_instead_of_hanging():
+    """``(a|aa)+c`` against 60 a's backtracks about 1.5e12 times: the gate used ``re`` without
+    a limit and never answered. Now a pattern has a time limit, and an undecided match is a
+    failed check that names the pattern (never a pass)."""
+    completions, teacher = candidate("baseline_again")
+    completions = dict(completions)
+    completions["one two three"] = dataclasses.replace(completions["one two three"], text="a" * 60)
+    check = dataclasses.replace(
+        CHECK,
+        known_answers=(
+            KnownAnswer("one two three", "^a{60}$"),  # decided: matches
+            KnownAnswer("one two three", "(a|aa)+c"),  # backtracks without end
+        ),
+    )
+    result = compare(REFERENCE, completions, teacher, check)
+    assert not result.passed
+    assert result.problems == (
+        "'one two three': known answer /(a|aa)+c/ could not be checked (timed out)",
+    )
+    assert "rewrite it in check.known_answers" in result.first_divergence.detail
+
+
 def test_reference_round_trips_and_carries_its_tolerance():
     again = Reference.from_dict(REFERENCE.to_dict())
     assert again == REFERENCE
