@@ -318,14 +318,19 @@ def test_env_targets_autotune_sets(tmp_path: Path, var: str, words: str) -> None
     )
 
 
-def test_env_target_of_the_engines_key(tmp_path: Path) -> None:
-    """vLLM's key variable, set per trial, is the engine's own: refused in its space only."""
+def run_vllm_space(tmp_path: Path, target: dict) -> Any:
+    """`autotune run` on the demo's vLLM spec with a one-parameter space ``x: target``."""
     spec = yaml.safe_load((Path(__file__).parents[1] / "studies" / "demo.yaml").read_text())
     spec.update(search_space="space.yaml", model={"path": "model"})
-    target = {"type": "categorical", "choices": ["a", "b"], "target": {"env": "VLLM_API_KEY"}}
     path = write(tmp_path, spec, {"parameters": {"x": target}})
+    return invoke("run", "--spec", str(path))
+
+
+def test_env_target_of_the_engines_key(tmp_path: Path) -> None:
+    """vLLM's key variable, set per trial, is the engine's own: refused in its space only."""
+    target = {"type": "categorical", "choices": ["a", "b"], "target": {"env": "VLLM_API_KEY"}}
     assert_bad_input(
-        invoke("run", "--spec", str(path)),
+        run_vllm_space(tmp_path, target),
         tmp_path,
         f"{tmp_path / 'space.yaml'}:",
         "parameters.x.target.env",
@@ -556,12 +561,9 @@ def test_a_flag_autotune_sets_cannot_be_tuned(tmp_path: Path, flag: str, words: 
 
 def test_the_address_flags_are_autotunes_for_every_engine(tmp_path: Path) -> None:
     """vLLM's command has no placeholders: autotune adds --host and --port itself."""
-    spec = yaml.safe_load((Path(__file__).parents[1] / "studies" / "demo.yaml").read_text())
-    spec.update(search_space="space.yaml", model={"path": "model"})
     target = {"type": "int", "low": 8000, "high": 8001, "target": {"flag": "--port"}}
-    path = write(tmp_path, spec, {"parameters": {"x": target}})
     assert_bad_input(
-        invoke("run", "--spec", str(path)),
+        run_vllm_space(tmp_path, target),
         tmp_path,
         "parameters.x.target.flag",
         "--port cannot be tuned: autotune gives each server its address",
@@ -573,12 +575,9 @@ def test_the_flags_vllms_launch_sets_cannot_be_tuned(tmp_path: Path, flag: str) 
     """vLLM's launch sets the model, its served name, the tokenizer and (through VLLM_API_KEY)
     the key: a tuned --served-model-name made every request name a model the server did not
     serve, and the trial's failure was blamed on the configuration."""
-    spec = yaml.safe_load((Path(__file__).parents[1] / "studies" / "demo.yaml").read_text())
-    spec.update(search_space="space.yaml", model={"path": "model"})
     target = {"type": "categorical", "choices": ["a", "b"], "target": {"flag": flag}}
-    path = write(tmp_path, spec, {"parameters": {"x": target}})
     assert_bad_input(
-        invoke("run", "--spec", str(path)),
+        run_vllm_space(tmp_path, target),
         tmp_path,
         "parameters.x.target.flag",
         f"{flag} cannot be tuned",
