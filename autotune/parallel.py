@@ -43,7 +43,7 @@ from autotune.engines import build_engine
 from autotune.errors import SpecError
 from autotune.spec import load_spec
 from autotune.storage import artifact_dir_for, is_sqlite, resolve_url
-from autotune.study import open_study, preflight, storage_url_for
+from autotune.study import open_study, preflight, roofline_record, storage_url_for
 from autotune.warm_start import warm_start_from
 from autotune.workload import check_workload
 
@@ -384,6 +384,7 @@ def run_parallel(
     shares = split_trials(options.trials, count)
     warn_conflicting_parameters(spec, devices, console)
     preflight(spec, engine, validate=getattr(options, "validate", True))
+    roofline_record(spec)  # each worker stores it; a spec whose roofline fails stops here
     study, _created = open_study(
         spec, url, study_name=options.study_name, seed=options.seed, sampler_name=options.sampler
     )

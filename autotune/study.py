@@ -291,6 +291,7 @@ def run_study(
     dropped = preflight(spec, engine, validate=options.validate)
     for choice in dropped:
         (on_notice or (lambda _line: None))(choice.notice())
+    roofline = roofline_record(spec)  # before anything is written: it may fail on the model
     neighbours = early_neighbours(spec.space, engine, dropped)
     url = storage_url_for(spec, options.storage_url)
     # A bad storage URL or an unwritable artifact directory is bad input: found before the
@@ -339,8 +340,8 @@ def run_study(
         extra_env=dict(extra_env or {}),
     )
     study.set_user_attr(names.ENGINE_VERSION, engine.version())
-    if spec.roofline and names.ROOFLINE not in study.user_attrs:
-        study.set_user_attr(names.ROOFLINE, _roofline(spec))
+    if roofline is not None and names.ROOFLINE not in study.user_attrs:
+        study.set_user_attr(names.ROOFLINE, roofline)
     runner = TrialRunner(ctx)
     launched = 0
     unlaunched = 0
@@ -404,8 +405,14 @@ def run_study(
     return summary
 
 
-def _roofline(spec: StudySpec) -> dict[str, Any]:
-    """The spec's decode roofline, stored once so `show` can say how far each config is."""
+def roofline_record(spec: StudySpec) -> dict[str, Any] | None:
+    """The spec's decode roofline (None without a ``roofline`` section), stored once so `show`
+    can say how far each config is. Computed before the study and its artifact directory are
+    made (``run_study``, ``run_parallel``): without ``active_params`` and ``bits`` it inspects
+    the model, which can fail (no config in the folder), and failing after the study was
+    created left a study with its baseline queued behind an exit code 2."""
+    if not spec.roofline:
+        return None
     try:
         return roofline_from_spec(spec.roofline, spec.model.path).to_dict()
     except (KeyError, ValueError, AutotuneError) as exc:

@@ -431,6 +431,13 @@ def test_roofline_section(tmp_path: Path, roofline: Any, key: str, words: str) -
     run_with_spec(tmp_path, with_(SPEC, "roofline", roofline), key, words)
 
 
+def test_a_roofline_the_model_cannot_give(tmp_path: Path) -> None:
+    """Without active_params and bits the roofline inspects the model; a folder with no model
+    in it failed that only after the study was created (a study with a baseline queued)."""
+    result = run_with_spec(tmp_path, with_(SPEC, "roofline", {"device": "h200"}), "roofline")
+    assert "cannot compute the roofline" in result
+
+
 def test_roofline_numbers_written_without_a_sign_are_read(tmp_path: Path) -> None:
     """YAML 1.1 reads ``40.0e9`` as a string; roofline numbers always accepted it."""
     path = write(tmp_path, with_(SPEC, "roofline", {"device": "h200", "tp": 2}))
