@@ -40,8 +40,9 @@ from rich.console import Console
 
 from autotune import names
 from autotune.engines import build_engine
+from autotune.engines.base import Engine
 from autotune.errors import SpecError
-from autotune.spec import load_spec
+from autotune.spec import StudySpec, load_spec
 from autotune.storage import artifact_dir_for, is_sqlite, resolve_url
 from autotune.study import open_study, preflight, roofline_record, storage_url_for
 from autotune.warm_start import warm_start_from
@@ -376,13 +377,13 @@ def run_parallel(
 
     console = console or Console()
     spec = load_spec(spec_path)
+    engine = build_engine(spec)
+    check_device_targets(spec, engine)
     url = storage_url_for(spec, options.storage_url)
     check_storage(url)
     count = min(workers, options.trials)
-    engine = build_engine(spec)
     devices = build_plan(plan, count, bind_cpus=engine.cpu_binding_env)
     shares = split_trials(options.trials, count)
-    warn_conflicting_parameters(spec, devices, console)
     preflight(spec, engine, validate=getattr(options, "validate", True))
     roofline_record(spec)  # each worker stores it; a spec whose roofline fails stops here
     study, _created = open_study(
@@ -483,16 +484,22 @@ def run_parallel(
     return next((c for c in failed if c in (2, 3)), 1)
 
 
-def warn_conflicting_parameters(spec: Any, devices: list[WorkerDevices], console: Any) -> None:
-    """A tuned parameter that sets a device env var is overridden by the worker's plan."""
-    planned = {k for d in devices for k in d.env}
+def check_device_targets(spec: StudySpec, engine: Engine) -> None:
+    """A space may not tune a variable a worker sets to its device set (``CUDA_VISIBLE_DEVICES``,
+    the engine's CPU binding): the worker's value replaces the tuned one in every launch, so
+    each trial would run on the worker's devices under the tuned label (it was a console
+    warning, easily missed). Bad input whatever this machine has: the variables a worker may
+    set are refused, not only those this machine's plan sets, so one spec gets one verdict."""
+    worker_vars = {GPU_ENV, *engine.cpu_binding_env("0")}
     for param in spec.space.parameters:
         target = param.target
-        if getattr(target, "kind", None) == "env" and getattr(target, "name", None) in planned:
-            console.print(
-                f"[yellow]warning:[/] the search space tunes {target.name} "
-                f"({param.name}); with --parallel every trial uses its worker's "
-                f"device set instead, so that parameter has no effect"
+        if target.kind == "env" and target.name in worker_vars:
+            raise SpecError(
+                f"{target.name} cannot be tuned with --parallel: each worker sets it to its own "
+                "devices, replacing the tuned value in every launch; tune it in a run without "
+                "--parallel, or drop the parameter",
+                file=str(spec.space.path),
+                key=f"parameters.{param.name}.target.env",
             )
 
 

@@ -345,6 +345,36 @@ def test_env_target_of_the_engines_key(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("var", "demo"),
+    [
+        ("CUDA_VISIBLE_DEVICES", False),
+        # vLLM's CPU core binding, which a worker without GPUs sets
+        ("VLLM_CPU_OMP_THREADS_BIND", True),
+    ],
+)
+def test_env_targets_a_parallel_worker_sets(tmp_path: Path, var: str, demo: bool) -> None:
+    """Each worker of ``--parallel`` gives its servers their own devices in these variables,
+    replacing the tuned value: every trial measured the worker's devices under the tuned
+    label (it was a warning on the console). Refused before anything is written, whatever the
+    storage; a run without --parallel may tune them."""
+    spec = SPEC
+    if demo:
+        spec = yaml.safe_load((Path(__file__).parents[1] / "studies" / "demo.yaml").read_text())
+        spec.update(search_space="space.yaml", model={"path": "model"})
+    x = {"type": "categorical", "choices": ["0", "1"], "target": {"env": var}}
+    path = write(tmp_path, spec, {"parameters": {"x": x}})
+    line = assert_bad_input(
+        invoke("run", "--spec", str(path), "--trials", "2", "--parallel", "2"),
+        tmp_path,
+        f"{tmp_path / 'space.yaml'}:",
+        "parameters.x.target.env",
+        f"{var} cannot be tuned with --parallel",
+    )
+    assert "worker" in line
+    assert load_spec(path).space.parameter("x").target.name == var
+
+
+@pytest.mark.parametrize(
     ("choice", "target", "words"),
     [
         # Linux's limit on one argv word: every launch failed "Argument list too long"
