@@ -35,16 +35,16 @@ from autotune.engines.dialect import RequestDialect
 from autotune.errors import excerpt
 from autotune.protocol import (
     CUT_SHORT,
-    ERROR_FIELDS,
+    DONE,
     TRANSPORT_ERRORS,
+    UNPARSED,
+    SseReader,
     StreamError,
     TokenDeadline,
     bad_shape,
     chunk_error,
     completion_body,
     cut_short,
-    error_event,
-    error_field,
     open_raw_stream,
 )
 
@@ -179,9 +179,7 @@ async def stream_request(
                 if tokens.add(lines, now):
                     break
             else:  # the body ended: a last event without its newline still counts
-                tokens.add([buffer], clock() - start)
-            if tokens.in_error:
-                raise error_event(b"")
+                tokens.end(buffer, clock() - start)
     except TimeoutError:  # our own no-token deadline (protocol.TokenDeadline)
         waited = "the first token" if not times else f"token {len(times) + 1}"
         error = f"hang: no token within {read_timeout_s:g} s (waiting for {waited})"
@@ -217,7 +215,7 @@ async def stream_request(
 class _Tokens:
     """What one streamed answer delivered so far: token times, ids, text, the usage count."""
 
-    __slots__ = ("dialect", "ids", "in_error", "text", "times", "usage")
+    __slots__ = ("dialect", "ids", "reader", "text", "times", "usage")
 
     def __init__(self, dialect: RequestDialect) -> None:
         self.dialect = dialect  # where a chunk carries its token ids (if it does)
@@ -225,56 +223,69 @@ class _Tokens:
         self.ids: list[int] = []
         self.text: list[str] = []
         self.usage: int | None = None
-        #: inside an ``event: error``, whose data is the detail
-        self.in_error = False
+        #: the stream's events (the gate reads its answers by the same rules)
+        self.reader = SseReader()
 
     def add(self, lines: list[bytes], now: float) -> bool:
-        """Take the complete SSE lines that arrived at ``now``; True at ``[DONE]``.
+        """Take the complete SSE lines of one network read, arrived at ``now``; True at
+        ``[DONE]``.
+
+        Raises ``json.JSONDecodeError`` for an event that is not JSON, and
+        :class:`~autotune.protocol.StreamError` for an answer the server reports as failed (an
+        error event, field or object, a cut-short finish reason) or a chunk whose fields are
+        not a completion's.
+        """
+        feed = self.reader.feed
+        for line in lines:
+            payload = feed(line)
+            if payload is not None and self._take(payload, now):
+                return True
+        payload = self.reader.pause()
+        return payload is not None and self._take(payload, now)
+
+    def end(self, rest: bytes, now: float) -> None:
+        """The body ended at ``now``: its last line even without a newline (``rest``), and an
+        event still waiting for its blank line."""
+        if rest and self.add([rest], now):
+            return
+        payload = self.reader.close()
+        if payload is not None:
+            self._take(payload, now)
+
+    def _take(self, payload: bytes, now: float) -> bool:
+        """Count one event's tokens; True at ``[DONE]``.
 
         A chunk of k token ids is k tokens at one time; a chunk with text and no ids (a
-        dialect without them) one token. Raises ``json.JSONDecodeError`` for an event that is
-        not JSON, and :class:`~autotune.protocol.StreamError` for an answer the server reports
-        as failed (an error event or field, a cut-short finish reason) or a chunk whose fields
-        are not a completion's.
+        dialect without them) one token.
         """
-        payload = b""
+        if payload == DONE:
+            return True
+        chunk = self.reader.parsed
+        if chunk is UNPARSED:
+            chunk = json.loads(payload.decode())
         try:
-            for line in lines:
-                if not line.startswith(b"data:"):
-                    # the blank line that ends an event, a comment, another field
-                    if line and line.startswith(ERROR_FIELDS):
-                        self.in_error |= error_field(line)
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    return True
-                if not payload:
-                    continue  # an empty data field is no event (the SSE standard)
-                if self.in_error:
-                    raise error_event(payload)
-                chunk = json.loads(payload.decode())
-                if chunk.__class__ is not dict or "error" in chunk:
-                    problem = chunk_error(chunk, payload)
-                    if problem is not None:
-                        raise problem
-                usage = chunk.get("usage")
-                if usage:
-                    self.usage = _completion_tokens(usage)
-                for choice in chunk.get("choices") or ():
-                    new_ids = self.dialect.token_ids(choice)
-                    piece = choice.get("text")
-                    if piece:
-                        if piece.__class__ is not str:
-                            raise TypeError("text is not a string")
-                        self.text.append(piece)
-                    if new_ids:
-                        self.ids += new_ids
-                        self.times += [now] * len(new_ids)
-                    elif piece:
-                        self.times.append(now)
-                    finish = choice.get("finish_reason")
-                    if finish is not None and finish in CUT_SHORT:
-                        raise cut_short(finish, payload)
+            if chunk.__class__ is not dict or "error" in chunk:
+                problem = chunk_error(chunk, payload)
+                if problem is not None:
+                    raise problem
+            usage = chunk.get("usage")
+            if usage:
+                self.usage = _completion_tokens(usage)
+            for choice in chunk.get("choices") or ():
+                new_ids = self.dialect.token_ids(choice)
+                piece = choice.get("text")
+                if piece:
+                    if piece.__class__ is not str:
+                        raise TypeError("text is not a string")
+                    self.text.append(piece)
+                if new_ids:
+                    self.ids += new_ids
+                    self.times += [now] * len(new_ids)
+                elif piece:
+                    self.times.append(now)
+                finish = choice.get("finish_reason")
+                if finish is not None and finish in CUT_SHORT:
+                    raise cut_short(finish, payload)
         except (AttributeError, LookupError, TypeError):
             # a list where an object belongs, a number for text: named, not a Python error
             raise bad_shape(payload) from None

@@ -96,27 +96,25 @@ class NoTokenWithin(Exception):
 async def sse_payloads(
     response: httpx.Response, start: float, *, token_deadline_s: float | None = None
 ) -> AsyncIterator[tuple[bytes, float]]:
-    """Yield (data payload, arrival time since ``start``) of each server-sent event.
+    """Yield (data payload, arrival time since ``start``) of each server-sent event, read by an
+    :class:`SseReader` (which raises :class:`StreamError` for an error the stream reports
+    outside its data's JSON).
 
     With ``token_deadline_s``, raises ``TimeoutError`` when no bytes arrive for that long (the
-    caller turns it into :class:`NoTokenWithin` with its own names). An error the stream reports
-    outside its data's JSON (:func:`error_field`) raises :class:`StreamError`; an empty ``data:``
-    field is no event (the SSE standard).
+    caller turns it into :class:`NoTokenWithin` with its own names).
     """
-    in_error = False  # inside an ``event: error``: its data is the detail
+    reader = SseReader()
     async for lines, now in _sse_lines(response, start, token_deadline_s):
         for line in lines:
-            if line.startswith(b"data:"):
-                payload = line[5:].strip()
-                if not payload:
-                    continue
-                if in_error:
-                    raise error_event(payload)
+            payload = reader.feed(line)
+            if payload is not None:
                 yield payload, now
-            elif line.startswith(ERROR_FIELDS):
-                in_error |= error_field(line)
-    if in_error:
-        raise error_event(b"")
+        payload = reader.pause()
+        if payload is not None:
+            yield payload, now
+    payload = reader.close()
+    if payload is not None:
+        yield payload, time.perf_counter() - start
 
 
 async def _sse_lines(
@@ -143,7 +141,8 @@ async def _sse_lines(
         buffer += data
         *lines, buffer = buffer.split(b"\n")
         yield lines, time.perf_counter() - start
-    yield [buffer], time.perf_counter() - start
+    if buffer:
+        yield [buffer], time.perf_counter() - start
 
 
 #: connect/write bounds of a streamed request; reading is bounded per token by the caller
@@ -258,6 +257,130 @@ def read_chunk(payload: bytes) -> dict[str, Any]:
 
 def _evidence(raw: bytes) -> str:
     return excerpt(raw.decode("utf-8", "replace"), 300)
+
+
+#: the OpenAI streams' last event; no JSON, and never more than one line
+DONE = b"[DONE]"
+
+#: the UTF-8 byte-order mark a stream may begin with (the SSE standard strips one)
+BOM = b"\xef\xbb\xbf"
+
+#: :attr:`SseReader.parsed` when the reader did not parse the payload it handed out
+UNPARSED: Any = object()
+
+
+class SseReader:
+    """The events of one server-sent event stream, read from its lines one at a time.
+
+    One reader for the gate (:func:`sse_payloads`) and the benchmark client (``bench._Tokens``),
+    which each had a copy of these rules: a rule mended in one copy was still broken in the
+    other. Feed each complete line (without its newline) to :meth:`feed`, call :meth:`pause`
+    when a network read's lines are done and :meth:`close` when the body ended; each returns
+    the payload of an event it completes (stripped bytes, ``b"[DONE]"`` included) or None, and
+    raises :class:`StreamError` for a failure the stream reports outside its data's JSON.
+
+    The SSE standard's interpretation
+    (html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation), with
+    choices of our own where servers need them:
+
+    * A leading byte-order mark is stripped; comments (``:``) and ``id``, ``retry`` and other
+      fields are ignored (``event`` and ``error``: :func:`error_field`). CRLF endings are read
+      as LF.
+    * The ``data:`` lines of one event are joined with a line break and the event dispatched at
+      the blank line that ends it. An empty data line adds nothing (its line break is whitespace
+      to JSON), and an event without data, or only blanks, is no event (the standard dispatches
+      an empty one; there is no chunk to read from it).
+    * Data that is already a whole JSON value (or ``[DONE]``) is an event as soon as another
+      ``data:`` line follows it or the network read ends (:meth:`pause`), without waiting for
+      its blank line. Safe: JSON allows nothing but whitespace after a whole value, so no
+      later line could make the joined data a chunk; it only turns what would be one unreadable
+      event into two readable ones. Needed: servers that write no blank lines at all (each
+      data line was an event to the readers before this one), and a blank line that comes in a
+      later read must not time the token. vLLM writes an event and its blank line in one
+      piece: the blank line then ends the event in the same read, and nothing is parsed here.
+    * An ``event: error`` marks the stream failed for good: the next event's data is the
+      detail, and a stream that ends (or sends ``[DONE]``) without one still failed. Its data
+      is dispatched at the read's end, whole JSON or not: waiting for more of a failed answer
+      would turn the error into a hang.
+    * At the end of the body, pending data is an event even without its blank line (the
+      standard drops it; a server that closes right after its last event lost nothing).
+
+    :attr:`parsed` holds the JSON value of the payload just returned when the reader had to
+    parse it to decide (:data:`UNPARSED` otherwise): the benchmark's hot path parses each
+    event once.
+    """
+
+    __slots__ = ("_data", "_failed", "_first", "parsed")
+
+    def __init__(self) -> None:
+        self._data = b""  # the pending event's data lines, joined
+        self._failed = False  # an ``event: error`` came
+        self._first = True  # no line yet (a byte-order mark may lead)
+        self.parsed: Any = UNPARSED
+
+    def feed(self, line: bytes) -> bytes | None:
+        """Read one line: the payload of the event it completes, or None."""
+        if self._first:
+            self._first = False
+            if line.startswith(BOM):
+                line = line[3:]
+        if line.startswith(b"data:"):
+            value = line[5:].strip()
+            pending = self._data
+            if not pending:
+                self._data = value
+            elif value:
+                if self._whole(pending):
+                    self._data = value
+                    return self._dispatch(pending)
+                self._data = pending + b"\n" + value
+            return None
+        if not line or line == b"\r":  # the blank line that ends an event
+            pending = self._data
+            if pending:
+                self._data = b""
+                self.parsed = UNPARSED
+                return self._dispatch(pending)
+        elif line.startswith(ERROR_FIELDS):
+            self._failed |= error_field(line)
+        return None
+
+    def pause(self) -> bytes | None:
+        """The network read's lines are done: the pending data if it is whole already."""
+        pending = self._data
+        if pending and (self._failed or self._whole(pending)):
+            self._data = b""
+            return self._dispatch(pending)
+        return None
+
+    def close(self) -> bytes | None:
+        """The body ended: the pending data as an event; :class:`StreamError` for an error
+        event that came without data."""
+        pending = self._data
+        self._data = b""
+        self.parsed = UNPARSED
+        if pending:
+            return self._dispatch(pending)
+        if self._failed:
+            raise error_event(b"")
+        return None
+
+    def _whole(self, data: bytes) -> bool:
+        """Whether ``data`` is a whole event's: ``[DONE]`` or a JSON value (kept in
+        :attr:`parsed`)."""
+        if data == DONE:
+            self.parsed = UNPARSED
+            return True
+        try:
+            self.parsed = json.loads(data.decode())
+        except (ValueError, RecursionError):  # not (yet) JSON, or no UTF-8
+            return False
+        return True
+
+    def _dispatch(self, payload: bytes) -> bytes:
+        if self._failed:
+            raise error_event(b"" if payload == DONE else payload)
+        return payload
 
 
 class NotJsonObject(ValueError):

@@ -104,6 +104,24 @@ VARIANTS = {
     + DONE,
     "no [DONE]: the body just ends": TWO_TOKENS,
     "blanks around [DONE]": TWO_TOKENS + b"data:   [DONE]  \n\n",
+    # the SSE standard lets a stream begin with a UTF-8 byte-order mark, which it strips; kept,
+    # the first line read as a field named "\ufeffdata" and its token was lost
+    "a byte-order mark first": b"\xef\xbb\xbf" + TWO_TOKENS + DONE,
+    # every event one data line and no blank line between them (the readers dispatched each
+    # data line at once, and still must)
+    "no blank lines at all": TWO_TOKENS.replace(b"\n\n", b"\n") + b"data: [DONE]\n",
+    # the SSE standard's data field over several lines, joined with a line break: each line
+    # was read as a chunk of its own ("bad stream chunk" / "a stream chunk was not JSON")
+    "a data field over several lines": token(1)
+    + b'data: {"choices": [{"index": 0, "text": " t2",\n'
+    + b'data:  "token_ids": [2]}]}\n\n'
+    + DONE,
+    "the same with CRLF and an empty data line inside": (
+        token(1)
+        + b'data: {"choices": [{"index": 0,\ndata:\n'
+        + b'data: "text": " t2", "token_ids": [2]}]}\n\n'
+        + DONE
+    ).replace(b"\n", b"\r\n"),
 }
 
 
@@ -133,6 +151,48 @@ def test_a_character_split_across_network_reads_is_whole() -> None:
     assert gate([body[:cut], body[cut:]]).text == " naïve €"
 
 
+def test_a_data_field_over_several_network_reads_is_one_event() -> None:
+    """The event's lines come in separate reads: the first is no JSON value yet, so the reader
+    waits for the rest (the blank line, or a line that completes it)."""
+    first = token(1) + b'data: {"choices": [{"index": 0, "text": " t2",\n'
+    rest = b'data: "token_ids": [2]}]}\n\n' + DONE
+    record = bench([first, rest])
+    assert record.ok and record.token_ids == (1, 2), record.error
+    assert gate([first, rest]).token_ids == (1, 2)
+
+
+def paced(pieces: list[bytes], pause_s: float) -> RequestRecord:
+    """``bench`` with ``pause_s`` of silence before each piece after the first."""
+
+    class Paced(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            for index, piece in enumerate(pieces):
+                if index:
+                    await asyncio.sleep(pause_s)
+                yield piece
+
+    def handler(_request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": SSE}, stream=Paced())
+
+    async def go() -> RequestRecord:
+        transport = httpx.MockTransport(handler)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await stream_request(
+                client, "m", "p", 3, dialect=VLLM_DIALECT, read_timeout_s=10.0
+            )
+
+    return asyncio.run(go())
+
+
+def test_a_token_is_timed_by_its_data_line_not_by_a_late_blank_line() -> None:
+    """A data line that is a whole JSON value is an event at once: the blank line that ends it
+    by the standard may come in a later read (or never), and the token is not timed by it."""
+    record = paced([token(1)[:-1], b"\n" + token(2)[:-1], b"\n" + DONE], pause_s=0.3)
+    assert record.ok and record.token_ids == (1, 2), record.error
+    first, second = record.token_times_s
+    assert first < 0.25 and 0.25 < second < 0.55, record.token_times_s
+
+
 # --- a failure the server reports mid-answer: the request failed, with its words ---------------
 
 ERRORS = {
@@ -153,6 +213,12 @@ ERRORS = {
     ),
     "event: error": (
         b'event: error\ndata: {"message": "CUDA error: an illegal memory access"}\n\n',
+        "the stream carried an error event: ",
+    ),
+    # the event's text over two data lines (the SSE standard joins them): the first line alone
+    # was the evidence
+    "event: error, its data over two lines": (
+        b"event: error\ndata: CUDA error:\ndata: an illegal memory access\n\n",
         "the stream carried an error event: ",
     ),
 }
