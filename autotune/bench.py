@@ -264,7 +264,7 @@ class _Tokens:
         if chunk is UNPARSED:
             chunk = json.loads(payload.decode())
         try:
-            if chunk.__class__ is not dict or "error" in chunk:
+            if chunk.__class__ is not dict or "error" in chunk or chunk.get("object") == "error":
                 problem = chunk_error(chunk, payload)
                 if problem is not None:
                     raise problem

@@ -219,11 +219,13 @@ def chunk_error(chunk: Any, payload: bytes) -> StreamError | None:
     """Why a data event's parsed JSON (``chunk``) is no completion chunk, or None.
 
     An error report (``{"error": {...}}``: OpenAI, vLLM, SGLang, llama.cpp; TGI's error is a
-    string) or JSON that is not an object, which no reader can take choices from.
+    string; ``{"object": "error", "message": ...}``: vLLM's ErrorResponse in its older shape,
+    with no wrapper, which read as a chunk without tokens and let a failed request count as
+    served) or JSON that is not an object, which no reader can take choices from.
     """
     if not isinstance(chunk, dict):
         return StreamError(f"a stream chunk is not a JSON object: {_evidence(payload)}")
-    if chunk.get("error"):
+    if chunk.get("error") or chunk.get("object") == "error":
         return StreamError(f"the stream carried an error: {_evidence(payload)}")
     return None
 

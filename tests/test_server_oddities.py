@@ -221,6 +221,12 @@ ERRORS = {
         b"event: error\ndata: CUDA error:\ndata: an illegal memory access\n\n",
         "the stream carried an error event: ",
     ),
+    # vLLM's ErrorResponse without an "error" wrapper (its older shape): counted as a chunk
+    # without tokens, the request was served and the gate's answer one token short
+    "a bare error object": (
+        data({"object": "error", "message": "CUDA error: an illegal memory access", "code": 500}),
+        "the stream carried an error: ",
+    ),
 }
 
 
