@@ -21,6 +21,7 @@ from autotune.names import METRIC_DIRECTIONS, direction
 from autotune.space import ENV_NAME, SearchSpace, is_one_line
 from autotune.space_yaml import load_space
 from autotune.spec_checks import (
+    check_launch_size,
     count,
     launch_word,
     number,
@@ -224,7 +225,7 @@ def load_spec(path: str | Path) -> StudySpec:
         problem = unknown_scheme(storage)
         if problem:
             raise doc.error("storage", problem)
-    return StudySpec(
+    spec = StudySpec(
         path=doc.path,
         name=name,
         engine=engine,
@@ -246,6 +247,8 @@ def load_spec(path: str | Path) -> StudySpec:
         storage=storage,
         roofline=roofline_section(doc, data.get("roofline")),
     )
+    check_launch_size(doc, spec, engine_class(engine.kind)(spec))
+    return spec
 
 
 def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:

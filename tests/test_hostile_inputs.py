@@ -5,7 +5,10 @@ that stay accepted are checked here too."""
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +20,7 @@ import yaml
 from autotune.errors import SpecError
 from autotune.space_yaml import load_space
 from autotune.spec import load_spec
+from autotune.spec_checks import ARG_MAX_CAP, arg_max, exec_bytes
 from tests.test_bad_input import SPEC, assert_bad_input, invoke, with_, write
 
 
@@ -395,6 +399,46 @@ def test_values_no_launch_or_export_can_carry(
         "parameters.x.choices[1]",
         words,
     )
+
+
+def test_a_space_whose_longest_launch_is_over_arg_max(tmp_path: Path) -> None:
+    """Every value fits one argv word, but together they pass the kernel's limit on a launch:
+    each trial that drew them failed to start with E2BIG, blamed on the configuration."""
+    limit = arg_max()
+    assert limit is not None
+    count = limit // 120_000 + 1
+    text = "parameters:\n" + "".join(
+        f"  p{i}: {{type: categorical, choices: [a, {'x' * 120_000}], "
+        f"target: {{{'env: P' if i % 2 else 'flag: --p'}{i}}}}}\n"
+        for i in range(count)
+    )
+    line = run_with_space(tmp_path, text, "parameters:", "Argument list too long")
+    assert f"ARG_MAX {limit:,}" in line
+    assert re.search(r"The largest parameters, in bytes: p\d+ 120,0\d\d", line), line
+
+
+def test_an_engine_launch_over_arg_max(tmp_path: Path) -> None:
+    """The spec's own words can pass the limit together too: named in the spec."""
+    words = ["x" * 120_000] * (arg_max() // 120_000 + 1)
+    line = run_with_spec(tmp_path, with_(SPEC, "engine.args", words), "engine:", "too long")
+    assert "with no parameter set" in line
+
+
+def test_the_launch_size_is_what_the_kernel_counts(tmp_path: Path) -> None:
+    """``exec_bytes`` and the program's path, at ARG_MAX: the program runs; a byte more and
+    execve refuses it (E2BIG). The check's count is the kernel's, not a guess."""
+    limit = os.sysconf("SC_ARG_MAX")
+    program = shutil.which("true")
+    if program is None or sys.platform != "linux" or limit > ARG_MAX_CAP:
+        pytest.skip("needs Linux, true(1) and a stack limit under the kernel's cap")
+    env = {"A": "1"}
+    # each word under 128 KiB (one word's limit): the last one fills up to ARG_MAX
+    words = [program] + ["x" * 100_000] * ((limit - 8192) // 100_009) + [""]
+    words[-1] = "x" * (limit - exec_bytes(words, env) - len(os.fsencode(program)) - 1)
+    subprocess.run(words, env=env, check=True)
+    with pytest.raises(OSError) as refused:
+        subprocess.run([*words[:-1], words[-1] + "x"], env=env, check=True)
+    assert refused.value.errno == errno.E2BIG
 
 
 # --- the spec ----------------------------------------------------------------------------------
