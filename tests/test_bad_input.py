@@ -581,24 +581,6 @@ def test_a_nul_character_in_the_spec(tmp_path: Path, dotted: str, value: Any, ke
     assert_bad_input(invoke("run", "--spec", str(path)), tmp_path, str(path), key, "NUL character")
 
 
-@pytest.mark.parametrize(
-    ("space_text", "key", "expected"),
-    [
-        ('choices: [a, "b\\0"]\n    target: {flag: --x}', "parameters.x.choices[1]", "NUL"),
-        ('choices: [a, "b\\nc"]\n    target: {env: X}', "parameters.x.choices[1]", ".env"),
-        ('choices: [a, "b\\rc"]\n    target: {env: X}', "parameters.x.choices[1]", ".env"),
-    ],
-)
-def test_a_value_no_launch_can_carry(
-    tmp_path: Path, space_text: str, key: str, expected: str
-) -> None:
-    path = write(tmp_path)
-    (tmp_path / "space.yaml").write_text(
-        f"parameters:\n  x:\n    type: categorical\n    {space_text}\n"
-    )
-    assert_bad_input(invoke("run", "--spec", str(path)), tmp_path, "space.yaml:", key, expected)
-
-
 @pytest.mark.parametrize("value", ["1\n2", "1\r2"])
 def test_an_engine_env_value_on_two_lines(tmp_path: Path, value: str) -> None:
     """Export writes ``engine.env`` into the .env beside the config, one line per variable."""

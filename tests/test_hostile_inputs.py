@@ -381,9 +381,14 @@ def test_env_targets_a_parallel_worker_sets(tmp_path: Path, var: str, demo: bool
 @pytest.mark.parametrize(
     ("choice", "target", "words"),
     [
+        # the launch raised "ValueError: embedded null byte", a traceback mid-study
+        ('"b\\0"', "{flag: --x}", "NUL"),
         # Linux's limit on one argv word: every launch failed "Argument list too long"
         ("x" * 140_000, "{flag: --x}", "longer than"),
         ("x" * 140_000, "{env: X}", "longer than"),
+        # a line break in an env value: the export's .env file broke
+        ('"b\\nc"', "{env: X}", ".env"),
+        ('"b\\rc"', "{env: X}", ".env"),
         # \x85 and \u2028 end a line for YAML and Python: the export's .env and header broke
         ('"a\\x85b"', "{env: X}", "line break"),
         ('"a\\u2028b"', "{env: X}", "line break"),
