@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import json
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +46,7 @@ from autotune._proc import free_port
 from autotune.client import build_client
 from autotune.engines import build_engine
 from autotune.errors import AutotuneError, PreflightError, SpecError
-from autotune.protocol import NoTokenWithin, StreamError, open_stream, sse_payloads
+from autotune.protocol import NoTokenWithin, StreamError, open_stream, read_chunk, sse_payloads
 from autotune.report import best_trials, verified_baseline
 from autotune.server import ServerProcess
 from autotune.spec import StudySpec
@@ -274,7 +273,7 @@ async def _decode(client: Any, body: dict[str, Any], deadline_s: float) -> tuple
         async for payload, at in sse_payloads(response, start, token_deadline_s=deadline_s):
             if payload == b"[DONE]":
                 break
-            chunk = json.loads(payload)
+            chunk = read_chunk(payload)  # an error the server reports, in its words
             if chunk.get("usage"):
                 produced = int(chunk["usage"].get("completion_tokens") or produced)
             if any(c.get("text") for c in chunk.get("choices") or ()):

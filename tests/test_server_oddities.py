@@ -30,6 +30,7 @@ from autotune.gate_client import (
     complete_greedy,
     teacher_forced_logprobs,
 )
+from autotune.profile import _decode
 from autotune.protocol import StreamError
 from autotune.server import ServerProcess
 
@@ -421,3 +422,16 @@ def test_a_first_completion_without_choices_shows_the_body(tmp_path: Path) -> No
     assert caught.value.reason == "startup_failed"
     assert "returned no choices: " in str(caught.value)
     assert "upstream model is loading" in str(caught.value)
+
+
+def test_the_profiling_request_names_an_error_the_server_reports() -> None:
+    """``autotune profile``'s decode request read chunks with a bare ``json.loads``: an error
+    chunk had no usage and was blamed as "produced 0 tokens"."""
+    body = token(1) + data({"error": {"message": "CUDA error: an illegal memory access"}}) + DONE
+
+    async def go() -> tuple[float, int]:
+        async with answer_with([body]) as client:
+            return await _decode(client, {}, 10.0)
+
+    with pytest.raises(StreamError, match="the stream carried an error: .*illegal memory"):
+        asyncio.run(go())
