@@ -136,8 +136,9 @@ def test_legitimate_stream_variants_are_read_as_their_answer(body: bytes) -> Non
 
 
 def test_an_empty_data_field_is_no_event() -> None:
-    """The SSE standard dispatches no event for an empty data buffer; it was parsed as JSON
-    and failed the request ("bad stream chunk: Expecting value")."""
+    """An empty data field carries no chunk (the SSE standard dispatches an event with empty
+    data; there is nothing to read from it); it was parsed as JSON and failed the request
+    ("bad stream chunk: Expecting value")."""
     body = token(1) + b"data:\n\n" + b"data: \r\n\r\n" + token(2) + DONE
     record = bench([body])
     assert record.ok and record.token_ids == (1, 2), record.error
