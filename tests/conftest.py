@@ -1,6 +1,11 @@
 """Shared fixtures: a PostgreSQL URL (``pg_url``) and fake servers started on a port the OS
 picks (``fake_server``). Spec builders are in tests/builders.py, other helpers in
-tests/helpers.py: this file is pytest's, never imported by a test."""
+tests/helpers.py: this file is pytest's, never imported by a test.
+
+No process a test starts outlives the session (autotune.testing.reaper): SIGTERM and SIGHUP
+stop the session as Ctrl-C does (teardowns run), and once the fixtures are torn down every
+process still carrying this session's token is stopped, group and all. A server started by a
+SIGKILLed ``autotune run`` child, or one whose ``finally`` never ran, is found that way."""
 
 from __future__ import annotations
 
@@ -14,8 +19,46 @@ from pathlib import Path
 
 import pytest
 
+from autotune.testing import reaper
 from tests.fake_proc import FakeProc, launch, stop, wait_healthy
 from tests.helpers import IN_CI, PG_ENV, pg_bin
+
+_session: pytest.Session | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    def stop_session(name: str) -> None:
+        # a test may swallow the KeyboardInterrupt (the in-process ``autotune run`` exits
+        # 130): pytest still stops after it, as it would not on its own
+        if _session is not None:
+            _session.shouldstop = f"pytest was sent {name}"
+
+    reaper.start_session(on_signal=stop_session)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _session
+    _session = session
+
+
+_left: list[int] = []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """After every fixture's teardown (pytest's own sessionfinish runs them), stop what is
+    left; the terminal summary (printed after this) names it: a test leaks, or was cut short."""
+    _left.extend(reaper.reap_all())
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _left:
+        terminalreporter.write_sep("-", "processes the tests left running", yellow=True)
+        terminalreporter.write_line(f"stopped {len(_left)} (SIGTERM, then SIGKILL): pids {_left}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    reaper.reap_all()  # where sessionfinish never ran (also registered with atexit)
 
 
 @pytest.fixture(scope="session")

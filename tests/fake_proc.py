@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from autotune.testing import reaper
 from tests.builders import ROOT
 
 KEY = "test-key"
@@ -59,7 +60,8 @@ def launch(
     api_key: str = KEY,
 ) -> FakeProc:
     """Start ``python -m autotune.testing.fake_server --port 0`` (not waiting for it); its log
-    is a file under ``tmp_path``, it runs in a session of its own (``stop`` kills the group)."""
+    is a file under ``tmp_path``, it runs in a session of its own (``stop`` kills the group;
+    registered with the reaper, so the session's end kills it where ``stop`` never ran)."""
     tag = uuid.uuid4().hex[:8]
     log = tmp_path / f"server-{tag}.log"
     port_file = tmp_path / f"server-{tag}.port"
@@ -73,6 +75,7 @@ def launch(
         popen = subprocess.Popen(
             argv, cwd=ROOT, env=full_env, stdout=fh, stderr=fh, start_new_session=True
         )
+    reaper.own(popen)
     return FakeProc(popen, port_file, log)
 
 
@@ -92,6 +95,7 @@ def stop(proc: FakeProc) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.popen.pid, signal.SIGKILL)
     proc.popen.wait(timeout=5)
+    reaper.release(proc.popen)
 
 
 @contextlib.contextmanager
