@@ -10,6 +10,23 @@ Rerun (the README's figures; about 15 minutes on 2 shared cores)::
     #                                   | {"failure": "oom"}
     .venv/bin/python benchmarks/search_efficiency.py --space S.yaml --landscape my.py:f --noise 0.1
 
+The landscape protocol, and what is bad input (one line naming the file and function, exit
+code 2, no result file): FUNCTION takes one argument, the config's values (a parameter the
+config leaves to the engine is absent: read it with ``params.get``), and returns a dict of
+the keys ``tok_s`` (a number: int, float, NumPy scalar or 0-d array, within 1e-300..1e300 so
+that the noise keeps it finite and > 0), ``correct`` (a bool, default true) and ``failure`` (a
+non-empty reason; it wins over the others). Any other key is bad input (a misspelt
+``"corect": False`` counted a wrong config as correct), as is a landscape that raises (or
+calls ``sys.exit``) on any config, at import or in a call: a simulated failure is returned as
+``{"failure": ...}``, an exception is a bug in the landscape, and the harness cannot tell one
+from the other. It must be deterministic (the harness draws the noise; a landscape drawing its
+own made a target out of a lucky maximum): its first calls are made twice and must agree. One
+call may take ``--call-limit`` seconds (default 10; 0: none): the harness calls it some 10^4 to
+10^6 times for the true best, and a landscape stuck in a loop hung it; when the true best will
+take over a minute it says so up front. A landscape with no correct config in the space is bad
+input too (no target: the figures would mean nothing); a baseline that fails or is wrong is
+fine and said so (``baseline_outcome``). Speeds of any scale give the same figures.
+
 The question: with a search space and a landscape (a function from a config to its noise-free
 outcome), how many LAUNCHES does each strategy need before the config it would report as best
 is within 5 % of the best *correct* config's TRUE value, and does it ever report a wrong one?
@@ -61,7 +78,9 @@ The model-based ask time of ``auto`` is measured and saved (``ask_ms``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import inspect
 import itertools
 import json
 import math
@@ -69,8 +88,10 @@ import numbers
 import os
 import platform
 import random
+import signal
 import statistics
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Collection, Iterator
@@ -121,6 +142,18 @@ STRATEGIES = (
     "grid-sweep-nogate",
 )
 MAX_UNLAUNCHED_PER_TRIAL = 50
+#: the keys a landscape's result may have
+RESULT_KEYS = frozenset({"tok_s", "correct", "failure"})
+#: the speeds the harness takes: its noise divides by 0.5 to about 4, so a speed outside this
+#: range could become inf or 0 (the search model and the statistics work on any scale within)
+MIN_TOK_S = 1e-300
+MAX_TOK_S = 1e300
+#: the first landscape calls made twice to check that the landscape is deterministic
+REPEAT_CHECKS = 50
+#: default wall seconds one landscape call may take (``--call-limit``)
+CALL_LIMIT = 10.0
+#: the true best's landscape calls take longer than this: say how long, up front
+SLOW_TRUE_BEST_S = 60.0
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -151,10 +184,47 @@ class Landscape:
     not_modelled: tuple[str, ...]
     cost: dict[str, float]
 
+    #: wall seconds one call may take (0: no limit), and calls made, and their total time
+    call_limit: float = 0.0
+    calls: int = 0
+    call_seconds: float = 0.0
+    #: the first calls are made twice and must agree (:meth:`__call__`)
+    repeat_checks: int = REPEAT_CHECKS
+
     def __call__(self, params: dict[str, Any]) -> Outcome:
+        """The outcome of ``params``, checked against the protocol (bad input otherwise).
+
+        Why the first :data:`REPEAT_CHECKS` calls are made twice: the harness adds the noise
+        itself, and the true best, the target and every run's outcomes come from separate
+        calls; a landscape that draws its own noise makes the target a maximum over lucky
+        draws that no run can reach, and the figures misleading. Refused, not averaged."""
+        outcome = self._once(params)
+        if self.repeat_checks > 0:
+            self.repeat_checks -= 1
+            again = self._once(params)
+            if again != outcome:
+                raise BadInput(
+                    f"{self.where} is not deterministic: {_described(outcome)}, then "
+                    f"{_described(again)} on {params!r} (the harness adds the noise: --noise)"
+                )
+        return outcome
+
+    def _once(self, params: dict[str, Any]) -> Outcome:
+        start = time.perf_counter()
         try:
-            result = self.function(dict(params))
-        except Exception as exc:  # a user's function: say which one broke, and on what
+            _WATCHDOG.started = start
+            try:
+                result = self.function(dict(params))
+            finally:
+                _WATCHDOG.started = None
+        except _CallTimeout:
+            raise BadInput(
+                f"{self.where} took more than {self.call_limit:g} s on {params!r} (--call-limit; "
+                "a landscape is a cost model the harness calls some 10^5 times)"
+            ) from None
+        # a user's function: say which one broke, and on what (a sys.exit() in it ended the
+        # harness with its code and no result)
+        except (Exception, SystemExit) as exc:
             hint = ""
             if isinstance(exc, KeyError) and exc.args and exc.args[0] not in params:
                 # the baseline and the grids leave parameters to the engine: absent, not None
@@ -163,8 +233,21 @@ class Landscape:
                     "default: read it with params.get)"
                 )
             raise BadInput(f"{self.where} raised {exc!r} on {params!r}{hint}") from None
+        finally:
+            self.calls += 1
+            self.call_seconds += time.perf_counter() - start
+        return self._checked(result, params)
+
+    def _checked(self, result: Any, params: dict[str, Any]) -> Outcome:
         if not isinstance(result, dict):
             raise BadInput(f"{self.where} returned {type(result).__name__}, not a dict")
+        # a misspelt key ("corect": False) would count a wrong config as correct
+        unknown = sorted(set(result) - RESULT_KEYS, key=str)
+        if unknown:
+            raise BadInput(
+                f"{self.where} returned key {unknown[0]!r} on {params!r}; keys: "
+                + ", ".join(sorted(RESULT_KEYS))
+            )
         if "failure" in result:
             reason = result["failure"]
             if not isinstance(reason, str) or not reason:
@@ -173,24 +256,100 @@ class Landscape:
                     "(a non-empty string such as 'oom')"
                 )
             return Outcome(False, False, 0.0, reason)
-        # NumPy's scalars count (np.float32, np.int64, np.bool_ are not float, int, bool): a
-        # landscape that computes with NumPy returns them
-        value = result.get("tok_s")
-        if (
-            isinstance(value, bool | np.bool_)
-            or not isinstance(value, numbers.Real)
-            or not 0 < float(value) < math.inf
-        ):
+        if "tok_s" not in result:
             raise BadInput(
-                f"{self.where} returned {result!r}: needs a finite tok_s > 0 (or a failure reason)"
+                f"{self.where} returned {result!r} on {params!r}: needs tok_s (or a failure reason)"
+            )
+        # NumPy's scalars count (np.float32, np.int64, np.bool_ are not float, int, bool): a
+        # landscape that computes with NumPy returns them, or a 0-d array (np.asarray)
+        value = result["tok_s"]
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+            raise BadInput(
+                f"{self.where} returned tok_s={value!r} ({type(value).__name__}), not a number"
+            )
+        if not MIN_TOK_S <= float(value) <= MAX_TOK_S:
+            raise BadInput(
+                f"{self.where} returned tok_s={value!r} on {params!r}: needs a finite tok_s > 0 "
+                f"(within {MIN_TOK_S:g} .. {MAX_TOK_S:g}), or a failure reason"
             )
         correct = result.get("correct", True)
+        if isinstance(correct, np.ndarray) and correct.ndim == 0:
+            correct = correct[()]
         if not isinstance(correct, bool | np.bool_):
             raise BadInput(f"{self.where} returned correct={correct!r}, not a bool")
         return Outcome(True, bool(correct), float(value))
 
 
-def load_landscape(text: str, noise: float | None) -> Landscape:
+class _CallTimeout(BaseException):
+    """Raised in a landscape call that ran past ``--call-limit`` (a BaseException, so that a
+    landscape's own ``except Exception`` does not swallow it)."""
+
+
+class _Watchdog:
+    """The landscape calls' time limit: a periodic SIGALRM (Unix, main thread) whose handler
+    raises :class:`_CallTimeout` in a call that has run past ``limit`` seconds. A landscape
+    stuck in a loop hung the harness for ever. Why a periodic tick, not a timer per call:
+    the true best makes up to ~10^6 calls, and two ``setitimer`` and two ``signal`` calls
+    each doubled its time. Code stuck inside one C call (a NumPy routine) is interrupted
+    when it returns."""
+
+    def __init__(self) -> None:
+        self.limit = 0.0
+        self.started: float | None = None
+
+    def expired(self, _signum: int, _frame: Any) -> None:
+        started = self.started
+        if started is not None and time.perf_counter() - started > self.limit:
+            self.started = None
+            raise _CallTimeout
+
+    @contextlib.contextmanager
+    def armed(self, limit: float) -> Iterator[None]:
+        if (
+            limit <= 0
+            or not hasattr(signal, "setitimer")
+            or threading.current_thread() is not threading.main_thread()
+        ):
+            yield
+            return
+        self.limit = limit
+        tick = min(1.0, limit / 4)
+        previous = signal.signal(signal.SIGALRM, self.expired)
+        signal.setitimer(signal.ITIMER_REAL, tick, tick)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            self.started = None
+
+
+_WATCHDOG = _Watchdog()
+
+
+def _described(outcome: Outcome) -> str:
+    if not outcome.started:
+        return f"failed to start ({outcome.failure})"
+    return f"{_show(outcome.true)} tok/s" + ("" if outcome.correct else " (wrong output)")
+
+
+def _show(value: float) -> str:
+    """A figure for the console: two decimals as before, or four significant digits where two
+    decimals would print 0.00 or a 300-digit number (tok_s of 1e-9 or 1e12 are legitimate)."""
+    return f"{value:.2f}" if value == 0 or 0.01 <= abs(value) < 1e9 else f"{value:.4g}"
+
+
+def _rounded(value: float) -> float:
+    """A figure for the JSON: 4 decimals as before for values >= 1, and at least 6 significant
+    digits below (``round(1e-9, 4)`` wrote a true best and a target of 0.0)."""
+    if value == 0 or not math.isfinite(value):
+        return value
+    return round(value, max(4, 5 - math.floor(math.log10(abs(value)))))
+
+
+def load_landscape(text: str, noise: float | None, call_limit: float = CALL_LIMIT) -> Landscape:
     path_text, _, name = text.rpartition(":")
     path = Path(path_text)
     if not path_text or not name:
@@ -205,12 +364,25 @@ def load_landscape(text: str, noise: float | None) -> Landscape:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # a user's file: say which one broke, not a traceback
+    # a user's file: say which one broke, not a traceback; a sys.exit() at import ended the
+    # harness with that code (0: "success") and no result
+    except (Exception, SystemExit) as exc:
         raise BadInput(f"--landscape: importing {path} failed: {exc!r}") from None
-    function = getattr(module, name, None)
-    if not callable(function):
+    if not hasattr(module, name):
         raise BadInput(f"--landscape: {path} has no function {name!r}")
+    function = getattr(module, name)
     where = f"{path.name}:{name}"
+    if not callable(function):
+        raise BadInput(f"--landscape: {where} is {type(function).__name__}, not a function")
+    try:
+        inspect.signature(function).bind({})
+    except TypeError:
+        raise BadInput(
+            f"--landscape: {where}{inspect.signature(function)} cannot be called with one "
+            "argument (FUNCTION(params) -> dict)"
+        ) from None
+    except ValueError:
+        pass  # no signature to read (a builtin): its first call says
     return Landscape(
         function=function,
         where=where,
@@ -220,6 +392,7 @@ def load_landscape(text: str, noise: float | None) -> Landscape:
         ),
         not_modelled=_names(getattr(module, "NOT_MODELLED", ()), f"{path.name}: NOT_MODELLED"),
         cost=_cost(getattr(module, "COST_MINUTES", {}), f"{path.name}: COST_MINUTES"),
+        call_limit=_number(call_limit, "--call-limit"),
     )
 
 
@@ -371,12 +544,21 @@ def true_best(space: SearchSpace, land: Landscape) -> tuple[float, dict[str, Any
                 yield {**values, **{n: v for n, v in fixed.items() if n in values}}
 
         points = draws()
+    expected = (size if size <= ENUMERATION_LIMIT else RANDOM_SEARCH_POINTS) + POLISH_SAMPLE
+    clock = _Eta(land, expected)
+    failures: dict[str, int] = {}
+    wrong = 0
     for values in points:
         if space.violated(values):
             continue
         out = land(values)
+        clock.tick()
         if out.started and out.correct:
             scored.append((out.true, values))
+        elif out.started:
+            wrong += 1
+        else:
+            failures[out.failure or ""] = failures.get(out.failure or "", 0) + 1
     rng = random.Random(54321)
     for _ in range(POLISH_SAMPLE):
         values = space.draw(rng)
@@ -384,10 +566,23 @@ def true_best(space: SearchSpace, land: Landscape) -> tuple[float, dict[str, Any
         if space.violated(values):
             continue
         out = land(values)
+        clock.tick()
         if out.started and out.correct:
             scored.append((out.true, values))
+        elif out.started:
+            wrong += 1
+        else:
+            failures[out.failure or ""] = failures.get(out.failure or "", 0) + 1
     if not scored:
-        raise BadInput(f"{land.where}: no correct config found in the space")
+        # no target to reach: "launches to 95 % of the best correct config" has no meaning
+        reasons = ", ".join(
+            f"{r} {n}" for r, n in sorted(failures.items(), key=lambda rn: -rn[1])[:3]
+        )
+        raise BadInput(
+            f"{land.where}: no correct config in the space, so no best to reach: of "
+            f"{wrong + sum(failures.values())} configs evaluated, {wrong} gave wrong output and "
+            f"{sum(failures.values())} failed to start" + (f" ({reasons})" if reasons else "")
+        )
     scored.sort(key=lambda sv: -sv[0])
     best_value, best_values = scored[0]
     for value, values in scored[:POLISH_FROM]:
@@ -402,6 +597,36 @@ def true_best(space: SearchSpace, land: Landscape) -> tuple[float, dict[str, Any
             f"{POLISH_FROM}"
         ),
     )
+
+
+class _Eta:
+    """Says up front when the true best will take long: it calls the landscape some 10^4 to
+    2.2 x 10^5 times, and a landscape of 50 ms per call silently took hours."""
+
+    def __init__(self, land: Landscape, expected: int) -> None:
+        self.land, self.expected, self.seen, self.said = land, expected, 0, False
+        self.start_calls, self.start_s = land.calls, land.call_seconds
+
+    def tick(self) -> None:
+        """Per call; measures calls 50-100, 100-1000 and 1000-10000 (the first ones are
+        repeated (:data:`REPEAT_CHECKS`) and warm caches up)."""
+        self.seen += 1
+        if self.said or self.seen not in (50, 100, 1000, 10000):
+            return
+        calls, seconds = self.land.calls, self.land.call_seconds
+        per_call = (seconds - self.start_s) / max(1, calls - self.start_calls)
+        self.start_calls, self.start_s = calls, seconds
+        if self.seen == 50:
+            return
+        if per_call * self.expected > SLOW_TRUE_BEST_S:
+            self.said = True
+            print(
+                f"true best: about {self.expected} calls of {self.land.where} at "
+                f"{per_call * 1000:.2g} ms each (~{per_call * self.expected / 60:.0f} min, "
+                "plus the polish); a landscape should be a fast cost model",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _snap(space: SearchSpace, name: str, value: Any) -> Any:
@@ -940,6 +1165,12 @@ def main(argv: list[str] | None = None) -> int:
         default=Confirm.precision,
         help="the confirmation's stopping rule (the spec's workload.target_precision)",
     )
+    parser.add_argument(
+        "--call-limit",
+        type=float,
+        default=CALL_LIMIT,
+        help="wall seconds one landscape call may take (0: no limit); past it: bad input",
+    )
     parser.add_argument("--out", type=Path, default=RESULT_PATH)
     args = parser.parse_args(argv)
     try:
@@ -964,7 +1195,7 @@ def _main(args: argparse.Namespace) -> int:
         if value < low:
             raise BadInput(f"{flag} must be >= {low}, not {value}")
     _number(args.target_precision, "--target-precision")
-    land = load_landscape(args.landscape, args.noise)
+    land = load_landscape(args.landscape, args.noise, args.call_limit)
     unknown = [n for n in land.not_modelled if n not in {p.name for p in space.parameters}]
     if unknown:
         raise BadInput(f"{land.where}: NOT_MODELLED names {unknown[0]!r}, not in {args.space}")
@@ -984,14 +1215,28 @@ def _main(args: argparse.Namespace) -> int:
         max(args.confirm_repeats, args.confirm_max_rounds),
         args.target_precision,
     )
+    with _WATCHDOG.armed(land.call_limit):
+        return _measure(args, space, land, names, confirm, started)
+
+
+def _measure(
+    args: argparse.Namespace,
+    space: SearchSpace,
+    land: Landscape,
+    names: list[str],
+    confirm: Confirm,
+    started: float,
+) -> int:
+    """The true best, every strategy's runs, and the result file (the landscape's calls under
+    ``--call-limit``)."""
     t0 = time.perf_counter()
     best_value, best_values, method = true_best(space, land)
     true_best_s = time.perf_counter() - t0
     target = TARGET_FRACTION * best_value
     baseline = land(space.baseline_values())
     print(
-        f"true best {best_value:.2f} ({method}, {true_best_s:.0f} s); target {target:.2f}; "
-        f"baseline {baseline.true:.2f}",
+        f"true best {_show(best_value)} ({method}, {true_best_s:.0f} s); target {_show(target)}; "
+        f"baseline {_show(baseline.true) if baseline.correct else _described(baseline)}",
         flush=True,
     )
 
@@ -1023,12 +1268,18 @@ def _main(args: argparse.Namespace) -> int:
         "noise": land.noise,
         "budget_launches": args.budget,
         "seeds_per_set": args.seeds,
-        "true_best": round(best_value, 4),
+        "true_best": _rounded(best_value),
         "true_best_config": best_values,
         "true_best_method": method,
         "true_best_wall_s": round(true_best_s, 1),
-        "target": round(target, 4),
-        "baseline_true": round(baseline.true, 4),
+        "target": _rounded(target),
+        "baseline_true": _rounded(baseline.true),
+        # a wrong baseline's speed is no baseline to beat, a failed one has none
+        "baseline_outcome": "correct"
+        if baseline.correct
+        else "wrong output"
+        if baseline.started
+        else f"failed to start: {baseline.failure}",
         "cost_minutes": land.cost,
         "stopped_at_target": not args.full,
         "confirmation": {

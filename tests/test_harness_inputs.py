@@ -8,6 +8,7 @@ a reason, or module settings (``NOISE``, ``COST_MINUTES``, ``NOT_MODELLED``) of 
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -54,9 +55,36 @@ def _run(tmp_path, body: str, *extra: str) -> tuple[int, str]:
         ("def f(params):\n    return {'tok_s': float('inf')}\n", "finite tok_s > 0"),
         ("def f(params):\n    return {'tok_s': float('nan')}\n", "finite tok_s > 0"),
         ("def f(params):\n    return {'tok_s': -1.0}\n", "finite tok_s > 0"),
-        ("def f(params):\n    return {'tok_s': True}\n", "finite tok_s > 0"),
+        ("def f(params):\n    return {'tok_s': True}\n", "tok_s=True (bool), not a number"),
         ("def f(params):\n    return {'failure': None}\n", "a failure needs a reason"),
         ("def f(params):\n    return {'tok_s': 1.0, 'correct': 'yes'}\n", "not a bool"),
+        ("def f(params):\n    return {'tok_s': '12.5'}\n", "tok_s='12.5' (str), not a number"),
+        ("def f(params):\n    return {'tok_s': None}\n", "tok_s=None (NoneType), not a number"),
+        ("def f(params):\n    return {'correct': False}\n", "needs tok_s (or a failure reason)"),
+        # a misspelt verdict counted a wrong config as correct
+        ("def f(params):\n    return {'tok_s': 1.0, 'corect': False}\n", "returned key 'corect'"),
+        # the noise (x 2 at most) made 1e308 inf, and 5e-324 became 0
+        ("def f(params):\n    return {'tok_s': 1e308}\n", "within 1e-300 .. 1e+300"),
+        ("def f(params):\n    return {'tok_s': 5e-324}\n", "within 1e-300 .. 1e+300"),
+        # the harness adds the noise: a landscape drawing its own made an unreachable target
+        (
+            "import random\ndef f(params):\n    return {'tok_s': 1 + random.random()}\n",
+            "land.py:f is not deterministic",
+        ),
+        (
+            "import random\ndef f(params):\n"
+            "    return {'failure': 'flaky'} if random.random() < 0.5 else {'tok_s': 1.0}\n",
+            "land.py:f is not deterministic",
+        ),
+        # sys.exit() in the landscape or at its import ended the harness with that code (0!)
+        ("def f(params):\n    raise SystemExit(3)\n", "land.py:f raised SystemExit(3)"),
+        ("raise SystemExit(0)\n", "failed: SystemExit(0)"),
+        ("def f():\n    return {'tok_s': 1.0}\n", "land.py:f() cannot be called with one"),
+        ("def f(params, other):\n    return {}\n", "f(params, other) cannot be called with one"),
+        ("f = 5\n", "land.py:f is int, not a function"),
+        # no correct config: no target, so no figure; say what the landscape did instead
+        ("def f(params):\n    return {'failure': 'oom'}\n", "failed to start (oom "),
+        ("def f(params):\n    return {'tok_s': 1.0, 'correct': False}\n", "gave wrong output"),
         (GOOD + "NOISE = 'high'\n", "land.py: NOISE must be a finite number"),
         (GOOD + "NOISE = -0.1\n", "land.py: NOISE must be a finite number"),
         (GOOD + "COST_MINUTES = {'lod': 3}\n", "COST_MINUTES: unknown key 'lod'"),
@@ -89,6 +117,7 @@ def test_a_landscape_that_breaks_the_protocol_is_bad_input(tmp_path, capsys, bod
         (("--target-precision", "-0.1"), "--target-precision must be a finite number"),
         (("--confirm-top", "-1"), "--confirm-top must be >= 0"),
         (("--confirm-max-rounds", "0"), "--confirm-max-rounds must be >= 1"),
+        (("--call-limit", "-1"), "--call-limit must be a finite number >= 0"),
     ],
 )
 def test_bad_command_line_values_are_bad_input(tmp_path, capsys, args, expected):
@@ -116,7 +145,81 @@ def test_a_landscape_computing_with_numpy_is_accepted(tmp_path, capsys):
         "    if params.get('size') == 8:\n"
         "        return {'tok_s': np.int64(3), 'correct': np.bool_(False)}\n"
         "    return {'tok_s': np.float32(2.0 if fast else 1.0), 'correct': np.bool_(True)}\n"
+        # np.asarray(x) and some reductions give a 0-d array, not a scalar
+        "g = f\n"
+        "def f(params):\n"
+        "    r = g(params)\n"
+        "    return {k: np.asarray(v) for k, v in r.items()}\n"
     )
     code, out = _run(tmp_path, body)
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "result.json").exists()
+
+
+def test_a_landscape_that_hangs_is_stopped_at_the_call_limit(tmp_path, capsys):
+    """A landscape stuck in a loop hung the harness for ever; past ``--call-limit`` it is bad
+    input naming the function and the config (even one that catches ``Exception``)."""
+    body = (
+        "def f(params):\n"
+        "    try:\n"
+        "        while params.get('mode') == 'fast':\n"
+        "            pass\n"
+        "    except Exception:\n"
+        "        pass\n"
+        "    return {'tok_s': 1.0}\n"
+    )
+    code, out = _run(tmp_path, body, "--call-limit", "0.2")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "land.py:f took more than 0.2 s on {'mode': 'fast'" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_slow_landscape_says_how_long_the_true_best_will_take(tmp_path, capsys, monkeypatch):
+    """The true best calls the landscape 2 x 10^4 times or more: a slow one is told up front
+    (here every landscape counts as slow)."""
+    monkeypatch.setattr(harness, "SLOW_TRUE_BEST_S", 0.0)
+    code, out = _run(tmp_path, GOOD)
+    assert code == 0
+    assert "true best: about 20016 calls of land.py:f at" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scale", [1e-9, 1e12])
+def test_tiny_and_huge_speeds_give_the_same_figures(tmp_path, capsys, scale):
+    """Only ratios matter: tok_s of 1e-9 or 1e12 gives the figures of tok_s near 1, and the
+    result file keeps the true best and the target (``round(x, 4)`` wrote 0.0 for both)."""
+    results = {}
+    for s in (1.0, scale):
+        (tmp_path / str(s)).mkdir()
+        code, out = _run(tmp_path / str(s), f"SCALE = {s!r}\n" + _scaled(GOOD))
+        assert code == 0, capsys.readouterr().err
+        results[s] = json.loads((tmp_path / str(s) / "result.json").read_text())
+    one, other = results[1.0], results[scale]
+    assert other["true_best"] == pytest.approx(one["true_best"] * scale, rel=1e-5)
+    assert other["target"] == pytest.approx(one["target"] * scale, rel=1e-5)
+    assert other["strategies"] == one["strategies"]
+
+
+def _scaled(body: str) -> str:
+    return body.replace('return {"tok_s": ', 'return {"tok_s": SCALE * (', 1).replace(
+        "1.0}\n", "1.0)}\n", 1
+    )
+
+
+def test_a_wrong_or_failed_baseline_is_said_so(tmp_path, capsys):
+    """A baseline with wrong output printed (and wrote) its speed as if it were one to beat."""
+    body = (
+        "def f(params):\n"
+        "    if params.get('mode') == 'slow':\n"
+        "        return {'tok_s': 9.0, 'correct': False}\n"
+        "    return {'tok_s': 2.0}\n"
+    )
+    code, out = _run(tmp_path, body)
+    assert code == 0
+    assert "baseline 9.00 tok/s (wrong output)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "result.json").read_text())["baseline_outcome"] == "wrong output"
+    code, out = _run(tmp_path, body.replace("'tok_s': 9.0, 'correct': False", "'failure': 'oom'"))
+    assert code == 0
+    assert "baseline failed to start (oom)" in capsys.readouterr().out
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["baseline_outcome"] == "failed to start: oom"
