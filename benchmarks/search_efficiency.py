@@ -733,6 +733,9 @@ class RunResult:
     #: the first launch of a config whose TRUE value reaches the target (whether or not it is
     #: reported then): where a miss comes from, the search or the report
     found_at: int | None = None
+    #: the run ended before its budget: its sampler drew MAX_UNLAUNCHED_PER_TRIAL x budget
+    #: configs that break the constraints (counted as not reached, and said so)
+    gave_up: bool = False
 
 
 @dataclass(frozen=True)
@@ -862,6 +865,7 @@ def run_optuna(
             study.tell(trial, state=TrialState.PRUNED)
             run.unlaunched += 1
             if run.unlaunched > MAX_UNLAUNCHED_PER_TRIAL * budget:
+                run.gave_up = True
                 break
             continue
         outcome = land(values)
@@ -1050,6 +1054,9 @@ def summarize(
         "runs_ever_reporting_incorrect_best": sum(not all(r.best_correct_after) for r in runs),
         "wrong_configs_launched_median": statistics.median(r.wrong_launched for r in runs),
         "unlaunched_constraint_violations_median": statistics.median(r.unlaunched for r in runs),
+        # a "not reached" that is the sampler's failure to draw a config the constraints allow
+        # within MAX_UNLAUNCHED_PER_TRIAL x budget draws, not a budget spent
+        "runs_stopped_by_constraint_violations": sum(r.gave_up for r in runs),
     }
     if reference is not None:
         ref_median = statistics.median(reference)
@@ -1343,6 +1350,14 @@ def _print_set(seed_set: dict[str, Any], budget: int) -> None:
             f"{'' if ask is None else f'{ask:.0f}':>8}",
             flush=True,
         )
+    for name, s in seed_set["strategies"].items():
+        if s["runs_stopped_by_constraint_violations"]:
+            print(
+                f"note: {s['runs_stopped_by_constraint_violations']} runs of {name} stopped "
+                f"before the budget: their sampler drew {MAX_UNLAUNCHED_PER_TRIAL} x budget "
+                "configs the constraints forbid (counted as not reached)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

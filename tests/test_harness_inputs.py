@@ -223,3 +223,28 @@ def test_a_wrong_or_failed_baseline_is_said_so(tmp_path, capsys):
     assert "baseline failed to start (oom)" in capsys.readouterr().out
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["baseline_outcome"] == "failed to start: oom"
+
+
+def test_a_run_its_sampler_cannot_place_within_the_constraints_is_said_so(tmp_path, capsys):
+    """Random search draws about 200 configs per one that ``a == b`` allows: its runs stop
+    after 50 x budget draws, and that "not reached" is reported as such, not as a budget
+    spent (it was the figure of random, the reference of every ratio)."""
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "parameters:\n"
+        "  a: {type: int, low: 1, high: 200, target: {flag: --a}}\n"
+        "  b: {type: int, low: 1, high: 200, target: {flag: --b}}\n"
+        "constraints:\n"
+        "  - a == b\n"
+    )
+    land = tmp_path / "land.py"
+    land.write_text("def f(params):\n    return {'tok_s': 1.0 + params.get('a', 1)}\n")
+    out = tmp_path / "result.json"
+    code = harness.main(
+        ["--space", str(space), "--landscape", f"{land}:f", "--seeds", "2", "--seed-sets", "1",
+         "--budget", "8", "--strategies", "random", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())["strategies"]["random"]
+    assert result["runs_stopped_by_constraint_violations"] == 2
+    assert "note: 2 runs of random stopped before the budget" in capsys.readouterr().out
