@@ -15,8 +15,9 @@ code 2, no result file): FUNCTION takes one argument, the config's values (a par
 config leaves to the engine is absent: read it with ``params.get``), and returns a dict of
 the keys ``tok_s`` (a number: int, float, NumPy scalar or 0-d array, within 1e-300..1e300 so
 that the noise keeps it finite and > 0), ``correct`` (a bool, default true) and ``failure`` (a
-non-empty reason; it wins over the others). Any other key is bad input (a misspelt
-``"corect": False`` counted a wrong config as correct), as is a landscape that raises (or
+non-empty reason; it wins over the others). A key that reads like a misspelt one of these is
+bad input (``"corect": False`` counted a wrong config as correct); other keys are ignored and
+named once on stderr. Bad input too is a landscape that raises (or
 calls ``sys.exit``) on any config, at import or in a call: a simulated failure is returned as
 ``{"failure": ...}``, an exception is a bug in the landscape, and the harness cannot tell one
 from the other. It must be deterministic (the harness draws the noise; a landscape drawing its
@@ -79,6 +80,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib.util
 import inspect
 import itertools
@@ -144,6 +146,8 @@ STRATEGIES = (
 MAX_UNLAUNCHED_PER_TRIAL = 50
 #: the keys a landscape's result may have
 RESULT_KEYS = frozenset({"tok_s", "correct", "failure"})
+#: keys that read as a verdict in other words: ignoring one could count a wrong config correct
+VERDICT_LIKE = frozenset({"ok", "valid", "wrong", "incorrect", "error", "passed", "pass"})
 #: the speeds the harness takes: its noise divides by 0.5 to about 4, so a speed outside this
 #: range could become inf or 0 (the search model and the statistics work on any scale within)
 MIN_TOK_S = 1e-300
@@ -190,6 +194,8 @@ class Landscape:
     call_seconds: float = 0.0
     #: the first calls are made twice and must agree (:meth:`__call__`)
     repeat_checks: int = REPEAT_CHECKS
+    #: extra result keys already named on stderr (:meth:`_check_keys`)
+    ignored_keys: set[Any] = field(default_factory=set)
 
     def __call__(self, params: dict[str, Any]) -> Outcome:
         """The outcome of ``params``, checked against the protocol (bad input otherwise).
@@ -238,16 +244,32 @@ class Landscape:
             self.call_seconds += time.perf_counter() - start
         return self._checked(result, params)
 
+    def _check_keys(self, result: dict[Any, Any], params: dict[str, Any]) -> None:
+        """A key that reads like a misspelt one of :data:`RESULT_KEYS` is bad input (``"corect":
+        False`` counted a wrong config as correct); any other extra key (a landscape that also
+        returns its latency, a note) is ignored, said once on stderr: refusing it would refuse
+        landscapes written for other tools."""
+        for key in sorted(set(result) - RESULT_KEYS, key=str):
+            text = str(key).lower()
+            near = difflib.get_close_matches(text, RESULT_KEYS, n=1, cutoff=0.6)
+            meant = "correct" if text in VERDICT_LIKE else (near[0] if near else None)
+            if meant is not None:
+                raise BadInput(
+                    f"{self.where} returned key {key!r} on {params!r} (did you mean "
+                    f"{meant!r}?); keys: " + ", ".join(sorted(RESULT_KEYS))
+                )
+            if key not in self.ignored_keys:
+                self.ignored_keys.add(key)
+                print(
+                    f"note: {self.where} returned key {key!r}, ignored (the harness reads "
+                    f"{', '.join(sorted(RESULT_KEYS))})",
+                    file=sys.stderr,
+                )
+
     def _checked(self, result: Any, params: dict[str, Any]) -> Outcome:
         if not isinstance(result, dict):
             raise BadInput(f"{self.where} returned {type(result).__name__}, not a dict")
-        # a misspelt key ("corect": False) would count a wrong config as correct
-        unknown = sorted(set(result) - RESULT_KEYS, key=str)
-        if unknown:
-            raise BadInput(
-                f"{self.where} returned key {unknown[0]!r} on {params!r}; keys: "
-                + ", ".join(sorted(RESULT_KEYS))
-            )
+        self._check_keys(result, params)
         if "failure" in result:
             reason = result["failure"]
             if not isinstance(reason, str) or not reason:

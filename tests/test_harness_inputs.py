@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +64,9 @@ def _run(tmp_path, body: str, *extra: str) -> tuple[int, str]:
         ("def f(params):\n    return {'correct': False}\n", "needs tok_s (or a failure reason)"),
         # a misspelt verdict counted a wrong config as correct
         ("def f(params):\n    return {'tok_s': 1.0, 'corect': False}\n", "returned key 'corect'"),
+        ("def f(params):\n    return {'tok_s': 1.0, 'is_correct': False}\n", "mean 'correct'"),
+        ("def f(params):\n    return {'tok_s': 1.0, 'ok': False}\n", "mean 'correct'"),
+        ("def f(params):\n    return {'toks': 1.0}\n", "mean 'tok_s'"),
         # the noise (x 2 at most) made 1e308 inf, and 5e-324 became 0
         ("def f(params):\n    return {'tok_s': 1e308}\n", "within 1e-300 .. 1e+300"),
         ("def f(params):\n    return {'tok_s': 5e-324}\n", "within 1e-300 .. 1e+300"),
@@ -101,6 +105,17 @@ def test_a_landscape_that_breaks_the_protocol_is_bad_input(tmp_path, capsys, bod
     assert expected in err
     assert len(err.strip().splitlines()) == 1  # one line, no traceback
     assert not (tmp_path / "result.json").exists()
+
+
+def test_a_key_of_its_own_is_ignored_and_said_once(tmp_path, capsys):
+    """A landscape written for another tool may return more than the harness reads (its
+    latency, a note): that is no reason to refuse it, but it is named once."""
+    body = "def f(params):\n    return {'tok_s': 1.0 + params.get('size', 1), 'ttft_ms': 3.0}\n"
+    code, out = _run(tmp_path, body)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert err.count("returned key 'ttft_ms', ignored") == 1
+    assert json.loads(Path(out).read_text())["strategies"]["auto"]
 
 
 @pytest.mark.parametrize(
