@@ -11,7 +11,8 @@ Rerun (the README's figures; about 15 minutes on 2 shared cores)::
     .venv/bin/python benchmarks/search_efficiency.py --space S.yaml --landscape my.py:f --noise 0.1
 
 The landscape protocol, and what is bad input (one line naming the file and function, exit
-code 2, no result file): FUNCTION takes one argument, the config's values (a parameter the
+code 2, no result file): FILE is imported as Python imports a script (its folder on the path,
+so it may import modules of its own beside it); FUNCTION takes one argument, the config's values (a parameter the
 config leaves to the engine is absent: read it with ``params.get``), and returns a dict of
 the keys ``tok_s`` (a number: int, float, NumPy scalar or 0-d array, within 1e-300..1e300 so
 that the noise keeps it finite and > 0), ``correct`` (a bool, default true) and ``failure`` (a
@@ -384,11 +385,21 @@ def load_landscape(text: str, noise: float | None, call_limit: float = CALL_LIMI
     if spec is None or spec.loader is None:
         raise BadInput(f"--landscape: cannot import {path}")
     module = importlib.util.module_from_spec(spec)
+    # imported as Python imports a script: registered under its name (a dataclass, pickle or
+    # typing.get_type_hints looks its module up in sys.modules: a landscape defining a dataclass
+    # failed to import) and with its folder on the path (a landscape importing a module of its
+    # own beside it failed with ModuleNotFoundError); at the end of the path, so that a file
+    # beside it cannot shadow a module the harness imports
+    sys.modules[spec.name] = module
+    folder = str(path.parent.resolve())
+    if folder not in sys.path:
+        sys.path.append(folder)
     try:
         spec.loader.exec_module(module)
     # a user's file: say which one broke, not a traceback; a sys.exit() at import ended the
     # harness with that code (0: "success") and no result
     except (Exception, SystemExit) as exc:
+        sys.modules.pop(spec.name, None)
         raise BadInput(f"--landscape: importing {path} failed: {exc!r}") from None
     if not hasattr(module, name):
         raise BadInput(f"--landscape: {path} has no function {name!r}")

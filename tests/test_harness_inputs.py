@@ -107,6 +107,34 @@ def test_a_landscape_that_breaks_the_protocol_is_bad_input(tmp_path, capsys, bod
     assert not (tmp_path / "result.json").exists()
 
 
+@pytest.mark.parametrize(
+    ("body", "beside"),
+    [
+        # a module of its own beside it: ModuleNotFoundError before
+        (
+            "import land_helper\ndef f(params):\n    return {'tok_s': land_helper.speed(params)}\n",
+            "def speed(params):\n    return 2.0 if params.get('mode') == 'fast' else 1.0\n",
+        ),
+        # a dataclass (its module looked up in sys.modules): AttributeError on None before
+        (
+            "from __future__ import annotations\nfrom dataclasses import dataclass\n"
+            "@dataclass\nclass Config:\n    mode: str | None = None\n"
+            "def f(params):\n"
+            "    return {'tok_s': 2.0 if Config(params.get('mode')).mode == 'fast' else 1.0}\n",
+            None,
+        ),
+    ],
+)
+def test_a_landscape_imports_as_a_script_would(tmp_path, capsys, body, beside):
+    """A landscape is imported as Python imports a script: its folder on the path, itself
+    registered as a module."""
+    if beside is not None:
+        (tmp_path / "land_helper.py").write_text(beside)
+    code, out = _run(tmp_path, body)
+    assert code == 0, capsys.readouterr().err
+    assert json.loads(Path(out).read_text())["true_best"] == 2.0
+
+
 def test_a_key_of_its_own_is_ignored_and_said_once(tmp_path, capsys):
     """A landscape written for another tool may return more than the harness reads (its
     latency, a note): that is no reason to refuse it, but it is named once."""
