@@ -12,8 +12,9 @@ Rerun (the README's figures; about 15 minutes on 2 shared cores)::
 
 The landscape protocol, and what is bad input (one line naming the file and function, exit
 code 2, no result file): FILE is imported as Python imports a script (its folder on the path,
-so it may import modules of its own beside it); FUNCTION takes one argument, the config's values (a parameter the
-config leaves to the engine is absent: read it with ``params.get``), and returns a dict of
+so it may import modules of its own beside it); FUNCTION takes one argument, the config's
+values (a parameter the config leaves to the engine is absent: read it with ``params.get``),
+and returns a dict of
 the keys ``tok_s`` (a number: int, float, NumPy scalar or 0-d array, within 1e-300..1e300 so
 that the noise keeps it finite and > 0), ``correct`` (a bool, default true) and ``failure`` (a
 non-empty reason; it wins over the others). A key that reads like a misspelt one of these is
