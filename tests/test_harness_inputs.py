@@ -153,6 +153,8 @@ def test_a_key_of_its_own_is_ignored_and_said_once(tmp_path, capsys):
         (("--noise", "nan"), "--noise must be a finite number >= 0"),
         (("--noise", "inf"), "--noise must be a finite number >= 0"),
         (("--budget", "0"), "--budget must be >= 1"),
+        # the reference strategies' runs go on past --budget, never stop short of it
+        (("--reference-budget", "3"), "--reference-budget must be >= 4"),
         (("--seeds", "0"), "--seeds must be >= 1"),
         (("--seed-sets", "0"), "--seed-sets must be >= 1"),
         (("--strategies", ","), "name at least one strategy"),
@@ -285,7 +287,7 @@ def test_a_run_its_sampler_cannot_place_within_the_constraints_is_said_so(tmp_pa
     out = tmp_path / "result.json"
     code = harness.main(
         ["--space", str(space), "--landscape", f"{land}:f", "--seeds", "2", "--seed-sets", "1",
-         "--budget", "8", "--strategies", "random", "--out", str(out)]
+         "--budget", "8", "--reference-budget", "8", "--strategies", "random", "--out", str(out)]
     )  # fmt: skip
     assert code == 0, capsys.readouterr().err
     result = json.loads(out.read_text())["strategies"]["random"]
