@@ -451,6 +451,11 @@ def test_harness_measures_the_reference_median_past_the_budget(tmp_path, capsys)
     assert random_runs["trials_to_95pct_median"] > 6
     assert not random_runs["median_is_lower_bound"]
     assert random_runs["not_reached_within_budget"] == sum(h > 5 for h in per_seed)
+    found = random_runs["found_95pct_per_seed"]
+    assert all(f <= h for f, h in zip(found, per_seed, strict=True))
+    assert random_runs["missed_after_launching_target"] == sum(
+        h > 5 and f <= 5 for f, h in zip(found, per_seed, strict=True)
+    )
     grid = figures["grid-random"]
     assert grid["ratio_to_random_median"] == pytest.approx(
         grid["trials_to_95pct_median"] / random_runs["trials_to_95pct_median"], abs=1e-3
