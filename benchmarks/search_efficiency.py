@@ -764,6 +764,18 @@ def grid_points(space: SearchSpace, rng: random.Random | None):
 # --- runs -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One launch of a run, kept for diagnostics (``benchmarks/ranking.py``): the config in
+    Optuna form, its role, what was measured (None: it did not start or, under the gate,
+    printed wrong output) and its noise-free outcome."""
+
+    params: dict[str, Any]
+    role: str
+    measured: float | None
+    outcome: Outcome
+
+
 @dataclass
 class RunResult:
     strategy: str
@@ -786,6 +798,7 @@ class RunResult:
     #: the launches this run was given (``--budget``, or ``--reference-budget`` for a
     #: reference strategy): a run that never reached the target counts as budget + 1
     budget: int = 0
+    launches: list[Launch] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -924,6 +937,7 @@ def run_optuna(
         if run.found_at is None and outcome.started and outcome.correct and outcome.true >= target:
             run.found_at = launched
         run.wrong_launched += outcome.started and not outcome.correct
+        value: float | None = None
         if not outcome.started:
             trial.set_user_attr(names.FAIL_REASON, outcome.failure or "startup_failed")
             trial.set_constraint(names.CORRECTNESS_CONSTRAINT, 1.0)
@@ -937,7 +951,9 @@ def run_optuna(
             # without the gate every started config is taken as correct
             trial.set_user_attr(names.CORRECT, True)
             trial.set_constraint(names.CORRECTNESS_CONSTRAINT, 0.0)
-            study.tell(trial, measured(outcome, land.noise, noise_rng))
+            value = measured(outcome, land.noise, noise_rng)
+            study.tell(trial, value)
+        run.launches.append(Launch(dict(trial.params), role, value, outcome))
         minutes = launch_minutes(outcome, land.cost, gate=gate)
         if gate and run.found_at is None:
             # Nothing the confirmation could report reaches the target before a config that
