@@ -1152,9 +1152,14 @@ def summarize(
     }
     if reference is not None:
         ref_median = statistics.median(reference)
-        out["ratio_to_random_median"] = round(med / ref_median, 3) if ref_median else None
-        # random's median was not reached within its own budget: the ratio is at most this
-        out["ratio_is_upper_bound"] = reference_censored
+        ratio = round(med / ref_median, 3) if ref_median else None
+        # a median that is only a lower bound (more than half the runs never got there within
+        # their budget) bounds the ratio from one side: random's, from above; this strategy's,
+        # from below; both, not at all (no ratio)
+        censored = out["median_is_lower_bound"]
+        out["ratio_to_random_median"] = None if censored and reference_censored else ratio
+        out["ratio_is_upper_bound"] = reference_censored and not censored
+        out["ratio_is_lower_bound"] = censored and not reference_censored
         out["p_mann_whitney_vs_random"] = mann_whitney_p(
             [float(h) for h in hits], [float(h) for h in reference]
         )
@@ -1461,7 +1466,12 @@ def _print_set(seed_set: dict[str, Any], budget: int, reference_budget: int) -> 
             if s["median_is_lower_bound"]
             else f"{s['trials_to_95pct_median']:.1f}"
         )
-        shown = "" if ratio is None else ("<" if s["ratio_is_upper_bound"] else "") + f"{ratio:.2f}"
+        bound = (
+            "<" if s.get("ratio_is_upper_bound") else ">" if s.get("ratio_is_lower_bound") else ""
+        )
+        shown = (
+            ("?" if "ratio_is_upper_bound" in s else "") if ratio is None else f"{bound}{ratio:.2f}"
+        )
         print(
             f"{name:<20}{median:>7}{iqr:>12}"
             f"{s['not_reached_within_budget']:>6}"

@@ -468,8 +468,54 @@ def test_harness_measures_the_reference_median_past_the_budget(tmp_path, capsys)
     assert harness.main([*args[:-4], "--reference-budget", "5", "--out", str(out)]) == 0
     figures = json.loads(out.read_text())["strategies"]
     assert figures["random"]["median_is_lower_bound"]
-    assert figures["grid-random"]["ratio_is_upper_bound"]
     assert ">5" in capsys.readouterr().out
+
+
+def _synthetic_run(budget: int, reached_at: int | None, confirm: int = 6) -> harness.RunResult:
+    """A run of ``budget`` launches whose report reaches the target (1.0) at ``reached_at``."""
+    run = harness.RunResult("x", 0, budget=budget)
+    for i in range(1, budget + 1):
+        hit = reached_at is not None and i >= reached_at
+        run.best_true_after.append(1.0 if hit else 0.5)
+        run.best_correct_after.append(True)
+        run.minutes_after.append(float(i))
+        run.confirm_launches_after.append(confirm)
+    return run
+
+
+@pytest.mark.parametrize(
+    ("strategy", "reference", "ratio", "bound"),
+    [
+        # both measured: the plain ratio of medians (10 + 6 over 40 + 6)
+        ((10, 10, 10), (40, 40, 40), 16 / 46, None),
+        # random's median past its budget: the ratio is at most 16 / 201
+        ((10, 10, 10), (None, None, 40), 16 / 201, "upper"),
+        # this strategy's past its own: at least 61 / 46
+        ((None, None, 10), (40, 40, 40), 61 / 46, "lower"),
+        # both past their budgets: no ratio at all (61 / 201 bounds nothing)
+        ((None, None, 10), (None, None, 40), None, None),
+    ],
+)
+def test_ratio_to_random_is_a_bound_only_where_one_median_is(strategy, reference, ratio, bound):
+    runs = [_synthetic_run(60, r) for r in strategy]
+    random_runs = [_synthetic_run(200, r) for r in reference]
+    cost = dict(harness.DEFAULT_COST)
+    hits = harness.summarize(random_runs, 1.0, 60, None, cost)
+    out = harness.summarize(
+        runs,
+        1.0,
+        60,
+        hits["trials_to_95pct_per_seed"],
+        cost,
+        reference_censored=hits["median_is_lower_bound"],
+    )
+    assert out["ratio_to_random_median"] == (
+        None if ratio is None else pytest.approx(ratio, abs=1e-3)
+    )
+    assert out["ratio_is_upper_bound"] is (bound == "upper")
+    assert out["ratio_is_lower_bound"] is (bound == "lower")
+    # misses count within 60 for both, whatever their own budgets
+    assert hits["not_reached_within_budget"] == sum(r is None or r + 6 > 60 for r in reference)
 
 
 def test_ranking_benchmark_compares_the_posterior_with_measurements_and_the_truth(tmp_path):
