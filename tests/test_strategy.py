@@ -471,6 +471,34 @@ def test_harness_measures_the_reference_median_past_the_budget(tmp_path, capsys)
     assert ">5" in capsys.readouterr().out
 
 
+def test_harness_tells_misses_of_the_search_from_misses_of_the_report(tmp_path):
+    """The grid in declaration order launches the needle (x = 7) at launch 9, after the
+    baseline and x = 0..6; without noise its confirmation then takes 2 rounds of the top 2 and
+    the baseline, 6 launches. Within 12 launches no report can fit (9 + 6 = 15): a miss of the
+    search, said so; within 15 the same run reaches the target."""
+    space = tmp_path / "needle.yaml"
+    space.write_text(textwrap.dedent(NEEDLE_SPACE))
+    land = tmp_path / "needle.py"
+    land.write_text("def f(params):\n    return {'tok_s': 10.0 if params.get('x') == 7 else 1.0}\n")
+    out = tmp_path / "r.json"
+
+    def figures(budget: int) -> dict:
+        args = ["--space", str(space), "--landscape", f"{land}:f", "--noise", "0", "--seeds", "3",
+                "--seed-sets", "1", "--budget", str(budget), "--reference-budget", str(budget),
+                "--strategies", "grid-sweep", "--out", str(out)]  # fmt: skip
+        assert harness.main(args) == 0
+        return json.loads(out.read_text())["strategies"]["grid-sweep"]
+
+    short = figures(12)
+    assert short["found_95pct_per_seed"] == [9, 9, 9]
+    assert short["not_reached_within_budget"] == 3
+    assert short["missed_after_launching_target"] == 3  # launched within 12 ...
+    assert short["missed_even_with_a_perfect_report"] == 3  # ... but too late to confirm
+    enough = figures(15)
+    assert enough["trials_to_95pct_per_seed"] == [15, 15, 15]
+    assert enough["missed_even_with_a_perfect_report"] == 0
+
+
 def _synthetic_run(budget: int, reached_at: int | None, confirm: int = 6) -> harness.RunResult:
     """A run of ``budget`` launches whose report reaches the target (1.0) at ``reached_at``."""
     run = harness.RunResult("x", 0, budget=budget)
