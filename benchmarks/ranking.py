@@ -20,7 +20,16 @@ verified configs measured so far are ranked three ways:
 
 * ``posterior``: the product's ``rank_by_posterior`` (the ranking the confirmation starts from);
 * ``measurement``: each config's own measurement, highest first (no model at all);
-* ``oracle``: the true value (the best the ranking could do with these configs).
+* ``oracle``: the true value (the best the ranking could do with these configs);
+* ``evidence``: the product's model with its prior scales (effect, pair and noise s.d.) chosen
+  by the measurements' evidence over a small grid instead of fixed;
+* ``local``: a Gaussian process whose covariance decays with how many settings two configs
+  differ in (and how far their numeric values lie apart), hyperparameters by evidence: it pools
+  a config's measurement with its near neighbours' only.
+
+The two alternative models ask whether a better model of the same measurements would rank
+better, or whether the measurements themselves lack the information (at 10 % noise the true
+values of the configs near the top differ by less than one measurement's noise).
 
 Figures, per snapshot: in how many runs a config within 5 % of the true best had been measured
 (``target_measured``), in how many of those the top 2 of each ranking hold one (``top2_hit``:
@@ -32,6 +41,7 @@ only; the baseline is never a candidate (as in ``rank_candidates``). Printed and
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -45,10 +55,48 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search_efficiency as harness  # noqa: E402  (the benchmark beside this one)
 
-from autotune.search_model import config_key, rank_by_posterior  # noqa: E402
+from autotune.search_model import (  # noqa: E402
+    MIN_FOR_RANKING,
+    Encoder,
+    Model,
+    config_key,
+    rank_by_posterior,
+)
 
 RESULT_PATH = harness.ROOT / "benchmarks" / "results" / "ranking_glm5.json"
-RANKINGS = ("posterior", "measurement", "oracle")
+RANKINGS = ("posterior", "measurement", "oracle", "evidence", "local")
+#: the grids the evidence (marginal likelihood) chooses the alternative models' scales from
+EVIDENCE_GRID = ((0.1, 0.3), (0.5, 1.1), (0.05, 0.1, 0.2))  # effect, pair, noise s.d.
+LOCAL_GRID = ((0.1, 0.2, 0.4), (0.3, 1.0, 3.0), (0.05, 0.1, 0.2))  # amplitude, decay, noise
+
+
+def evidence_means(encoder: Encoder, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Posterior means of the product's model (main effects and pairs) at ``x``, its three
+    prior scales chosen by the evidence."""
+    fits = [
+        Model.fit(x, y, len(encoder.dims), effect_sd=e, pair_sd=p, noise_sd=n)
+        for e, p, n in itertools.product(*EVIDENCE_GRID)
+    ]
+    return max(fits, key=lambda m: m.log_evidence(y)).predict(x)[0]
+
+
+def local_means(encoder: Encoder, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Posterior means of a GP with covariance ``a**2 exp(-decay * d2 / 2)``, ``d2`` the squared
+    distance of the one-hot and unit-scaled numeric columns (2 per differing choice), constant
+    mean, hyperparameters by evidence."""
+    squares = set((encoder.numeric.u + 1).tolist())  # the u**2 columns
+    z = x[:, [c for c in range(1, x.shape[1]) if c not in squares]]
+    norms = np.sum(z * z, axis=1)
+    d2 = np.maximum(norms[:, None] + norms[None, :] - 2 * z @ z.T, 0.0)
+    best: tuple[float, np.ndarray] | None = None
+    for amplitude, decay, noise in itertools.product(*LOCAL_GRID):
+        k = amplitude**2 * np.exp(-decay * d2 / 2)
+        chol = np.linalg.cholesky(k + noise**2 * np.eye(len(y)))
+        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y - y.mean()))
+        evidence = -0.5 * (y - y.mean()) @ alpha - np.sum(np.log(np.diag(chol)))
+        if best is None or evidence > best[0]:
+            best = (evidence, k @ alpha + y.mean())
+    return best[1]
 
 
 def rankings(launches: list[harness.Launch], space: harness.SearchSpace) -> dict[str, list[int]]:
@@ -58,7 +106,17 @@ def rankings(launches: list[harness.Launch], space: harness.SearchSpace) -> dict
     by_posterior = [measured[j] for j in rank_by_posterior(space, observations)]
     by_measurement = sorted(measured, key=lambda i: -launches[i].measured)
     by_truth = sorted(measured, key=lambda i: -launches[i].outcome.true)
-    return {"posterior": by_posterior, "measurement": by_measurement, "oracle": by_truth}
+    out = {"posterior": by_posterior, "measurement": by_measurement, "oracle": by_truth}
+    encoder = Encoder(space)
+    x = np.array([encoder.row(c) for c, _ in observations]).reshape(len(observations), -1)
+    y = np.array([v for _, v in observations])
+    for name, means in (("evidence", evidence_means), ("local", local_means)):
+        if len(observations) < MIN_FOR_RANKING:
+            out[name] = by_measurement
+        else:
+            # ties (configs the model cannot tell apart) broken by the measurement
+            out[name] = [measured[j] for j in np.lexsort((-y, -means(encoder, x, y)))]
+    return out
 
 
 def top(order: list[int], launches: list[harness.Launch], k: int = 2) -> list[int]:

@@ -561,7 +561,7 @@ def test_ranking_benchmark_compares_the_posterior_with_measurements_and_the_trut
         row = result["snapshots"][n]
         assert row["oracle"]["top2_hit"] == row["target_measured"]
         assert row["oracle"]["top2_regret"] == 0
-        for name in ("posterior", "measurement"):
+        for name in ("posterior", "measurement", "evidence", "local"):
             assert row[name]["top2_hit"] <= row["oracle"]["top2_hit"]
             assert row[name]["top2_regret"] >= 0
     assert ranking.main([*args[:-4], "--snapshots", "99", "--out", str(out)]) == 2
@@ -647,6 +647,25 @@ def test_ranking_by_posterior_mean_is_not_fooled_by_one_lucky_measurement():
     assert order[0] != 7 and order[1] != 7
     # too few observations to model: their own measurements rank them
     assert rank_by_posterior(space, observations[5:8]) == [2, 0, 1]
+
+
+def test_ranking_benchmarks_alternative_models_are_not_fooled_by_one_lucky_measurement():
+    """benchmarks/ranking.py's two alternative models (scales by evidence; a GP over how many
+    settings two configs share) pool a lucky draw with its neighbours as the product's does."""
+    from benchmarks import ranking
+
+    space = load_space_text(RANK_SPACE)
+    good = {"a": 100, "b": 101, "c": 99, "d": 100}
+    observations = [({"mode": "good", "knob": k}, math.log(v)) for k, v in good.items()]
+    observations += [({"mode": "bad", "knob": k}, math.log(60)) for k in "abc"]
+    observations.append(({"mode": "bad", "knob": "d"}, math.log(104)))
+    encoder = Encoder(space)
+    x = np.array([encoder.row(c) for c, _ in observations])
+    y = np.array([v for _, v in observations])
+    for means in (ranking.evidence_means, ranking.local_means):
+        mean = means(encoder, x, y)
+        assert mean[7] < min(mean[:4]), means.__name__  # the lucky "bad" config is not on top
+        assert mean[7] > max(mean[4:7]), means.__name__  # nor as slow as its measured twins
 
 
 def test_feasibility_learns_the_failing_region_and_leaves_untried_choices_alone():
