@@ -1,5 +1,5 @@
 """``python -m autotune`` is the ``autotune`` command."""
 
-from autotune.cli import main
+from autotune.cli.app import main
 
 main()

@@ -13,9 +13,10 @@ own ``VllmEngine.build_launch`` and ``ServerProcess``. Every arm sends the same 
 workload's prompts round-robin (the same order), ``max_tokens`` 64 with ``ignore_eos``, greedy,
 streaming, concurrency 16, ``--num-requests`` per round. Arms:
 
-* ``autotune``: autotune's client, ``autotune.bench.run_phase`` (the load phase of
-  ``run_benchmark``) through ``autotune.client.build_client``, in this process; metrics from
-  ``autotune.bench.summarize``. It sends ``return_token_ids: true`` (autotune needs the ids for
+* ``autotune``: autotune's client, ``autotune.bench.phase.run_phase`` (the load phase of
+  ``run_benchmark``) through ``autotune.client.http.build_client``, in this process; metrics from
+  ``autotune.bench.phase.summarize``. It sends ``return_token_ids: true`` (autotune needs the ids
+  for
   its correctness-under-load check).
 * ``vllm``: ``vllm bench serve`` (``--backend vllm`` on ``/v1/completions``, a custom JSONL dataset
   of the same prompts, ``--disable-shuffle --skip-chat-template --ignore-eos --temperature 0
@@ -71,14 +72,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune._proc import free_port  # noqa: E402
-from autotune.bench import PhaseResult, percentile, run_phase, summarize  # noqa: E402
-from autotune.client import build_client  # noqa: E402
+from autotune._stats import t_quantile  # noqa: E402
+from autotune.bench.phase import PhaseResult, percentile, run_phase, summarize  # noqa: E402
+from autotune.client.http import build_client  # noqa: E402
 from autotune.engines import build_engine  # noqa: E402
 from autotune.engines.vllm.dialect import VLLM_DIALECT  # noqa: E402
-from autotune.server import ServerProcess  # noqa: E402
-from autotune.settings import ServerSettings  # noqa: E402
-from autotune.spec import load_spec  # noqa: E402
-from autotune.stats import t_quantile  # noqa: E402
+from autotune.server.process import ServerProcess  # noqa: E402
+from autotune.space.settings import ServerSettings  # noqa: E402
+from autotune.spec.load import load_spec  # noqa: E402
 
 RESULT_PATH = ROOT / "benchmarks" / "results" / "client_accuracy.json"
 VLLM_CLI = ROOT / "benchmarks" / "_vllm_cli.py"
@@ -567,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     analysis = analyse(blocks, arms)
     loads = [b[a][k] for b in blocks for a in arms for k in ("loadavg_1m_before",)]
     result = {
-        "what": "autotune.bench client vs `vllm bench serve`, same real vLLM CPU server, "
+        "what": "autotune.bench.phase client vs `vllm bench serve`, same real vLLM CPU server, "
         "counterbalanced blocks (arm order drawn per block)",
         "command": "flock /tmp/autotune-vllm.lock env PYTHONPATH=$PWD .venv/bin/python "
         "benchmarks/client_accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -18,7 +18,8 @@ Each round measures, in an order that alternates between rounds:
 * ``pair``: A and B at the same time, the same workload each (what two parallel trials do);
 * ``solo_2cores``: C alone.
 
-A measurement is ``autotune.loadcurve.run_benchmark`` with the demo's workload (exactly what a trial
+A measurement is ``autotune.bench.loadcurve.run_benchmark`` with the demo's workload (exactly
+what a trial
 measures), run in its own process per server, as each parallel worker runs its own client.
 Reported: medians over rounds of decode tok/s (the demo's objective), output tok/s, TTFT p50 and
 ITL p50; the slowdown of each pinned server beside its twin vs. alone on the same core; and the
@@ -48,14 +49,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune._proc import free_port  # noqa: E402
-from autotune.client import build_client  # noqa: E402
+from autotune.bench.loadcurve import run_benchmark  # noqa: E402
+from autotune.client.http import build_client  # noqa: E402
 from autotune.engines import build_engine  # noqa: E402
 from autotune.engines.base import LaunchConfig  # noqa: E402
 from autotune.engines.vllm.dialect import VLLM_DIALECT  # noqa: E402
-from autotune.loadcurve import run_benchmark  # noqa: E402
-from autotune.server import ServerProcess  # noqa: E402
-from autotune.settings import ServerSettings  # noqa: E402
-from autotune.spec import load_spec  # noqa: E402
+from autotune.server.process import ServerProcess  # noqa: E402
+from autotune.space.settings import ServerSettings  # noqa: E402
+from autotune.spec.load import load_spec  # noqa: E402
 
 RESULT_PATH = ROOT / "benchmarks" / "results" / "contention.json"
 METRICS = ("decode_tokens_per_s", "output_tokens_per_s", "ttft_p50_ms", "itl_p50_ms")

@@ -55,7 +55,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search_efficiency as harness  # noqa: E402  (the benchmark beside this one)
 
-from autotune.search_model import (  # noqa: E402
+from autotune.search.model import (  # noqa: E402
     MIN_FOR_RANKING,
     Encoder,
     Model,

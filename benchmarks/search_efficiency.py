@@ -41,13 +41,14 @@ failed start or wrong output is PRUNED with the ``correct`` constraint at 1; a c
 is COMPLETE with its measured value). What a gated strategy reports after each launch is what
 ``autotune run`` would report if it stopped there: the winner of its confirmation, simulated
 (:class:`Confirm`: the product's candidate ranking and stopping rule; its launches count), or
-with ``--confirm-top 0`` the highest measured verified trial (``autotune.report.best_trials``).
+with ``--confirm-top 0`` the highest measured verified trial
+(``autotune.study.results.best_trials``).
 Trial 0 is the space's baseline, enqueued like ``study.open_study`` does. Parameters a config
 does not set (the baseline's) are the landscape's engine defaults.
 
 Strategies:
 
-* ``auto`` -- the default of ``autotune run`` (``autotune/strategy.py``), with the gate;
+* ``auto`` -- the default of ``autotune run`` (``autotune/search/strategy.py``), with the gate;
 * ``tpe`` -- the TPE sampler autotune used before (``--sampler tpe``), with the gate;
 * ``random`` -- ``optuna.samplers.RandomSampler``, with the gate (the reference of the ratio
   and of the p-values);
@@ -114,15 +115,20 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import names
-from autotune.confirm import DEFAULT_MAX_ROUNDS, gain_is_precise, gain_with_ci, rank_candidates
+from autotune.analysis.confirm import (
+    DEFAULT_MAX_ROUNDS,
+    gain_is_precise,
+    gain_with_ci,
+    rank_candidates,
+)
 from autotune.engines.vllm.machine import lossy_reason
 from autotune.patching import discover_patches
-from autotune.report import best_trials
-from autotune.search_model import config_key
-from autotune.space import SearchSpace
-from autotune.space_yaml import load_space
-from autotune.spec import WorkloadSpec
-from autotune.strategy import AutoSampler, build_sampler, risky_choices
+from autotune.search.model import config_key
+from autotune.search.strategy import AutoSampler, build_sampler, risky_choices
+from autotune.space.load import load_space
+from autotune.space.model import SearchSpace
+from autotune.spec.model import WorkloadSpec
+from autotune.study.results import best_trials
 
 ROOT = Path(__file__).resolve().parents[1]
 PATCH_DIR = ROOT / "patches"

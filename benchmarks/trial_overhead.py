@@ -5,7 +5,7 @@ Rerun (about a minute per trial on 2 cores; starts the real vLLM CPU server once
 
     .venv/bin/python benchmarks/trial_overhead.py --trials 12
 
-It runs the real loop, ``autotune.study.run_study`` on ``studies/demo.yaml`` (real vLLM CPU
+It runs the real loop, ``autotune.study.loop.run_study`` on ``studies/demo.yaml`` (real vLLM CPU
 server, baseline + search trials, a throw-away SQLite study), and times the phases by wrapping
 autotune's own functions (nothing in autotune is changed):
 
@@ -51,11 +51,11 @@ import optuna
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import autotune.record as record  # noqa: E402
-import autotune.trial as trial_module  # noqa: E402
-from autotune.server import ServerProcess  # noqa: E402
-from autotune.spec import load_spec  # noqa: E402
-from autotune.study import RunOptions, run_study  # noqa: E402
+import autotune.study.record as record  # noqa: E402
+import autotune.study.trial as trial_module  # noqa: E402
+from autotune.server.process import ServerProcess  # noqa: E402
+from autotune.spec.load import load_spec  # noqa: E402
+from autotune.study.loop import RunOptions, run_study  # noqa: E402
 
 RESULT_PATH = ROOT / "benchmarks" / "results" / "trial_overhead.json"
 POLL_S = 0.01
@@ -311,7 +311,7 @@ def quartiles_of(values: list[float]) -> list[float] | None:
 
 def summary_sampler(url: str) -> str | None:
     """The strategy the study recorded (``--sampler``'s default unless the spec says)."""
-    from autotune.strategy import SAMPLER_ATTR
+    from autotune.search.strategy import SAMPLER_ATTR
 
     study = optuna.load_study(study_name="overhead", storage=url)
     return study.user_attrs.get(SAMPLER_ATTR)

@@ -2,7 +2,7 @@
 picks (``fake_server``). Spec builders are in tests/builders.py, other helpers in
 tests/helpers.py: this file is pytest's, never imported by a test.
 
-No process a test starts outlives the session (autotune.testing.reaper): SIGTERM and SIGHUP
+No process a test starts outlives the session (tests/reaper.py): SIGTERM and SIGHUP
 stop the session as Ctrl-C does (teardowns run), and once the fixtures are torn down every
 process still carrying this session's token is stopped, group and all. A server started by a
 SIGKILLed ``autotune run`` child, or one whose ``finally`` never ran, is found that way."""
@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import reaper
 
-from autotune.testing import reaper
 from tests.fake_proc import FakeProc, launch, stop, wait_healthy
 from tests.helpers import IN_CI, PG_ENV, pg_bin
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import reaper
 
-from autotune.testing import reaper
 from tests.builders import ROOT
 
 KEY = "test-key"

@@ -12,9 +12,9 @@ import yaml
 
 from autotune import names
 from autotune.errors import PreflightError
-from autotune.spec import load_spec
+from autotune.spec.load import load_spec
 from autotune.storage import open_storage
-from autotune.study import RunOptions, open_study, run_study
+from autotune.study.loop import RunOptions, open_study, run_study
 from tests.builders import write_fake_spec
 
 SPACE = """
@@ -55,8 +55,8 @@ def fake_spec(directory: Path, *, name: str, baseline_fault: str | None = None) 
 def build_rich_study(directory: Path, *, ablate: bool = True) -> Path:
     """Baseline, an incorrect trial (divergence), a startup crash and an OOM (log tails), two
     healthy faster configs; then the confirmation (and an ablation) of the winner."""
-    from autotune.ablation import run_ablation
-    from autotune.confirm import run_confirmation
+    from autotune.analysis.ablation import run_ablation
+    from autotune.analysis.confirm import run_confirmation
 
     path = fake_spec(directory, name="rich")
     spec = load_spec(path)
@@ -83,9 +83,9 @@ def _store_recorded_profiles(study: optuna.Study) -> None:
     """The fake server has no profiler: store, for the baseline and the best trial, the
     breakdown of the real vLLM CPU trace fixture (labelled as such in its notes), so the
     report's step-time section is drawn and checked in the browser."""
+    from autotune.analysis.profile import result_from_traces
     from autotune.engines.vllm.profile import RECIPE
-    from autotune.profile import result_from_traces
-    from autotune.report import best_trials
+    from autotune.study.results import best_trials
 
     fixture = Path(__file__).parent / "fixtures" / "vllm_cpu_profile_rank0.trace.json.gz"
     stored = {}

@@ -8,10 +8,10 @@ import optuna
 from typer.testing import CliRunner
 
 from autotune import names
-from autotune.ablation import HELPS, NO_EFFECT, changes_from_baseline, revert
-from autotune.cli import app
-from autotune.spec import load_spec
-from autotune.study import RunOptions, open_study, run_study
+from autotune.analysis.ablation import HELPS, NO_EFFECT, changes_from_baseline, revert
+from autotune.cli.app import app
+from autotune.spec.load import load_spec
+from autotune.study.loop import RunOptions, open_study, run_study
 from tests.builders import write_fake_spec
 
 SPACE = """

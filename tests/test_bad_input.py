@@ -1,7 +1,7 @@
 """Bad input never starts anything: exit code 2, one error line naming the file and the key,
 and the study storage untouched (no database file, no artifact directory, no trial).
 
-Driven through ``autotune.cli.app`` with typer's CliRunner, plus direct ``load_spec`` /
+Driven through ``autotune.cli.app.app`` with typer's CliRunner, plus direct ``load_spec`` /
 ``load_space`` calls for the attributes of :class:`~autotune.errors.SpecError`.
 """
 
@@ -16,10 +16,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.app import app
 from autotune.errors import SpecError
-from autotune.space_yaml import load_space
-from autotune.spec import load_spec
+from autotune.space.load import load_space
+from autotune.spec.load import load_spec
 from tests.builders import fake_spec, write_fake_spec
 
 SPACE: dict[str, Any] = {
@@ -792,7 +792,7 @@ def test_export_header_launch_expands_the_key(tmp_path: Path) -> None:
     import os
     import subprocess
 
-    from autotune.export import export_values
+    from autotune.study.export import export_values
 
     show = "import os, sys; print(os.environ['MY_SERVER_API_KEY']); print(sys.argv[1:])"
     spec = with_(SPEC, "engine.command", [sys.executable, "-c", show, "--port", "{port}"])

@@ -24,8 +24,8 @@ import yaml
 from optuna.trial import TrialState
 
 from autotune import names
-from autotune.spec import load_spec
-from autotune.study import RunOptions, open_study, run_study
+from autotune.spec.load import load_spec
+from autotune.study.loop import RunOptions, open_study, run_study
 from tests.builders import write_demo_spec, write_fake_spec
 
 FAKE_SPACE = """

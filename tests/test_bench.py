@@ -9,7 +9,8 @@ import json
 import httpx
 import pytest
 
-from autotune.bench import (
+from autotune.bench.loadcurve import run_benchmark
+from autotune.bench.phase import (
     PhaseResult,
     RequestRecord,
     combine,
@@ -18,8 +19,7 @@ from autotune.bench import (
     summarize,
 )
 from autotune.engines.vllm.dialect import VLLM_DIALECT
-from autotune.loadcurve import run_benchmark
-from autotune.spec import WorkloadSpec
+from autotune.spec.model import WorkloadSpec
 
 
 def sse(chunks: list[dict]) -> bytes:

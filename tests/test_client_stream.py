@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from autotune import client as client_module
-from autotune.bench import run_phase, stream_request
-from autotune.client import StreamingClient, connect
+from autotune.bench.phase import run_phase, stream_request
+from autotune.client.http import StreamingClient, connect
+from autotune.client import http as client_module
+from autotune.client.stream import TokenDeadline
 from autotune.engines.vllm.dialect import VLLM_DIALECT
-from autotune.protocol import TokenDeadline
 from tests.fake_proc import KEY
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.compare import ConfigComparison, ConfigResult, config_values, verdict_line
+from autotune.analysis.compare import ConfigComparison, ConfigResult, config_values, verdict_line
+from autotune.cli.app import app
 from autotune.errors import SpecError
-from autotune.export import export_values
-from autotune.spec import load_spec
+from autotune.spec.load import load_spec
+from autotune.study.export import export_values
 from tests.report_studies import build_broken_study, build_rich_study, fake_spec
 
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.constraints import MAX_CONSTRAINT_CHARS, ConstraintSyntaxError, compile_constraint
 from autotune.errors import SpecError
+from autotune.space.constraints import (
+    MAX_CONSTRAINT_CHARS,
+    ConstraintSyntaxError,
+    compile_constraint,
+)
 
 
 def test_an_expression_is_compiled_and_evaluated() -> None:

@@ -12,8 +12,8 @@ import optuna
 import psutil
 
 from autotune import names
-from autotune.spec import load_spec
-from autotune.study import RunOptions, open_study, run_study
+from autotune.spec.load import load_spec
+from autotune.study.loop import RunOptions, open_study, run_study
 from tests.builders import write_fake_spec
 from tests.helpers import autotune_cmd
 

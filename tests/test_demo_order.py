@@ -11,10 +11,10 @@ import pytest
 from autotune import names
 from autotune.engines import build_engine
 from autotune.engines.base import DroppedChoice
-from autotune.guide import early_neighbours, record_plan, risky_for
-from autotune.spec import load_spec
-from autotune.study import open_study
-from autotune.trial import suggest_values
+from autotune.search.guide import early_neighbours, record_plan, risky_for
+from autotune.spec.load import load_spec
+from autotune.study.loop import open_study
+from autotune.study.trial import suggest_values
 from tests.builders import ROOT
 
 FP8_DROPPED = [DroppedChoice("kv_cache_dtype", "fp8", "no AVX-512")]
@@ -113,7 +113,7 @@ def test_the_strategy_keeps_its_whole_design_after_the_early_neighbours(tmp_path
     use up the strategy's design, or ``autotune run`` runs a shorter design than the one the
     search benchmark measured (seen on the demo: 3 design points instead of 5, and a fault
     patch at trial 7)."""
-    from autotune.strategy import N_DESIGN, AutoSampler
+    from autotune.search.strategy import N_DESIGN, AutoSampler
 
     trials, study, _spec = first_trials(tmp_path, 3, [], n=3 + N_DESIGN + 1)
     auto = study.sampler._base  # noqa: SLF001 - the GuidedSampler's strategy

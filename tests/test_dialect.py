@@ -9,13 +9,13 @@ import json
 import httpx
 import pytest
 
+from autotune.client.stream import completion_body
 from autotune.engines.command import CommandEngine
 from autotune.engines.dialect import OPENAI, TEACHER_ECHO, TEACHER_PROMPT_LOGPROBS
 from autotune.engines.registry import BUILTIN
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.engines.vllm.engine import VllmEngine
-from autotune.gate import Completion, complete_greedy, detect_teacher_mode
-from autotune.protocol import completion_body
+from autotune.gate.run import Completion, complete_greedy, detect_teacher_mode
 
 
 def test_plain_openai_body_asks_for_nothing_beyond_the_api() -> None:

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from autotune import names
-from autotune.spec import load_spec
-from autotune.study import open_study
+from autotune.spec.load import load_spec
+from autotune.study.loop import open_study
 from tests.builders import DEMO_MODEL, write_demo_spec
 from tests.helpers import autotune_cmd, processes_matching
 
@@ -110,7 +110,7 @@ def test_fault_patch_is_recorded_incorrect_and_never_best(study_dir):
         assert divergence["expected_text"] != divergence["got_text"]
         assert names.METRICS not in trial.user_attrs  # never scored
         assert trial.constraints[names.CORRECTNESS_CONSTRAINT] > 0
-    from autotune.report import best_trials
+    from autotune.study.results import best_trials
 
     assert all(t.params.get("qkv_shard_swap") is not True for t in best_trials(study))
 

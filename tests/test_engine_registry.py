@@ -17,8 +17,8 @@ from autotune.engines.registry import build_engine, engine_class, engine_names
 from autotune.engines.vllm.engine import VllmEngine
 from autotune.engines.vllm.machine import CPU_BIND_ENV
 from autotune.errors import SpecError
-from autotune.settings import ServerSettings
-from autotune.spec import load_spec
+from autotune.space.settings import ServerSettings
+from autotune.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,8 +8,8 @@ import dataclasses
 import yaml
 
 from autotune.engines import build_engine
-from autotune.export import confirmation_notes, export_values
-from autotune.spec import load_spec
+from autotune.spec.load import load_spec
+from autotune.study.export import confirmation_notes, export_values
 from tests.builders import ROOT
 
 
@@ -80,8 +80,8 @@ def test_export_writes_the_baseline_when_no_config_beats_it(tmp_path):
     import optuna
     from typer.testing import CliRunner
 
-    from autotune.cli import app
-    from autotune.study import open_study
+    from autotune.cli.app import app
+    from autotune.study.loop import open_study
     from tests.builders import write_fake_spec
 
     spec_path = write_fake_spec(tmp_path, BASELINE_WINS_SPACE, name="basewins")
@@ -127,7 +127,7 @@ def test_export_writes_the_baseline_when_no_config_beats_it(tmp_path):
 def test_export_fails_when_the_baseline_failed(tmp_path):
     from typer.testing import CliRunner
 
-    from autotune.cli import app
+    from autotune.cli.app import app
     from tests.builders import write_fake_spec
 
     space = BASELINE_WINS_SPACE.replace("baseline: null", "baseline: exit_at_start").replace(

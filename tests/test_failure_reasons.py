@@ -20,15 +20,15 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from autotune import oom
-from autotune.cli import app
+from autotune.cli.app import app
 from autotune.engines.base import LaunchConfig, classify_common, find_root_cause
 from autotune.engines.vllm import logs as vllm_logs
 from autotune.engines.vllm.engine import VllmEngine
 from autotune.errors import CandidateError
-from autotune.server import ServerProcess
-from autotune.spec import load_spec
-from autotune.study import RunOptions, open_study, run_study
+from autotune.server import oom
+from autotune.server.process import ServerProcess
+from autotune.spec.load import load_spec
+from autotune.study.loop import RunOptions, open_study, run_study
 from tests.builders import write_fake_spec
 
 ROOT = Path(__file__).resolve().parent.parent

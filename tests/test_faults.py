@@ -22,11 +22,11 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-import autotune.trial
+import autotune.study.trial
 from autotune import _proc, names
 from autotune.errors import PreflightError
-from autotune.spec import load_spec
-from autotune.study import RunOptions, open_study, run_study
+from autotune.spec.load import load_spec
+from autotune.study.loop import RunOptions, open_study, run_study
 from autotune.testing.fake_options import FAULTS as FAKE_FAULTS
 from tests.builders import fake_spec, save_spec
 
@@ -350,7 +350,7 @@ def test_port_taken_is_infrastructure_retried_once(
         calls.append(host)
         return held_port if len(calls) == 2 else _proc.free_port(host)  # the first search trial
 
-    monkeypatch.setattr(autotune.trial, "free_port", flaky_free_port)
+    monkeypatch.setattr(autotune.study.trial, "free_port", flaky_free_port)
     spec = load_spec(write_spec(tmp_path))
     study, _ = open_study(spec, spec.storage)
     study.enqueue_trial({"fault": "ignore_sigterm"}, user_attrs={names.ROLE: "search"})
@@ -379,7 +379,7 @@ def test_consecutive_infrastructure_faults_stop_the_run(
         calls.append(host)
         return _proc.free_port(host) if len(calls) == 1 else held_port  # healthy baseline only
 
-    monkeypatch.setattr(autotune.trial, "free_port", broken_free_port)
+    monkeypatch.setattr(autotune.study.trial, "free_port", broken_free_port)
     spec = load_spec(write_spec(tmp_path, max_infra=2))
     study, _ = open_study(spec, spec.storage)
     for _ in range(4):

@@ -8,9 +8,9 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune._files import write_files_atomically, write_text_atomically
+from autotune.cli.app import app
 from autotune.errors import SpecError
-from autotune.files import write_files_atomically, write_text_atomically
 
 
 def test_writes_the_text_and_creates_the_folders(tmp_path: Path) -> None:

@@ -20,9 +20,9 @@ from optuna.trial import TrialState
 
 from autotune import names
 from autotune.errors import PreflightError
-from autotune.report import best_trials, is_verified_feasible
-from autotune.spec import load_spec
-from autotune.study import RunOptions, open_study, run_study
+from autotune.spec.load import load_spec
+from autotune.study.loop import RunOptions, open_study, run_study
+from autotune.study.results import best_trials, is_verified_feasible
 from tests.builders import fake_spec, save_spec, write_fake_spec
 from tests.helpers import autotune_cmd
 

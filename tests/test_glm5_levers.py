@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.space_yaml import load_space
+from autotune.space.load import load_space
 from autotune.testing import glm5_sim as sim
 from tests.builders import ROOT
 

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from autotune.errors import SpecError
-from autotune.space_yaml import load_space
-from autotune.spec import load_spec
-from autotune.spec_checks import ARG_MAX_CAP, arg_max, exec_bytes
+from autotune.space.load import load_space
+from autotune.spec.checks import ARG_MAX_CAP, arg_max, exec_bytes
+from autotune.spec.load import load_spec
 from tests.test_bad_input import SPEC, assert_bad_input, invoke, with_, write
 
 
@@ -555,7 +555,7 @@ def test_export_header_with_line_breaks_in_the_launch(tmp_path: Path) -> None:
     """A word with a line break (a two-line ``python -c`` script, a flag choice) ended the
     header's ``# Launch:`` comment: the rest was read as YAML, a broken config or a stray key.
     Now the word is ``$'...'``-quoted on one line, and bash runs exactly the same argv."""
-    from autotune.export import export_values
+    from autotune.study.export import export_values
 
     script = "import sys\nprint(repr(sys.argv[1:]))"
     spec = with_(SPEC, "engine.command", [sys.executable, "-c", script, "--port", "{port}"])

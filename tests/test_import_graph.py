@@ -63,7 +63,7 @@ VOCABULARY_ALLOWED = {
     # the stored name of the teacher-forced mode (studies already hold this value)
     ("autotune/engines/dialect.py", "prompt_logprobs"),
     # the workload hash's fixed sampling fields: renaming them changes every study's hash
-    ("autotune/workload.py", "ignore_eos"),
+    ("autotune/spec/workload.py", "ignore_eos"),
 }
 #: the test doubles (the ``testing`` extra) speak vLLM's dialect on purpose
 VOCABULARY_EXEMPT_DIRS = ("autotune/engines/vllm/", "autotune/testing/")
@@ -192,7 +192,7 @@ def _cycles() -> list[tuple[str, ...]]:
 def test_the_checker_sees_arrows_and_cycles() -> None:
     """The checker itself: a known arrow is found, with its in-function flag."""
     arrows = {(a, b) for a, b, _line, _lazy in IMPORTS}
-    assert ("autotune.gate", "autotune.gate_compare") in arrows
+    assert ("autotune.gate.run", "autotune.gate.judge") in arrows
     assert ("autotune.engines.vllm.engine", "autotune.engines.vllm.validate") in arrows
     lazy = {(a, b.split(".")[0]) for a, b, _line, is_lazy in IMPORTS if is_lazy}
     assert ("autotune.engines.vllm.validate", "vllm") in lazy

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.app import app
 from autotune.model.roofline import roofline_from_spec
-from autotune.spec import load_spec
+from autotune.spec.load import load_spec
 from autotune.testing.make_gguf import hf_llama_to_gguf
 from tests.builders import DEMO_MODEL, ROOT
 

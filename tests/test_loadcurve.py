@@ -15,9 +15,9 @@ import optuna
 import pytest
 
 from autotune import names
-from autotune.confirm import _precise
-from autotune.engines.vllm.dialect import VLLM_DIALECT
-from autotune.loadcurve import (
+from autotune._stats import Interval, mean_interval, t_quantile
+from autotune.analysis.confirm import _precise
+from autotune.bench.loadcurve import (
     CLAIMED,
     Probe,
     _stop_reason,
@@ -25,8 +25,8 @@ from autotune.loadcurve import (
     search_goodput,
     slo_verdict,
 )
-from autotune.spec import SloSpec, WorkloadSpec
-from autotune.stats import Interval, mean_interval, t_quantile
+from autotune.engines.vllm.dialect import VLLM_DIALECT
+from autotune.spec.model import SloSpec, WorkloadSpec
 from tests.builders import write_fake_spec
 from tests.fake_proc import AUTH, server
 from tests.helpers import autotune_cmd
@@ -285,7 +285,7 @@ def test_goodput_on_a_server_whose_latency_rises_with_concurrency(tmp_path):
 
 
 def test_the_precision_test_on_samples_is_the_stopping_rules():
-    from autotune.confirm import gain_is_precise
+    from autotune.analysis.confirm import gain_is_precise
 
     assert gain_is_precise((100.0, 100.1), (50.0, 50.05), 1.0, 0.03)
     assert not gain_is_precise((100.0, 140.0), (50.0, 70.0), 1.0, 0.03)

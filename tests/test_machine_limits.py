@@ -7,14 +7,14 @@ import optuna
 from typer.testing import CliRunner
 
 from autotune import names
-from autotune.cli import app
+from autotune.cli.app import app
 from autotune.engines import build_engine
 from autotune.engines.base import DroppedChoice
 from autotune.engines.command import CommandEngine
 from autotune.engines.vllm import machine as vllm_machine
 from autotune.engines.vllm.machine import Machine, cpu_flags, machine_limits
-from autotune.guide import GuidedSampler
-from autotune.spec import load_spec
+from autotune.search.guide import GuidedSampler
+from autotune.spec.load import load_spec
 from tests.builders import ROOT, write_fake_spec
 
 CPUINFO_AVX2 = """processor\t: 0
@@ -58,7 +58,7 @@ def test_thread_binding_to_cores_that_do_not_exist_is_dropped():
 def test_gpu_rules_ask_the_engine_with_the_compute_capability():
     from dataclasses import replace
 
-    from autotune.space import Parameter, Target
+    from autotune.space.model import Parameter, Target
 
     space = demo_space()
     backend = Parameter(

@@ -34,7 +34,8 @@ from autotune import names
 from autotune.engines.vllm.engine import VllmEngine
 from autotune.engines.vllm.machine import CPU_BIND_ENV
 from autotune.errors import SpecError
-from autotune.parallel import (
+from autotune.storage import open_storage
+from autotune.study.parallel import (
     GPU_ENV,
     DevicePlanSpec,
     build_plan,
@@ -43,7 +44,6 @@ from autotune.parallel import (
     split_trials,
     worker_seed,
 )
-from autotune.storage import open_storage
 from tests.builders import sigint_as_a_terminal_would
 from tests.helpers import needs_pg  # the pg_url fixture is conftest.py's
 

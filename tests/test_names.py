@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune import names
-from autotune.bench import PhaseResult, RequestRecord, summarize
+from autotune.bench.phase import PhaseResult, RequestRecord, summarize
 from autotune.errors import CandidateError, InfrastructureError
 
 

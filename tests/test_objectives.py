@@ -9,10 +9,10 @@ import yaml
 from typer.testing import CliRunner
 
 from autotune import names
-from autotune.cli import app
-from autotune.report import best_trials
-from autotune.spec import load_spec
-from autotune.study import RunOptions, open_study, run_study
+from autotune.cli.app import app
+from autotune.spec.load import load_spec
+from autotune.study.loop import RunOptions, open_study, run_study
+from autotune.study.results import best_trials
 from tests.builders import write_fake_spec
 
 SPACE = """
@@ -146,7 +146,7 @@ def test_clearly_losing_trial_is_pruned_after_its_first_repeat(tmp_path):
 
 
 def test_confirmation_interval_is_honest_about_two_rounds():
-    from autotune.confirm import gain_with_ci
+    from autotune.analysis.confirm import gain_with_ci
 
     # the demo's confirmation: +7.4% from two rounds each is not distinguishable from zero
     gain, (low, high) = gain_with_ci((1157.0, 1138.9), (1070.1, 1066.9), 1.0)

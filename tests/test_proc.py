@@ -31,13 +31,13 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import _proc, names
-from autotune.cleanup import cleanup_stale, enqueue_retry
 from autotune.engines.base import LaunchConfig
-from autotune.record import running_duplicate
-from autotune.server import ServerProcess
+from autotune.server.process import ServerProcess
 from autotune.storage import open_storage
-from autotune.study import _wait_for_reference
-from autotune.trial import TrialRunner
+from autotune.study.cleanup import cleanup_stale, enqueue_retry
+from autotune.study.loop import _wait_for_reference
+from autotune.study.record import running_duplicate
+from autotune.study.trial import TrialRunner
 
 
 def launch_config(tag: str, *extra: str) -> LaunchConfig:

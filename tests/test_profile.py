@@ -17,12 +17,12 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune import names
-from autotune.cli import app
+from autotune.analysis.profile import default_trials, sort_profiles, table_rows
+from autotune.cli.app import app
 from autotune.errors import PreflightError
-from autotune.profile import default_trials, sort_profiles, table_rows
-from autotune.report import best_trials
-from autotune.spec import load_spec
-from autotune.study import RunOptions, open_study, run_study
+from autotune.spec.load import load_spec
+from autotune.study.loop import RunOptions, open_study, run_study
+from autotune.study.results import best_trials
 from tests.builders import write_demo_spec, write_fake_spec
 
 SPACE = """

@@ -10,12 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune import names
-from autotune.cli import app
-from autotune.export import export_values
-from autotune.recheck import Measured, blame_slower, blame_wrong, judge, read_record
-from autotune.spec import load_spec
+from autotune.analysis.recheck import Measured, blame_slower, blame_wrong, judge, read_record
+from autotune.cli.app import app
+from autotune.spec.load import load_spec
 from autotune.storage import open_storage
-from autotune.study import RunOptions, open_study, run_study
+from autotune.study.export import export_values
+from autotune.study.loop import RunOptions, open_study, run_study
 from tests.builders import write_fake_spec
 
 SPACE = """

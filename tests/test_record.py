@@ -8,7 +8,8 @@ from optuna.trial import TrialState
 
 from autotune import names
 from autotune.errors import CandidateError, InfrastructureError
-from autotune.record import (
+from autotune.spec.model import ObjectiveSpec, SloSpec
+from autotune.study.record import (
     record_duplicate,
     record_early_stop,
     record_failure,
@@ -16,7 +17,6 @@ from autotune.record import (
     running_duplicate,
     trim,
 )
-from autotune.spec import ObjectiveSpec, SloSpec
 
 
 @pytest.fixture

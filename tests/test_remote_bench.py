@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune import names
-from autotune.cli import app
-from autotune.server_metrics import parse
-from autotune.spec import load_spec
-from autotune.study import RunOptions, run_study
+from autotune.cli.app import app
+from autotune.server.metrics import parse
+from autotune.spec.load import load_spec
+from autotune.study.loop import RunOptions, run_study
 from tests.builders import write_fake_spec
 
 SPACE = """

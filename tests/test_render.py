@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from autotune import render
+from autotune.cli import render
 
 
 def _confirmation(gain: float, low: float, high: float) -> dict:

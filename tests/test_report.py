@@ -5,9 +5,9 @@ from __future__ import annotations
 import yaml
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.spec import load_spec
-from autotune.study import RunOptions, open_study, run_study
+from autotune.cli.app import app
+from autotune.spec.load import load_spec
+from autotune.study.loop import RunOptions, open_study, run_study
 from tests.builders import write_fake_spec
 
 SPACE = """

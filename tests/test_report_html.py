@@ -18,7 +18,7 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.app import app
 from autotune.storage import open_storage
 from tests.browser import CHROMIUM
 from tests.helpers import IN_CI, needs_pg

@@ -1,4 +1,4 @@
-"""Unit tests of autotune.server.ServerProcess: start, readiness, failure reasons, stop.
+"""Unit tests of autotune.server.process.ServerProcess: start, readiness, failure reasons, stop.
 
 The server is the fake one (autotune.testing.fake_server) on ``--port 0``: the OS picks the
 port and the server writes it to ``--port-file`` once it listens; the test builds its client
@@ -19,7 +19,7 @@ import pytest
 
 from autotune.engines.base import LaunchConfig, classify_common
 from autotune.errors import CandidateError
-from autotune.server import ServerProcess, ServerStart
+from autotune.server.process import ServerProcess, ServerStart
 from tests.builders import ROOT
 
 KEY = "server-test-key"

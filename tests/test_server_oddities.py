@@ -19,20 +19,20 @@ from pathlib import Path
 import httpx
 import pytest
 
-from autotune.bench import RequestRecord, stream_request
+from autotune.analysis.profile import _decode
+from autotune.bench.phase import RequestRecord, stream_request
+from autotune.client.stream import StreamError
 from autotune.engines.base import LaunchConfig
 from autotune.engines.dialect import OPENAI, TEACHER_ECHO, TEACHER_PROMPT_LOGPROBS
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.errors import CandidateError
-from autotune.gate_client import (
+from autotune.gate.requests import (
     Completion,
     TeacherUnsupported,
     complete_greedy,
     teacher_forced_logprobs,
 )
-from autotune.profile import _decode
-from autotune.protocol import StreamError
-from autotune.server import ServerProcess
+from autotune.server.process import ServerProcess
 
 SSE = "text/event-stream"
 

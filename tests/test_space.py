@@ -8,8 +8,8 @@ import optuna
 import pytest
 
 from autotune.errors import SpecError
-from autotune.space import is_one_line
-from autotune.space_yaml import load_space
+from autotune.space.load import load_space
+from autotune.space.model import is_one_line
 
 GOOD = """
 parameters:

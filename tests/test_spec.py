@@ -1,4 +1,4 @@
-"""Unit tests of autotune.spec: what a study spec file turns into, its defaults, and which file
+"""Unit tests of autotune.spec.load: what a study spec file turns into, its defaults, and which file
 and key a bad value is blamed on. (The long list of bad inputs is test_bad_input.py's; this file
 is the loader's own contract.)"""
 
@@ -11,7 +11,7 @@ import pytest
 
 from autotune.errors import SpecError
 from autotune.names import METRIC_DIRECTIONS, direction
-from autotune.spec import load_spec
+from autotune.spec.load import load_spec
 from tests.builders import FAKE_CHECK, FAKE_SERVER_COMMAND, FAKE_WORKLOAD, fake_spec, save_spec
 
 SPACE = """

@@ -24,9 +24,9 @@ from optuna.trial import TrialState
 
 from autotune import names
 from autotune.engines.vllm import speculative
-from autotune.space_yaml import load_space
-from autotune.spec import load_spec
-from autotune.study import RunOptions, open_study, run_study
+from autotune.space.load import load_space
+from autotune.spec.load import load_spec
+from autotune.study.loop import RunOptions, open_study, run_study
 from tests.builders import ROOT, write_demo_spec
 
 METRICS_TEXT = """\

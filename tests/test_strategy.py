@@ -1,4 +1,4 @@
-"""The search strategy (autotune/strategy.py) and its benchmark harness.
+"""The search strategy (autotune/search/strategy.py) and its benchmark harness.
 
 * the default strategy is recorded in the study, kept on resume, replaced when asked for;
 * ``--sampler`` with an unknown name is bad input (exit code 2);
@@ -25,13 +25,11 @@ from optuna.trial import TrialState, create_trial
 from typer.testing import CliRunner
 
 from autotune import names
-from autotune.cli import app
-from autotune.confirm import rank_candidates
+from autotune.analysis.confirm import rank_candidates
+from autotune.cli.app import app
 from autotune.errors import SpecError
-from autotune.search_model import Encoder, Feasibility, fit_speed, rank_by_posterior
-from autotune.space_yaml import load_space
-from autotune.spec import load_spec
-from autotune.strategy import (
+from autotune.search.model import Encoder, Feasibility, fit_speed, rank_by_posterior
+from autotune.search.strategy import (
     N_DESIGN,
     SAMPLER_ATTR,
     AutoSampler,
@@ -39,8 +37,10 @@ from autotune.strategy import (
     config_key,
     risky_choices,
 )
-from autotune.study import open_study
-from autotune.warm_start import WARM_START_FROM, warm_start
+from autotune.space.load import load_space
+from autotune.spec.load import load_spec
+from autotune.study.loop import open_study
+from autotune.study.warm_start import WARM_START_FROM, warm_start
 from benchmarks import search_efficiency as harness
 from tests.builders import write_fake_spec
 
@@ -370,7 +370,7 @@ def test_warm_start_from_a_missing_study_is_bad_input(tmp_path):
     spec_path = write_fake_spec(tmp_path, SPACE, name="wsmissing")
     spec = load_spec(spec_path)
     study, _ = open_study(spec, spec.default_storage())
-    from autotune.warm_start import warm_start_from
+    from autotune.study.warm_start import warm_start_from
 
     with pytest.raises(SpecError, match="no study named 'nope'"):
         warm_start_from(study, spec, spec.default_storage(), "nope")

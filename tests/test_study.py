@@ -1,4 +1,4 @@
-"""Unit tests of autotune.study: where a study is stored, how it is opened (once, with the
+"""Unit tests of autotune.study.loop: where a study is stored, how it is opened (once, with the
 baseline queued first), how a trial is queued again, and the loop's own rules on the fake
 server (the baseline runs first; a failed baseline stops the run). Multi-worker races and
 crash recovery are the scenario files' (test_multiworker.py, test_resume_e2e.py)."""
@@ -13,8 +13,8 @@ from optuna.trial import TrialState
 
 from autotune import names
 from autotune.errors import PreflightError, SpecError
-from autotune.spec import load_spec
-from autotune.study import RunOptions, enqueue_retry, open_study, run_study, storage_url_for
+from autotune.spec.load import load_spec
+from autotune.study.loop import RunOptions, enqueue_retry, open_study, run_study, storage_url_for
 from tests.builders import fake_spec, save_spec, write_fake_spec
 
 SPACE = """

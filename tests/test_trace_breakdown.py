@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engines.vllm.profile import RECIPE
-from autotune.errors import SpecError
-from autotune.trace_breakdown import (
+from autotune.analysis.trace import (
     BETWEEN_STEPS,
     GAPS,
     MEMCPY,
@@ -30,6 +28,8 @@ from autotune.trace_breakdown import (
     has_steps,
     load_trace,
 )
+from autotune.engines.vllm.profile import RECIPE
+from autotune.errors import SpecError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_cpu_profile_rank0.trace.json.gz"
 

@@ -14,7 +14,7 @@ import pytest
 
 from autotune.engines.base import ValidationIssue
 from autotune.engines.vllm.validate import NCCL_ENV, validate_space
-from autotune.space_yaml import load_space
+from autotune.space.load import load_space
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,7 +81,7 @@ def test_glm5_space_validates_clean(vllm_ctx: object, tmp_path: Path) -> None:
 def test_glm5_study_validates_through_the_engine(vllm_ctx: object) -> None:
     """What ``autotune validate studies/glm5-8gpu.yaml`` runs: spec, engine, space."""
     from autotune.engines.vllm.engine import VllmEngine
-    from autotune.spec import load_spec
+    from autotune.spec.load import load_spec
 
     spec = load_spec(REPO / "studies" / "glm5-8gpu.yaml")
     assert spec.model.path.endswith(".gguf")  # a placeholder: only `run` needs it to exist

@@ -1,4 +1,4 @@
-"""Workloads (autotune/workload.py): prompt files in three shapes, synthetic length
+"""Workloads (autotune/spec/workload.py): prompt files in three shapes, synthetic length
 distributions with a shared prefix, bad files refused naming file and line, and a resumed study
 whose workload changed refused (exit 2) unless --allow-workload-change."""
 
@@ -12,11 +12,11 @@ import yaml
 from typer.testing import CliRunner
 
 from autotune import names
-from autotune.cli import app
+from autotune.cli.app import app
 from autotune.errors import SpecError
-from autotune.spec import load_spec
-from autotune.study import RunOptions, open_study
-from autotune.workload import check_workload, reference_requests, workload_hash
+from autotune.spec.load import load_spec
+from autotune.spec.workload import check_workload, reference_requests, workload_hash
+from autotune.study.loop import RunOptions, open_study
 from tests.builders import write_fake_spec
 
 SPACE = """

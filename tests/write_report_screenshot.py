@@ -16,7 +16,7 @@ from pathlib import Path
 from PIL import Image
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.app import app
 from tests.browser import visit
 from tests.report_studies import build_rich_study
 

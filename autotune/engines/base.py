@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.engines.dialect import OPENAI, RequestDialect
 from autotune.patching import FAILED_MARKER, PATCH_DIRS_ENV, PATCHES_ENV
-from autotune.settings import ServerSettings
+from autotune.space.settings import ServerSettings
 
 if TYPE_CHECKING:
-    from autotune.space import SearchSpace
-    from autotune.spec import StudySpec
+    from autotune.space.model import SearchSpace
+    from autotune.spec.model import StudySpec
 
 
 @dataclass(frozen=True)

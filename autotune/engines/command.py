@@ -28,8 +28,8 @@ from autotune.engines.base import Engine, LaunchConfig, ValidationIssue
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.engines.vllm.machine import CPU_BIND_ENV
 from autotune.engines.vllm.metrics import VLLM_METRICS
-from autotune.server_metrics import MetricsMap
-from autotune.settings import ServerSettings
+from autotune.server.metrics import MetricsMap
+from autotune.space.settings import ServerSettings
 
 _PLACEHOLDERS = ("port", "host", "model", "served_name", "api_key", "python")
 KEY_ENV = "AUTOTUNE_API_KEY"

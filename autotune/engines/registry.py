@@ -17,7 +17,7 @@ from autotune.engines.vllm.engine import VllmEngine
 from autotune.errors import SpecError
 
 if TYPE_CHECKING:
-    from autotune.spec import StudySpec
+    from autotune.spec.model import StudySpec
 
 ENTRY_POINT_GROUP = "autotune.engines"
 BUILTIN: dict[str, type[Engine]] = {cls.name: cls for cls in (VllmEngine, CommandEngine)}

@@ -4,7 +4,7 @@ A cost model, not a measurement: the speed peaks at ``fraction`` 0.73 and ``toke
 scale) and falls off smoothly around it, over a floor of 5 tok/s. Written after a trace showed
 the default strategy launching the corner of such a space (1.0, 1000) again and again: its main
 effects (``u``, ``u**2``) and their products extrapolate there. It is the landscape the numeric
-local term of ``autotune.search_model.fit_speed`` was built and its length chosen on, so it is
+local term of ``autotune.search.model.fit_speed`` was built and its length chosen on, so it is
 a check that the fix holds, not an overfitting check (``landscape_unseen.py`` is that).
 
 Parameters missing from ``params`` (the baseline sets none) take 0.5 and 10.

@@ -26,11 +26,11 @@ from autotune.engines.vllm.metrics import VLLM_METRICS
 from autotune.engines.vllm.profile import VllmProfiler
 from autotune.engines.vllm.version import installed_vllm_version
 from autotune.patching import APPLIED_MARKER, PatchError, discover_patches
-from autotune.server_metrics import MetricsMap
-from autotune.settings import ServerSettings
+from autotune.server.metrics import MetricsMap
+from autotune.space.settings import ServerSettings
 
 if TYPE_CHECKING:
-    from autotune.space import SearchSpace
+    from autotune.space.model import SearchSpace
 
 
 class VllmEngine(Engine):

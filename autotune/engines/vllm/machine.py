@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.engines.base import DroppedChoice
 
 if TYPE_CHECKING:
-    from autotune.space import Parameter, SearchSpace
+    from autotune.space.model import Parameter, SearchSpace
 
 #: flags whose non-default values change the numbers the model computes (first proposals avoid
 #: them: the correctness gate may rightly reject them, which teaches a newcomer nothing)

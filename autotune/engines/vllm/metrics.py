@@ -8,7 +8,7 @@ counters exist only when a draft method is configured.
 
 from __future__ import annotations
 
-from autotune.server_metrics import MetricsMap
+from autotune.server.metrics import MetricsMap
 
 VLLM_METRICS = MetricsMap(
     gauges={

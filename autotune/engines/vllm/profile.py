@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from autotune.trace_breakdown import TraceRecipe
+from autotune.analysis.trace import TraceRecipe
 
 PROFILER_FLAG = "--profiler-config"
 

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from autotune import names
-from autotune.settings import ServerSettings
+from autotune.space.settings import ServerSettings
 from autotune.storage import load_study
 
 #: the JSON flag that turns speculation on (absent = no speculation, nothing to scrape)

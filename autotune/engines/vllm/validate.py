@@ -56,8 +56,8 @@ from autotune.engines.vllm.env_vars import (
 )
 from autotune.engines.vllm.version import installed_vllm_version
 from autotune.patching import discover_patches, resolve_target, version_matches
-from autotune.settings import merge_json_key
-from autotune.space import Parameter, SearchSpace
+from autotune.space.model import Parameter, SearchSpace
+from autotune.space.settings import merge_json_key
 
 #: placeholder model for parsing; parsing never opens it
 _MODEL_ARGV = ("--model", "autotune-validate-placeholder")

@@ -1,0 +1,3 @@
+"""Analyses of a finished or running study: re-measurement, confirmation, ablation, recheck,
+compare, profile and trace breakdown.
+"""

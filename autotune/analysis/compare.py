@@ -1,0 +1,528 @@
+"""`autotune compare A B`: two studies, or two exported configs, side by side.
+
+Two studies (each a spec file or ``NAME@URL``): the best config of each (``report.best_trials``),
+the parameters in which they differ, every metric with a 95% interval where the config was
+measured more than once (search, confirmation and ablation rounds of the same values), and the
+trials of each by verdict.
+
+Two exported configs (``autotune export`` files): each is turned back into values of the spec's
+search space (and refused, naming the file and key, when it cannot be: compare launches through
+the same gate as a study, so a config must be one the study could have run), then both are
+measured through the gate in interleaved rounds (A, B, A, B, ...; ``remeasure.measure_variants``,
+as the confirmation does) in a study of their own, ``<spec study>-compare``, whose baseline
+records the reference. The answer is B's gain over A with the confirmation's 95% Welch t
+interval on the log ratio: real when the interval excludes zero.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.markup import escape
+from rich.table import Table
+
+from autotune import names
+from autotune.analysis.confirm import gain_with_ci, t975
+from autotune.analysis.remeasure import Variant, measure_variants
+from autotune.engines import build_engine
+from autotune.errors import SpecError
+from autotune.report.format import ReportSource, objective_names, safe_url
+from autotune.spec.load import load_spec
+from autotune.spec.model import StudySpec
+from autotune.storage import check_study_name, load_study, resolve_url, sqlite_file
+from autotune.study.export import API_KEY
+from autotune.study.loop import RunOptions, open_study, run_study, storage_url_for
+from autotune.study.results import best_trials, is_verified_feasible, report_of
+
+
+@dataclass(frozen=True)
+class StudyRef:
+    label: str  # as the user gave it
+    url: str
+    name: str
+
+
+@dataclass(frozen=True)
+class MetricStat:
+    samples: tuple[float, ...]
+    median: float
+    ci: tuple[float, float] | None  # 95% t interval of the mean, None for one sample
+
+
+@dataclass(frozen=True)
+class StudySide:
+    ref: StudyRef
+    best: int | None
+    params: dict[str, Any]
+    metrics: dict[str, MetricStat]
+    verdicts: dict[str, int]
+    objective: tuple[str, ...]
+    directions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StudyComparison:
+    a: StudySide
+    b: StudySide
+    changed: tuple[str, ...]
+    #: B's gain over A on the shared objective, with its 95% interval (None when unknown)
+    metric: str | None
+    gain: float | None
+    gain_ci: tuple[float, float] | None
+
+
+@dataclass(frozen=True)
+class ConfigResult:
+    label: str
+    path: Path
+    values: dict[str, Any]
+    samples: tuple[float, ...]
+    failures: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ConfigComparison:
+    metric: str
+    direction: str
+    a: ConfigResult
+    b: ConfigResult
+    gain: float | None  # B over A, > 0 when B is better
+    gain_ci: tuple[float, float] | None
+    study: str
+    storage_url: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def real(self) -> bool:
+        return self.gain_ci is not None and (self.gain_ci[0] > 0 or self.gain_ci[1] < 0)
+
+
+# --- what the arguments are -----------------------------------------------------------------
+
+
+def kind_of(arg: str) -> str:
+    """``study`` (a spec file or NAME@URL) or ``config`` (an exported config); SpecError else."""
+    name, sep, url = arg.partition("@")
+    if sep and "://" in url and not Path(arg).exists():
+        return "study"
+    path = Path(arg)
+    if not path.is_file():
+        raise SpecError("not a file, nor NAME@URL (a study name and its storage URL)", key=arg)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if text.startswith("# autotune export"):
+        return "config"
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"not YAML: {exc}".splitlines()[0], file=arg) from None
+    if isinstance(data, dict) and "engine" in data and "search_space" in data:
+        return "study"
+    raise SpecError(
+        "neither a study spec (engine, search_space) nor a config written by `autotune export`",
+        file=arg,
+    )
+
+
+def study_ref(arg: str) -> StudyRef:
+    name, sep, url = arg.partition("@")
+    if sep and "://" in url and not Path(arg).exists():
+        check_study_name(name, key=arg)
+        resolve_url(url, key=arg)
+        database = sqlite_file(url)
+        if database is not None and not database.is_file():
+            raise SpecError(f"no study storage at {database}", key=arg)
+        return StudyRef(arg, url, name)
+
+    spec = load_spec(Path(arg))
+    url = storage_url_for(spec, None)
+    database = sqlite_file(url)
+    if database is not None and not database.is_file():
+        raise SpecError(f"no study storage at {database} (run `autotune run` first)", file=arg)
+    return StudyRef(arg, url, spec.name)
+
+
+# --- two studies ----------------------------------------------------------------------------
+
+
+def compare_studies(a: str, b: str) -> StudyComparison:
+    side_a, side_b = _side(study_ref(a)), _side(study_ref(b))
+    param_names = list(dict.fromkeys([*side_a.params, *side_b.params]))
+    changed = tuple(n for n in param_names if side_a.params.get(n) != side_b.params.get(n))
+    metric = side_a.objective[0] if side_a.objective else None
+    gain, ci = None, None
+    if (
+        metric
+        and side_b.objective[:1] == (metric,)
+        and metric in side_a.metrics
+        and metric in side_b.metrics
+    ):
+        sa, sb = side_a.metrics[metric].samples, side_b.metrics[metric].samples
+        sign = names.sign(metric, default="maximize")
+        if all(x > 0 for x in (*sa, *sb)):
+            if len(sa) >= 2 and len(sb) >= 2:
+                gain, ci = gain_with_ci(tuple(sb), tuple(sa), sign)
+            else:
+                gain = math.expm1(
+                    sign * (math.log(statistics.median(sb)) - math.log(statistics.median(sa)))
+                )
+    return StudyComparison(side_a, side_b, changed, metric, gain, ci)
+
+
+def _side(ref: StudyRef) -> StudySide:
+    study = load_study(ref.url, ref.name)
+    report = report_of(study)
+    objective = tuple(study.metric_names or ())
+    if not objective:
+        objective = objective_names(study, report, ReportSource(ref.url))
+    best = best_trials(study)
+    verdicts = dict(
+        sorted(
+            {
+                v: sum(1 for r in report.rows if r.verdict == v)
+                for v in {r.verdict for r in report.rows}
+            }.items()
+        )
+    )
+    if not best:
+        return StudySide(ref, None, {}, {}, verdicts, objective, report.directions)
+    winner = best[0]
+    params = dict(winner.user_attrs.get(names.PARAMS_RESOLVED) or winner.params)
+    same = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if is_verified_feasible(t)
+        and dict(t.user_attrs.get(names.PARAMS_RESOLVED) or t.params) == params
+    ]
+    metrics: dict[str, list[float]] = {}
+    for t in same:
+        for name, value in (t.user_attrs.get(names.METRICS) or {}).items():
+            metrics.setdefault(name, []).append(float(value))
+    return StudySide(
+        ref,
+        winner.number,
+        params,
+        {name: _stat(values) for name, values in sorted(metrics.items())},
+        verdicts,
+        objective,
+        report.directions,
+    )
+
+
+def _stat(values: list[float]) -> MetricStat:
+    ci = None
+    if len(values) >= 2:
+        mean = statistics.fmean(values)
+        half = t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+        ci = (mean - half, mean + half)
+    return MetricStat(tuple(values), statistics.median(values), ci)
+
+
+# --- two exported configs -------------------------------------------------------------------
+
+
+def config_values(spec: StudySpec, path: Path) -> dict[str, Any]:
+    """The search-space values whose export is exactly the config in ``path`` (its YAML and
+    the ``.env`` beside it). SpecError naming the file and the key that has no match."""
+
+    engine = build_engine(spec)
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError(f"cannot read the config: {exc}".splitlines()[0], file=str(path)) from None
+    if not isinstance(config, dict):
+        raise SpecError("not a mapping of engine options", file=str(path))
+    env = _read_env(path.with_suffix(".env"))
+    target = (config, env)
+    values: dict[str, Any] = {}
+    for param in spec.space.parameters:
+        if not spec.space.is_active(param, values):
+            continue
+        candidates = list(param.choices) if param.choices else []
+        if param.type == "bool":
+            candidates = [True, False]
+        elif not candidates:
+            candidates = _numbers_at(param, config, env)
+        chosen = _MISSING
+        best_size = -1
+        for candidate in candidates:
+            footprint = _footprint(spec, engine, {param.name: candidate})
+            if _within(footprint, target) and _size(footprint) > best_size:
+                chosen, best_size = candidate, _size(footprint)
+        if chosen is not _MISSING:
+            values[param.name] = chosen
+    if _exported(spec, engine, values) != target:
+        config_now, env_now = _exported(spec, engine, values)
+        key = next(
+            (k for k in config if config_now.get(k) != config[k]),
+            next((f"env {k}" for k in env if env_now.get(k) != env[k]), None),
+        ) or next((k for k in config_now if k not in config), "?")
+        raise SpecError(
+            "this config is not one of the spec's search space (or was exported for another "
+            f"spec): no parameter value gives {key!r} as written",
+            file=str(path),
+            key=key,
+        )
+    return values
+
+
+_MISSING = object()
+
+
+def _exported(spec: StudySpec, engine: Any, values: dict[str, Any]) -> tuple[dict, dict]:
+    """What ``export.export_values`` writes for ``values``: the config and the .env file."""
+
+    settings = spec.space.resolve(values)
+    env = {k: v.replace("{api_key}", API_KEY) for k, v in spec.engine.env.items()}
+    env.update(settings.env)
+    env.update(engine.patch_env(settings))
+    config = yaml.safe_load(yaml.safe_dump(engine.export_config(settings), sort_keys=False))
+    return config, {k: str(v) for k, v in env.items()}
+
+
+def _footprint(spec: StudySpec, engine: Any, values: dict[str, Any]) -> tuple[dict, dict]:
+    """The entries one parameter's value adds to (or changes in) the exported files."""
+    base_config, base_env = _exported(spec, engine, {})
+    config, env = _exported(spec, engine, values)
+    return (
+        {k: v for k, v in config.items() if base_config.get(k, _MISSING) != v},
+        {k: v for k, v in env.items() if base_env.get(k, _MISSING) != v},
+    )
+
+
+def _within(footprint: tuple[dict, dict], target: tuple[dict, dict]) -> bool:
+    for part, whole in zip(footprint, target, strict=True):
+        for key, value in part.items():
+            if key not in whole or not _contains(whole[key], value):
+                return False
+    return True
+
+
+def _contains(whole: Any, part: Any) -> bool:
+    """Equal, or for a JSON-valued flag every key of ``part`` with the same value in ``whole``."""
+    if isinstance(whole, dict) and isinstance(part, dict):
+        return all(k in whole and _contains(whole[k], v) for k, v in part.items())
+    return whole == part
+
+
+def _size(footprint: tuple[dict, dict]) -> int:
+    return sum(len(p) for p in footprint)
+
+
+def _numbers_at(param: Any, config: dict, env: dict) -> list[Any]:
+    """An int/float/int_list parameter's value as written at its target."""
+    target = param.target
+    raw: Any = _MISSING
+    if target.kind == "flag":
+        raw = config.get(target.name.lstrip("-"), _MISSING)
+    elif target.kind == "env":
+        raw = env.get(target.name, _MISSING)
+    elif target.kind == "json":
+        raw = config.get(target.name.lstrip("-"), _MISSING)
+        for part in str(target.key).split("."):
+            raw = raw.get(part, _MISSING) if isinstance(raw, dict) else _MISSING
+    if raw is _MISSING:
+        return []
+    try:
+        if param.type == "int_list":
+            items = raw if isinstance(raw, list) else str(raw).split(",")
+            return [[int(v) for v in items]]
+        return [int(raw) if param.type == "int" else float(raw)]
+    except (TypeError, ValueError):
+        return []
+
+
+def _read_env(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    env = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            k, v = line.split("=", 1)
+            env[k.strip()] = v.replace("${API_KEY}", API_KEY)
+    return env
+
+
+def compare_configs(
+    spec: StudySpec,
+    a: Path,
+    b: Path,
+    *,
+    repeats: int = 2,
+    storage: str | None = None,
+    on_phase: Any = None,
+) -> ConfigComparison:
+    """Measure both configs through the gate, interleaved, and say which is faster."""
+
+    values_a, values_b = config_values(spec, a), config_values(spec, b)
+    name = f"{spec.name}-compare"
+    url = storage_url_for(spec, storage)
+    resolve_url(url)
+    study, _ = open_study(spec, url, study_name=name)
+    notes = []
+    if names.REFERENCE not in study.user_attrs:
+        notes.append("the baseline ran first to record the reference the gate checks against")
+        run_study(spec, RunOptions(trials=1, storage_url=storage, study_name=name))
+        study = load_study(url, name, heartbeat=True)
+    label_a, label_b = f"A: {a.name}", f"B: {b.name}"
+    if label_a == label_b:
+        label_a, label_b = f"A: {a}", f"B: {b}"
+    measured = measure_variants(
+        spec,
+        study,
+        url,
+        [Variant(label_a, values_a), Variant(label_b, values_b)],
+        repeats=repeats,
+        role=names.COMPARE,
+        on_phase=on_phase,
+    )
+    metric = spec.objective.metrics[0]
+    direction = names.direction(metric)
+    sign = names.sign(metric)
+    results = [
+        ConfigResult(
+            label, path, values, tuple(measured[label].samples), tuple(measured[label].failures)
+        )
+        for label, path, values in ((label_a, a, values_a), (label_b, b, values_b))
+    ]
+    gain, ci = None, None
+    ra, rb = results
+    if (
+        len(ra.samples) >= 2
+        and len(rb.samples) >= 2
+        and all(x > 0 for x in (*ra.samples, *rb.samples))
+    ):
+        gain, ci = gain_with_ci(rb.samples, ra.samples, sign)
+    return ConfigComparison(metric, direction, ra, rb, gain, ci, name, url, notes)
+
+
+def verdict_line(comparison: ConfigComparison | StudyComparison) -> str:
+    """One sentence: which is faster, by how much, and whether the difference is real."""
+    if comparison.gain is None:
+        return "no comparison: one side has no measurement of the objective to compare"
+    if comparison.gain_ci is None:
+        return (
+            f"B measured {comparison.gain:+.1%} against A, from single measurements: no "
+            "interval, so no claim that the difference is real"
+        )
+    low, high = comparison.gain_ci
+    interval = f"B {comparison.gain:+.1%} against A (95% CI {low:+.1%} .. {high:+.1%})"
+    if low > 0 or high < 0:
+        faster = "B" if comparison.gain > 0 else "A"
+        return f"{faster} is better: {interval}; the difference is real (the interval excludes 0)"
+    return (
+        f"no real difference: {interval}; the difference is within the noise "
+        "(the 95% interval includes zero)"
+    )
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+def run_compare_command(
+    console: Any, a: str, b: str, *, spec_path: Path, storage: str | None, repeats: int
+) -> int:
+    """`autotune compare A B`: check both arguments, compare, print. Returns the exit code."""
+    kinds = (kind_of(a), kind_of(b))
+    if kinds[0] != kinds[1]:
+        raise SpecError(
+            f"compare two studies or two exported configs, not a {kinds[0]} ({a}) with a "
+            f"{kinds[1]} ({b})",
+            key="A B",
+        )
+    if kinds[0] == "study":
+        comparison = compare_studies(a, b)
+        _print_studies(console, comparison)
+        return 0
+
+    spec = load_spec(spec_path)
+    for path in (a, b):
+        config_values(spec, Path(path))  # both checked before anything is launched
+    result = compare_configs(
+        spec,
+        Path(a),
+        Path(b),
+        repeats=repeats,
+        storage=storage,
+        on_phase=lambda n, p: (
+            console.print(f"[dim]trial {n}: {p}[/]") if p == "launching" else None
+        ),
+    )
+    _print_configs(console, result)
+    return 0 if result.a.samples and result.b.samples else 1
+
+
+def _print_studies(console: Any, c: StudyComparison) -> None:
+    table = Table(title="compare: best config of each study")
+    table.add_column("")
+    table.add_column(f"A: {escape(c.a.ref.label)}", overflow="fold")
+    table.add_column(f"B: {escape(c.b.ref.label)}", overflow="fold")
+    table.add_row("study", escape(c.a.ref.name), escape(c.b.ref.name))
+    table.add_row("objective", ", ".join(c.a.objective), ", ".join(c.b.objective))
+    table.add_row(
+        "best trial",
+        "none verified" if c.a.best is None else str(c.a.best),
+        "none verified" if c.b.best is None else str(c.b.best),
+    )
+    table.add_row("verdicts", _verdicts(c.a.verdicts), _verdicts(c.b.verdicts))
+    table.add_section()
+    param_names = list(dict.fromkeys([*c.a.params, *c.b.params]))
+    for name in param_names:
+        style = "yellow" if name in c.changed else ""
+        table.add_row(
+            f"param {escape(name)}",
+            escape(str(c.a.params.get(name, "-"))),
+            escape(str(c.b.params.get(name, "-"))),
+            style=style,
+        )
+    table.add_section()
+    for name in dict.fromkeys([*c.a.metrics, *c.b.metrics]):
+        table.add_row(
+            escape(name), _stat_text(c.a.metrics.get(name)), _stat_text(c.b.metrics.get(name))
+        )
+    console.print(table)
+    console.print(f"params that differ: {', '.join(c.changed) or 'none'}")
+    if c.metric:
+        console.print(f"{c.metric}: {verdict_line(c)}")
+
+
+def _verdicts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in counts.items()) or "no trials"
+
+
+def _stat_text(stat: MetricStat | None) -> str:
+    if stat is None:
+        return "-"
+    if stat.ci is None:
+        return f"{stat.median:,.1f} (n=1, no interval)"
+    return (
+        f"{stat.median:,.1f} (95% CI {stat.ci[0]:,.1f} .. {stat.ci[1]:,.1f}, n={len(stat.samples)})"
+    )
+
+
+def _print_configs(console: Any, c: ConfigComparison) -> None:
+    for note in c.notes:
+        console.print(f"[dim]{escape(note)}[/]")
+    table = Table(title=f"compare: {c.metric} ({c.direction}), interleaved rounds through the gate")
+    for col in ("config", "values", "samples", "median", "failures"):
+        table.add_column(col, overflow="fold")
+    for r in (c.a, c.b):
+        table.add_row(
+            escape(r.label),
+            escape(", ".join(f"{k}={v}" for k, v in r.values.items()) or "(engine defaults)"),
+            ", ".join(f"{x:,.1f}" for x in r.samples),
+            f"{statistics.median(r.samples):,.1f}" if r.samples else "",
+            escape(", ".join(r.failures)),
+        )
+    console.print(table)
+    for r in (c.a, c.b):
+        if r.failures and not r.samples:
+            console.print(
+                f"[red]{escape(r.label)} never passed the gate[/]: {', '.join(r.failures)}"
+            )
+    console.print(verdict_line(c))
+    console.print(f"[dim]trials kept in study {c.study} ({escape(safe_url(c.storage_url))})[/]")

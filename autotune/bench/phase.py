@@ -1,0 +1,422 @@
+"""The benchmark client: autotune's own async, streaming load generator.
+
+It takes an ``httpx.AsyncClient`` and never builds one, so tests can hand it a
+``MockTransport``. Every request is greedy and fixed-length where the engine's dialect allows
+(``engines/dialect.py``: fixed output lengths, and the responses can be checked against the
+reference: correctness under load). Each request's
+timestamps are kept; nothing is averaged away and a failed request is counted, never dropped.
+
+Measurements, per repeat:
+
+* **single-request decode** (the motivating case's headline): ``single_requests`` requests one
+  after another; decode tok/s of one request = (tokens - 1) / (last token time - first token
+  time), i.e. steady-state decoding without the prefill.
+* **load**: ``num_requests`` requests with ``concurrency`` in flight; output tok/s = tokens /
+  wall time, requests/s, TTFT, inter-token latency (ITL) and end-to-end percentiles.
+
+Metrics are the median over repeats; the spread ((max - min) / median) is recorded beside them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from autotune import names
+from autotune.client.stream import (
+    CUT_SHORT,
+    DONE,
+    TRANSPORT_ERRORS,
+    UNPARSED,
+    SseReader,
+    StreamError,
+    TokenDeadline,
+    bad_shape,
+    chunk_error,
+    completion_body,
+    cut_short,
+    open_raw_stream,
+)
+from autotune.engines.dialect import RequestDialect
+from autotune.errors import excerpt
+
+#: inter-token gaps below this are "arrived together" rather than measured decode steps
+BUNCHED_GAP_S = 0.0001
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One streamed request as the client saw it."""
+
+    prompt: str
+    ok: bool
+    error: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    token_times_s: tuple[float, ...] = ()  # arrival of each token, relative to the send
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    output_tokens: int = 0
+    #: no token arrived within the deadline (the request was given up, the phase ended)
+    hung: bool = False
+
+    @property
+    def itls_s(self) -> list[float]:
+        t = self.token_times_s
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+    @property
+    def bunched(self) -> bool:
+        """Tokens delivered in bursts (a starved API server process, or an engine that batches
+        its stream output): per-token timing then says nothing about decode speed."""
+        gaps = self.itls_s
+        return len(gaps) >= 4 and sum(g < BUNCHED_GAP_S for g in gaps) > len(gaps) / 2
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Steady-state decode rate of this request, excluding the prefill.
+
+        When delivery was bunched the per-token clock is meaningless, so the rate falls back to
+        tokens / end-to-end time, a lower bound that cannot be inflated by bursts.
+        """
+        t = self.token_times_s
+        if not t:
+            return None
+        if (len(t) < 2 or t[-1] <= t[0] or self.bunched) and self.e2e_s:
+            return len(t) / self.e2e_s  # all tokens in one burst: the clock says nothing
+        return (len(t) - 1) / (t[-1] - t[0])
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    records: tuple[RequestRecord, ...]
+    wall_s: float
+    #: the first hung request of the phase, which ended it (see :func:`run_phase`)
+    hang: str | None = None
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """Median metrics over repeats, their spread, every repeat's metrics, failures, samples."""
+
+    metrics: dict[str, float]
+    spread: dict[str, float]
+    repeats: tuple[dict[str, float], ...]
+    total_requests: int
+    failed_requests: int
+    errors: tuple[str, ...] = ()
+    #: successful load-phase records, kept for the correctness-under-load check
+    samples: tuple[RequestRecord, ...] = field(default=(), repr=False)
+    #: the first hung request (phase, request, deadline), which ended the benchmark, or None
+    hang: str | None = None
+    #: 95% t interval of each metric's mean over the rounds: name -> [low, high, n]
+    ci: dict[str, list[float]] = field(default_factory=dict)
+    #: why measuring stopped ("precision", "max_repeats", "max_measure_s", "repeats", ...)
+    stopped_by: str | None = None
+    #: concurrency level -> that level's median metrics (the load curve of one launch)
+    load_curve: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the goodput search (loadcurve.GoodputResult.to_dict()), when workload.slo is given
+    goodput: dict[str, Any] | None = None
+
+
+async def stream_request(
+    client: httpx.AsyncClient,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    *,
+    dialect: RequestDialect,
+    read_timeout_s: float | None = 30.0,
+) -> RequestRecord:
+    """Send one streaming completion and time every token. Never raises for server faults.
+
+    ``read_timeout_s`` is the longest wait for any token (the first included): a request that
+    waits longer is recorded ``hung``; a slow request that keeps streaming never is.
+    """
+    body = completion_body(
+        dialect,
+        model,
+        prompt,
+        max_tokens,
+        stream=True,
+        include_usage=True,
+        fixed_length=True,
+        token_ids=True,
+    )
+    start = time.perf_counter()
+    tokens = _Tokens(dialect)
+    times = tokens.times
+    clock = time.perf_counter
+    try:
+        # The hot path of a benchmark (one pass per streamed token, on cores the server under
+        # test needs): one clock read per chunk, one json.loads per event, the deadline a stored
+        # number (protocol.TokenDeadline), no per-chunk timer, no httpx objects per chunk.
+        async with (
+            TokenDeadline(read_timeout_s, start) as deadline,
+            open_raw_stream(client, "/v1/completions", body) as stream,
+        ):
+            if stream.status != 200:
+                detail = excerpt((await stream.read()).decode("utf-8", "replace"))
+                return RequestRecord(
+                    prompt=prompt,
+                    ok=False,
+                    error=f"http {stream.status}: {detail}",
+                    e2e_s=time.perf_counter() - start,
+                )
+            buffer = b""
+            async for data in stream.chunks:
+                now = clock() - start
+                deadline.last = now
+                *lines, buffer = (buffer + data if buffer else data).split(b"\n")
+                if tokens.add(lines, now):
+                    break
+            else:  # the body ended: a last event without its newline still counts
+                tokens.end(buffer, clock() - start)
+    except TimeoutError:  # our own no-token deadline (protocol.TokenDeadline)
+        waited = "the first token" if not times else f"token {len(times) + 1}"
+        error = f"hang: no token within {read_timeout_s:g} s (waiting for {waited})"
+        record = _failed(prompt, error, start, times)
+        return dataclasses.replace(record, hung=True)
+    except TRANSPORT_ERRORS as exc:
+        return _failed(prompt, f"{type(exc).__name__}: {exc}", start, times)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return _failed(prompt, f"bad stream chunk: {exc}", start, times)
+    except StreamError as exc:
+        return _failed(prompt, str(exc), start, times)
+    e2e = time.perf_counter() - start
+    n_tokens = tokens.usage if tokens.usage is not None else len(times)
+    if not times:
+        error = "stream ended without tokens"
+        if "text/event-stream" not in stream.content_type:
+            # a server that ignores "stream": true answers one JSON body: say so, each time
+            kind = stream.content_type or "no content type"
+            error += f": the answer was not a server-sent event stream ({kind})"
+        return RequestRecord(prompt=prompt, ok=False, error=error, e2e_s=e2e)
+    return RequestRecord(
+        prompt=prompt,
+        ok=True,
+        ttft_s=times[0],
+        e2e_s=e2e,
+        token_times_s=tuple(times),
+        token_ids=tuple(tokens.ids),
+        text="".join(tokens.text),
+        output_tokens=int(n_tokens),
+    )
+
+
+class _Tokens:
+    """What one streamed answer delivered so far: token times, ids, text, the usage count."""
+
+    __slots__ = ("dialect", "ids", "reader", "text", "times", "usage")
+
+    def __init__(self, dialect: RequestDialect) -> None:
+        self.dialect = dialect  # where a chunk carries its token ids (if it does)
+        self.times: list[float] = []
+        self.ids: list[int] = []
+        self.text: list[str] = []
+        self.usage: int | None = None
+        #: the stream's events (the gate reads its answers by the same rules)
+        self.reader = SseReader()
+
+    def add(self, lines: list[bytes], now: float) -> bool:
+        """Take the complete SSE lines of one network read, arrived at ``now``; True at
+        ``[DONE]``.
+
+        Raises ``json.JSONDecodeError`` for an event that is not JSON, and
+        :class:`~autotune.client.stream.StreamError` for an answer the server reports as failed (an
+        error event, field or object, a cut-short finish reason) or a chunk whose fields are
+        not a completion's.
+        """
+        feed = self.reader.feed
+        for line in lines:
+            payload = feed(line)
+            if payload is not None and self._take(payload, now):
+                return True
+        payload = self.reader.pause()
+        return payload is not None and self._take(payload, now)
+
+    def end(self, rest: bytes, now: float) -> None:
+        """The body ended at ``now``: its last line even without a newline (``rest``), and an
+        event still waiting for its blank line."""
+        if rest and self.add([rest], now):
+            return
+        payload = self.reader.close()
+        if payload is not None:
+            self._take(payload, now)
+
+    def _take(self, payload: bytes, now: float) -> bool:
+        """Count one event's tokens; True at ``[DONE]``.
+
+        A chunk of k token ids is k tokens at one time; a chunk with text and no ids (a
+        dialect without them) one token.
+        """
+        if payload == DONE:
+            return True
+        chunk = self.reader.parsed
+        if chunk is UNPARSED:
+            chunk = json.loads(payload.decode())
+        try:
+            if chunk.__class__ is not dict or "error" in chunk or chunk.get("object") == "error":
+                problem = chunk_error(chunk, payload)
+                if problem is not None:
+                    raise problem
+            usage = chunk.get("usage")
+            if usage:
+                self.usage = _completion_tokens(usage)
+            for choice in chunk.get("choices") or ():
+                new_ids = self.dialect.token_ids(choice)
+                piece = choice.get("text")
+                if piece:
+                    if piece.__class__ is not str:
+                        raise TypeError("text is not a string")
+                    self.text.append(piece)
+                if new_ids:
+                    self.ids += new_ids
+                    self.times += [now] * len(new_ids)
+                elif piece:
+                    self.times.append(now)
+                finish = choice.get("finish_reason")
+                if finish is not None and finish in CUT_SHORT:
+                    raise cut_short(finish, payload)
+        except (AttributeError, LookupError, TypeError):
+            # a list where an object belongs, a number for text: named, not a Python error
+            raise bad_shape(payload) from None
+        return False
+
+
+def _completion_tokens(usage: dict[str, Any]) -> int | None:
+    """``usage.completion_tokens``, the server's own count of the answer's tokens, if given."""
+    count = usage.get("completion_tokens")
+    if count is not None and count.__class__ is not int:
+        raise TypeError("usage.completion_tokens is not an integer")
+    return count
+
+
+def _failed(prompt: str, error: str, start: float, times: list[float]) -> RequestRecord:
+    """A request that did not complete, with whatever token times it had (never dropped)."""
+    return RequestRecord(
+        prompt=prompt,
+        ok=False,
+        error=error,
+        e2e_s=time.perf_counter() - start,
+        token_times_s=tuple(times),
+    )
+
+
+async def run_phase(
+    client: httpx.AsyncClient,
+    model: str,
+    prompts: Sequence[str],
+    num_requests: int,
+    concurrency: int,
+    max_tokens: int | Sequence[int],
+    *,
+    dialect: RequestDialect,
+    read_timeout_s: float | None,
+    phase: str = "load",
+) -> PhaseResult:
+    """``num_requests`` requests, prompts taken round-robin, at most ``concurrency`` at once.
+    ``max_tokens`` is one length for all, or one per prompt (``WorkloadSpec.output_tokens``).
+
+    The first hung request ends the phase: the requests still in flight or queued are cancelled
+    (a hung server would make each of them wait its own deadline, one wave after another), and
+    the result's ``hang`` names the request, the phase and the deadline.
+    """
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(index: int) -> RequestRecord:
+        async with semaphore:
+            return await stream_request(
+                client,
+                model,
+                prompts[index % len(prompts)],
+                max_tokens if isinstance(max_tokens, int) else max_tokens[index % len(prompts)],
+                dialect=dialect,
+                read_timeout_s=read_timeout_s,
+            )
+
+    start = time.perf_counter()
+    tasks = [asyncio.ensure_future(one(i)) for i in range(num_requests)]
+    hang = None
+    try:
+        for index, task in enumerate(tasks):
+            record = await task
+            if record.hung and hang is None:
+                hang = f"{phase} phase: request {index + 1} of {num_requests} ({record.error})"
+                break
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    records = [t.result() for t in tasks if t.done() and not t.cancelled()]
+    if hang is None:
+        hang = next((f"{phase} phase: {r.error}" for r in records if r.hung), None)
+    return PhaseResult(records=tuple(records), wall_s=time.perf_counter() - start, hang=hang)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
+    if not values:
+        return float("nan")
+    data = sorted(values)
+    if len(data) == 1:
+        return data[0]
+    pos = (len(data) - 1) * q / 100.0
+    low = int(pos)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (pos - low)
+
+
+def summarize(single: PhaseResult, load: PhaseResult) -> dict[str, float]:
+    """The metrics of one repeat, units in the names."""
+    metrics: dict[str, float] = {}
+    decode = [r.decode_tokens_per_s for r in single.records if r.ok]
+    decode = [d for d in decode if d is not None]
+    if decode:
+        metrics["decode_tokens_per_s"] = statistics.median(decode)
+    ok = [r for r in load.records if r.ok]
+    tokens = sum(r.output_tokens for r in ok)
+    if load.wall_s > 0:
+        metrics["output_tokens_per_s"] = tokens / load.wall_s
+        metrics["requests_per_s"] = len(ok) / load.wall_s
+    ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
+    itls = [x * 1000 for r in ok for x in r.itls_s]
+    e2es = [r.e2e_s * 1000 for r in ok if r.e2e_s is not None]
+    for kind, values in zip(names.LATENCY_KINDS, (ttfts, itls, e2es), strict=True):
+        if values:
+            for q in names.PERCENTILES:
+                metrics[names.latency_metric(kind, q)] = percentile(values, q)
+    return metrics
+
+
+def combine(repeats: Sequence[dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Median over repeats and relative spread ((max - min) / median) per metric."""
+    medians: dict[str, float] = {}
+    spread: dict[str, float] = {}
+    names = sorted({k for r in repeats for k in r})
+    for name in names:
+        values = [r[name] for r in repeats if name in r]
+        med = statistics.median(values)
+        medians[name] = med
+        spread[name] = (max(values) - min(values)) / med if med else 0.0
+    return medians, spread
+
+
+def bench_summary(result: BenchResult) -> dict[str, Any]:
+    return {
+        "total_requests": result.total_requests,
+        "failed_requests": result.failed_requests,
+        "errors": list(result.errors),
+        "spread": result.spread,
+        "repeats": list(result.repeats),
+        "hang": result.hang,
+        "stopped_by": result.stopped_by,
+    }

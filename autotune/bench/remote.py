@@ -1,0 +1,363 @@
+"""``autotune bench --url``: the study's client and workload against a server autotune did not
+start (a user's current deployment, another engine, a config someone else tuned).
+
+The figures are the ones a trial records (same client, same workload, same metric names), so a
+running deployment can be compared with a study's trials. ``--check`` first runs the
+correctness gate against the study's pinned reference: the greedy answers to the check prompts,
+their teacher-forced logprobs, sanity and known answers, and afterwards the benchmark's own
+answers (correctness under load). A server that fails the gate gets no figures, as in a study.
+
+The remote server may answer with less than the baseline did (no token ids, no teacher-forced
+scoring): its capabilities are probed on its own answers and the gate runs with
+what both have, saying which checks were skipped, never claiming one it could not run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+from rich.markup import escape
+from rich.table import Table
+
+from autotune import names
+from autotune._files import write_text_atomically
+from autotune.bench.loadcurve import run_benchmark
+from autotune.bench.phase import BenchResult, bench_summary
+from autotune.client.http import StreamingClient, connect
+from autotune.client.stream import NoTokenWithin, StreamError
+from autotune.engines.dialect import RequestDialect
+from autotune.engines.registry import engine_class
+from autotune.errors import SpecError, excerpt
+from autotune.gate.run import (
+    Capabilities,
+    CheckResult,
+    Reference,
+    TeacherRejected,
+    TeacherUnsupported,
+    comparable_answers,
+    compare,
+    compare_under_load,
+    detect_teacher_mode,
+    gather_completions,
+    teacher_forced_logprobs,
+    under_load_tie_flips_by,
+    weakest_tie_rule,
+)
+from autotune.server.metrics import MetricsMap, ServerMetricsRecorder
+from autotune.spec.model import StudySpec, WorkloadSpec
+from autotune.spec.workload import describe, reference_requests
+from autotune.storage import load_study
+
+#: a benchmark with more failed requests than this fraction is reported failed (as a trial)
+MAX_FAILED_FRACTION = 0.02
+
+
+@dataclass
+class RemoteResult:
+    url: str
+    model: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    bench: dict[str, Any] = field(default_factory=dict)
+    server_metrics: dict[str, Any] = field(default_factory=dict)
+    check: dict[str, Any] | None = None
+    #: why the run failed (gate, hang, failed requests), or None
+    failure: str | None = None
+    notices: list[str] = field(default_factory=list)
+
+    def to_json(self, spec: StudySpec) -> dict[str, Any]:
+        """Metric names as top-level keys (``output_tokens_per_s``, ...), evidence beside."""
+        return {
+            **{k: round(v, 4) for k, v in self.metrics.items()},
+            "url": self.url,
+            "model": self.model,
+            "workload": describe(spec.workload),
+            "passed": self.failure is None,
+            "failure": self.failure,
+            "check": self.check,
+            "bench": self.bench,
+            "server_metrics": self.server_metrics,
+            "notices": self.notices,
+        }
+
+
+def check_url(url: str) -> str:
+    """``--url`` as a base URL, or bad input (exit 2): a control character or a space (httpx
+    raised InvalidURL mid-run, a traceback) or anything but http(s)://host."""
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in url):
+        raise SpecError(f"a URL cannot hold spaces or control characters: {url!r}", key="--url")
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise SpecError(f"expected http(s)://host:port, got {url!r}", key="--url")
+    return url.rstrip("/")
+
+
+def build_remote_client(url: str, api_key: str | None, connections: int) -> StreamingClient:
+    return connect(url, api_key, max_connections=connections, timeout_s=60.0)
+
+
+async def _served_model(client: httpx.AsyncClient, url: str, wanted: str) -> str:
+    """The model to ask for: ``wanted`` if the server lists it, its only model otherwise."""
+    try:
+        response = await client.get("/v1/models", timeout=httpx.Timeout(10.0))
+    except httpx.HTTPError as exc:
+        raise SpecError(f"cannot reach {url}: {type(exc).__name__}: {exc}", key="--url") from None
+    if response.status_code in (401, 403):
+        raise SpecError(
+            f"{url} refused the key ({response.status_code}); give --api-key or AUTOTUNE_API_KEY",
+            key="--api-key",
+        )
+    if response.status_code != 200:
+        return wanted  # not every server lists models; ask for the spec's name
+    try:
+        names = [m.get("id") for m in response.json().get("data") or []]
+    except (ValueError, AttributeError):
+        return wanted
+    if wanted in names or not names:
+        return wanted
+    if len(names) == 1:
+        return str(names[0])
+    raise SpecError(
+        f"{url} serves {', '.join(map(str, names))}, not {wanted!r}; give --model", key="--model"
+    )
+
+
+async def run_gate(
+    client: httpx.AsyncClient,
+    model: str,
+    reference: Reference,
+    spec: StudySpec,
+    *,
+    dialect: RequestDialect,
+) -> tuple[CheckResult, list[str]]:
+    """The gate against ``reference`` with the checks both servers' answers allow."""
+    prompts = [p for p in spec.check.prompts if p in reference.entries]
+    deadline = spec.workload.request_timeout_s
+    max_tokens = {p: reference.max_tokens[p] for p in prompts}
+    answers = await gather_completions(
+        client, model, prompts, max_tokens, dialect=dialect, concurrent=False, deadline_s=deadline
+    )
+    ref_caps = reference.capabilities
+    teacher_mode = None
+    if ref_caps.teacher_forced and answers and answers[0].text:
+        teacher_mode = await detect_teacher_mode(
+            client, model, answers[0], deadline, dialect=dialect
+        )
+    caps = Capabilities(
+        text=any(a.text.strip() for a in answers),
+        token_ids=ref_caps.token_ids and all(a.token_ids for a in answers),
+        token_strings=ref_caps.token_strings and all(a.tokens for a in answers),
+        token_logprobs=ref_caps.token_logprobs and all(a.logprobs for a in answers),
+        top_logprobs=ref_caps.top_logprobs,  # the margins are the reference's own
+        teacher_forced=teacher_mode if teacher_mode == ref_caps.teacher_forced else None,
+    )
+    notices = [f"this server: {n}" for n in caps.notices() if n not in ref_caps.notices()]
+    problem = caps.problem()
+    if problem:
+        raise SpecError(problem, key="--url")
+    teacher: dict[str, Any] = {}
+    if caps.teacher_forced:
+        for prompt in prompts:
+            entry = reference.entries[prompt]
+            if not entry.teacher_logprobs:
+                continue
+            try:
+                teacher[prompt] = await teacher_forced_logprobs(
+                    client,
+                    model,
+                    entry.completion,
+                    dialect=dialect,
+                    mode=caps.teacher_forced,
+                    deadline_s=deadline,
+                )
+            except (httpx.HTTPStatusError, TeacherUnsupported) as exc:
+                teacher[prompt] = TeacherRejected(str(exc)[:200])
+    judged = dataclasses.replace(reference, capabilities=caps)
+    completions = {a.prompt: a for a in answers}
+    return compare(judged, completions, teacher, spec.check), notices
+
+
+def under_load(
+    reference: Reference, bench: BenchResult, workload: WorkloadSpec, sample: int
+) -> dict[str, Any]:
+    """Benchmark answers against the reference (as ``objective._check_under_load``)."""
+    records = comparable_answers(reference, bench.samples, reference_requests(workload), sample)
+    divergences = []
+    rules: set[str | None] = set()
+    for record in records:
+        divergence, method = compare_under_load(
+            reference, record.prompt, record.token_ids, record.text
+        )
+        rules.add(under_load_tie_flips_by(reference, record.prompt, method))
+        if divergence is not None:
+            divergences.append(divergence)
+    return {
+        "checked": len(records),
+        "divergent": len(divergences),
+        "tie_flips_by": weakest_tie_rule(rules),
+        "first_divergence": asdict(divergences[0]) if divergences else None,
+    }
+
+
+async def bench_remote(
+    spec: StudySpec,
+    url: str,
+    *,
+    api_key: str | None = None,
+    model: str | None = None,
+    reference: Reference | None = None,
+    metrics_map: MetricsMap | None = None,
+) -> RemoteResult:
+    """Gate (when ``reference`` is given), then the spec's benchmark, against ``url``."""
+    url = check_url(url)
+    workload = spec.workload
+    # The server is asked in the study's engine's dialect (the one its reference was taken in).
+    dialect = engine_class(spec.engine.kind).dialect
+    async with build_remote_client(url, api_key, workload.concurrency + 8) as client:
+        served = await _served_model(client, url, model or spec.model.served_name)
+        result = RemoteResult(url=url, model=served)
+        if reference is not None:
+            try:
+                check, notices = await run_gate(client, served, reference, spec, dialect=dialect)
+            except (NoTokenWithin, StreamError, httpx.HTTPError) as exc:
+                result.failure = _gate_request_failure(exc)
+                return result
+            result.check = check.to_dict()
+            result.notices += notices
+            if not check.passed:
+                result.failure = f"incorrect_output: {check.problems[0]}"
+                return result
+        evidence = ServerMetricsRecorder(client, metrics_map)
+        await evidence.start()
+        try:
+            bench = await run_benchmark(
+                client, served, workload, dialect=dialect, phase_hook=evidence.phase
+            )
+        finally:
+            result.server_metrics = await evidence.stop()
+        result.metrics = dict(bench.metrics)
+        result.bench = bench_summary(bench)
+        if bench.hang:
+            result.failure = f"hang: {bench.hang}"
+        elif bench.failed_requests > MAX_FAILED_FRACTION * max(1, bench.total_requests):
+            result.failure = (
+                f"request_errors: {bench.failed_requests} of {bench.total_requests} requests "
+                f"failed: {bench.errors[0] if bench.errors else ''}"
+            )
+        if reference is not None and result.check is not None:
+            loaded = under_load(reference, bench, spec.workload, spec.check.under_load_sample)
+            result.check["under_load"] = loaded
+            if loaded["divergent"] and result.failure is None:
+                first = loaded["first_divergence"]
+                result.failure = (
+                    f"incorrect_output: {loaded['divergent']} of {loaded['checked']} benchmark "
+                    f"responses diverged under load (first at {first['kind']} "
+                    f"{first['position']})"
+                )
+        return result
+
+
+def _gate_request_failure(exc: Exception) -> str:
+    """Why the gate's own requests failed, as a trial would record it (``trial.py``): the
+    server could not be verified, so it is not measured. A failure line, not a traceback."""
+    if isinstance(exc, NoTokenWithin):
+        return f"hang: verification: {exc}"
+    if isinstance(exc, httpx.HTTPStatusError):
+        return (
+            f"request_errors: the server rejected a verification request with "
+            f"{exc.response.status_code}: {excerpt(exc.response.text, 300)}"
+        )
+    if isinstance(exc, httpx.HTTPError):
+        return f"request_errors: verification request failed: {type(exc).__name__}: {exc}"
+    return f"request_errors: verification: {exc}"
+
+
+def study_reference(url: str, name: str) -> Reference:
+    """The study's pinned reference (recorded by its baseline trial), or a SpecError."""
+
+    study = load_study(url, name)
+    stored = study.user_attrs.get(names.REFERENCE)
+    if stored is None:
+        raise SpecError(
+            f"study {name!r} has no reference yet (its baseline trial never completed); "
+            "run `autotune run` first, or leave out --check",
+            key="--check",
+        )
+    return Reference.from_dict(stored)
+
+
+def run_command(
+    spec: StudySpec,
+    url: str,
+    *,
+    api_key: str | None,
+    model: str | None,
+    json_path: Path | None,
+    reference: Reference | None,
+    metrics_map: MetricsMap | None,
+    console: Any,
+) -> int:
+    """The body of ``autotune bench``: measure, print, write JSON. Returns the exit code."""
+
+    if json_path is not None and not json_path.parent.is_dir():
+        raise SpecError(f"directory does not exist: {json_path.parent}", key="--json")
+    result = asyncio.run(
+        bench_remote(
+            spec, url, api_key=api_key, model=model, reference=reference, metrics_map=metrics_map
+        )
+    )
+    for notice in result.notices:
+        console.print(f"[yellow]gate:[/] {escape(notice)}")
+    if result.check is not None:
+        passed = result.check["passed"] and not (result.check.get("under_load") or {}).get(
+            "divergent"
+        )
+        first = result.check.get("first_divergence") or (
+            (result.check.get("under_load") or {}).get("first_divergence")
+        )
+        line = "[green]check passed[/]" if passed else "[bold red]check FAILED[/]"
+        console.print(f"{line} ({result.check['prompts_checked']} prompts)")
+        if first:
+            console.print(
+                f"  first divergence: prompt {first['prompt']!r} at {first['kind']} "
+                f"{first['position']}: expected {first['expected_token']!r}, got "
+                f"{first['got_token']!r}",
+                markup=False,
+                highlight=False,
+            )
+    measured = not (result.failure or "").startswith(("request_errors", "hang"))
+    if result.metrics and not measured:
+        # the figures of a benchmark whose requests failed are not the server's speed
+        console.print("[bold red]no figures:[/] the benchmark's requests failed (below)")
+    elif result.metrics:
+        spread = result.bench.get("spread") or {}
+        table = Table(title=f"{result.url} ({result.model}), workload {spec.name}")
+        for col in ("metric", "value", "spread"):
+            table.add_column(col)
+        for name, value in sorted(result.metrics.items()):
+            s = spread.get(name)
+            table.add_row(name, f"{value:.2f}", "" if s is None else f"{s:.1%}")
+        console.print(table)
+    server = result.server_metrics
+    if server.get("available"):
+        total = server.get("total") or {}
+        shown = ", ".join(f"{k} {v:g}" for k, v in sorted(total.items()))
+        console.print(f"server metrics: {escape(shown)}")
+        if total.get("preemptions"):
+            console.print(f"[yellow]preemptions:[/] {total['preemptions']:g} during the benchmark")
+    elif server:
+        console.print(f"[dim]server metrics unavailable: {escape(str(server.get('reason')))}[/]")
+    if json_path is not None:
+        text = json.dumps(result.to_json(spec), indent=2, default=str) + "\n"
+        write_text_atomically(json_path, text, option="--json")
+        console.print(f"wrote {json_path}")
+    if result.failure:
+        console.print(f"[bold red]failed:[/] {escape(result.failure)}", soft_wrap=True)
+        return 1
+    return 0

@@ -1,0 +1,36 @@
+"""What every command shares: the consoles, and one way to turn an error into an exit code.
+
+Exit codes: 0 success, 1 a run ended without success, 2 bad input (spec, search space, CLI value,
+storage URL), 3 preflight failed (engine missing, baseline broken), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from autotune.cli import render
+from autotune.errors import AutotuneError, PreflightError, SpecError
+from autotune.spec.load import load_spec
+from autotune.spec.model import StudySpec
+from autotune.study.loop import study_target
+
+console, err = render.console, render.err
+
+
+def fail(exc: AutotuneError) -> typer.Exit:
+    """Bad input exits 2, a failed preflight 3, anything else 1 (see the module docstring)."""
+    render.print_error(exc)
+    return typer.Exit(
+        code=2 if isinstance(exc, SpecError) else 3 if isinstance(exc, PreflightError) else 1
+    )
+
+
+def open_spec(
+    spec_path: Path, study: str | None, storage: str | None, *, existing: bool = True
+) -> tuple[StudySpec, str, str]:
+    """The spec, the storage URL and the study name from the options (the spec's defaults
+    otherwise), every one checked before anything is written (``study.study_target``)."""
+    study_spec = load_spec(spec_path)
+    return (study_spec, *study_target(study_spec, study, storage, existing=existing))

@@ -1,0 +1,50 @@
+"""``autotune export``: the best confirmed config in the engine's own terms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from autotune.cli import render
+from autotune.cli.common import fail, open_spec
+from autotune.cli.options import (
+    DEFAULT_SPEC,
+    SpecOpt,
+    StorageOpt,
+    StudyOpt,
+)
+from autotune.errors import AutotuneError
+from autotune.storage import load_study
+from autotune.study.export import export_best
+
+
+def export(
+    spec: SpecOpt = DEFAULT_SPEC,
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="YAML file to write.")] = Path(
+        "best.yaml"
+    ),
+    pareto: Annotated[
+        bool, typer.Option("--pareto", help="Export the whole Pareto front.")
+    ] = False,
+    allow_unconfirmed: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unconfirmed",
+            help="Export the best verified trial even if the confirmation phase has not run.",
+        ),
+    ] = False,
+) -> None:
+    """Write the best verified config as YAML for `vllm serve --config FILE`."""
+    try:
+        study_spec, url, name = open_spec(spec, study, storage)
+        loaded = load_study(url, name)
+        results = export_best(
+            study_spec, loaded, output, pareto=pareto, require_confirmed=not allow_unconfirmed
+        )
+    except AutotuneError as exc:
+        raise fail(exc) from None
+    render.print_exports(results)

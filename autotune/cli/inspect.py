@@ -1,0 +1,54 @@
+"""``autotune inspect``: model facts and the decode roofline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from autotune.cli import render
+from autotune.cli.common import fail
+from autotune.errors import AutotuneError
+from autotune.model.reader import facts_as_rows, inspect_model
+from autotune.model.roofline import roofline_rows_for
+
+
+def inspect_cmd(
+    model: Annotated[
+        Path,
+        typer.Argument(
+            help="A GGUF file (any part of a split model) or a Hugging Face model folder."
+        ),
+    ],
+    device: Annotated[
+        str | None, typer.Option("--device", help="Device for the decode roofline, e.g. h200.")
+    ] = None,
+    bandwidth_gbs: Annotated[
+        float | None,
+        typer.Option("--bandwidth-gbs", help="Per-device memory bandwidth (overrides --device)."),
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree.")] = 1,
+    context: Annotated[int, typer.Option("--context", min=0, help="Tokens in the KV cache.")] = 0,
+    measured: Annotated[
+        list[float] | None,
+        typer.Option("--measured", help="Measured decode tok/s to compare (repeatable)."),
+    ] = None,
+) -> None:
+    """Model facts (architecture, attention, experts, quantization, fused projections) and,
+    with --device or --bandwidth-gbs, the single-request decode roofline."""
+    try:
+        facts = inspect_model(model)
+        rows = facts_as_rows(facts)
+        if device or bandwidth_gbs:
+            rows += [("", "")] + roofline_rows_for(
+                facts,
+                device=device,
+                bandwidth_gbs=bandwidth_gbs,
+                tp=tp,
+                context_tokens=context,
+                measured=measured or [],
+            )
+    except AutotuneError as exc:
+        raise fail(exc) from None
+    render.print_key_values(rows)

@@ -1,0 +1,389 @@
+"""What the CLI prints: rich tables and one-line summaries of library results.
+
+Nothing here decides or measures; each function takes a result (or a study to read) and
+renders it, so ``cli.py`` stays a thin layer of options -> one library call -> render.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from autotune import names
+from autotune.analysis.profile import COVERAGE_BAND, sort_profiles, table_rows
+from autotune.engines.vllm.speculative import study_lines
+from autotune.errors import PreflightError
+from autotune.gate.reference import Capabilities, describe_checks
+from autotune.server.metrics import preemption_notes
+from autotune.study.results import baseline_reason, best_trials, load_report
+
+# Wide tables when the output is a file or a pipe (CI logs, `| less`), not 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 180)
+err = Console(stderr=True)
+
+
+def print_confirmation(data: dict) -> None:
+    table = Table(title=f"confirmation: {data['metric']}, {data['repeats']} interleaved rounds")
+    for col in ("config", "samples", "median", "failures"):
+        table.add_column(col)
+    for c in data["candidates"]:
+        style = (
+            "bold green"
+            if c["trial_number"] is not None and c["trial_number"] == data["winner"]
+            else ""
+        )
+        table.add_row(
+            c["label"],
+            ", ".join(f"{x:.1f}" for x in c["samples"]),
+            "" if c["median"] is None else f"{c['median']:.1f}",
+            ", ".join(c["failures"]),
+            style=style,
+        )
+    console.print(table)
+    if data["winner"] is None:
+        console.print("[red]no candidate passed every confirmation round[/]")
+    elif data["gain"] is not None:
+        low, high = data["gain_ci"]
+        # "winner" only when the interval excludes no change: a +33% whose interval spans
+        # -57% .. +314% (the 12-trial demo on a loaded 2-core machine) is not a confirmed gain
+        if low > 0:
+            label = "winner (confirmed gain)"
+        elif data["gain"] > 0:
+            label = "no confirmed gain (the interval includes none); best median"
+        else:
+            label = "no real gain; best candidate"
+        console.print(
+            f"{label}: trial {data['winner']}, {data['gain']:+.1%} over the baseline "
+            f"(95% CI {low:+.1%} .. {high:+.1%})"
+        )
+
+
+class LiveView:
+    """Trial number, phase, elapsed time and best so far, refreshed while a run goes on."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.number: int | None = None
+        self.phase = "starting"
+        self.started = time.monotonic()
+        self.trial_started = time.monotonic()
+        self.done = 0
+        self.best: str = "-"
+        self.last: str = ""
+        self.live: Live | None = None
+
+    def render(self) -> Table:
+        table = Table.grid(padding=(0, 2))
+        trial = "-" if self.number is None else str(self.number)
+        table.add_row(
+            "[bold]trial[/]",
+            trial,
+            "[bold]phase[/]",
+            self.phase,
+            "[bold]elapsed[/]",
+            f"{time.monotonic() - self.trial_started:5.1f} s",
+            "[bold]done[/]",
+            f"{self.done}/{self.total}",
+        )
+        table.add_row("[bold]best[/]", self.best, "[bold]last[/]", self.last, "", "", "", "")
+        return table
+
+    def refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self.render())
+
+    def on_phase(self, number: int, phase: str) -> None:
+        if number != self.number:
+            self.trial_started = time.monotonic()
+        self.number, self.phase = number, phase
+        self.refresh()
+
+    def on_trial(self, outcome, study) -> None:
+        if (
+            outcome.verdict not in ("constraint_violated", "duplicate")
+            and not outcome.infrastructure
+        ):
+            self.done += 1
+        values = ", ".join(f"{v:.1f}" for v in outcome.values) if outcome.values else ""
+        self.last = f"#{outcome.number} {outcome.verdict} {values}".strip()
+        best = best_trials(study)
+        if best:
+            self.best = ", ".join(
+                f"#{t.number} " + "/".join(f"{v:.1f}" for v in t.values) for t in best[:3]
+            )
+        self.phase = "done"
+        self.refresh()
+        console.print(f"trial {outcome.number} \\[{outcome.role}]: {outcome.verdict} {values}")
+        if outcome.role == names.BASELINE and outcome.verdict == "correct":
+            reference = study.user_attrs.get(names.REFERENCE) or {}
+            for notice in gate_notices(reference.get("capabilities")):
+                console.print(f"[yellow]gate:[/] {notice}")
+
+
+def short(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def gate_notices(capabilities: dict | None) -> list[str]:
+    return Capabilities.from_dict(capabilities).notices() if capabilities else []
+
+
+def print_report(storage_url: str, study_name: str, *, limit: int | None = None) -> None:
+    report = load_report(storage_url, study_name)
+    metric_cols = {
+        "decode_tokens_per_s": "decode tok/s",
+        "output_tokens_per_s": "out tok/s",
+        "ttft_p95_ms": "TTFT p95 ms",
+        "itl_p95_ms": "ITL p95 ms",
+    }
+    table = Table(title=f"study {report.name} ({', '.join(report.directions)})")
+    objective = report.metric_names[0] if report.metric_names else None
+    cols = ("#", "role", "verdict", "params", *metric_cols.values(), "±95% (n)", "start s")
+    cols = (*cols, "reason")
+    for col in cols:
+        table.add_column(col, overflow="fold", ratio=4 if col in ("params", "reason") else None)
+    rows = report.rows if limit is None else report.rows[-limit:]
+    for row in rows:
+        params = " ".join(f"{k}={short(v)}" for k, v in row.params.items())
+        style = (
+            "bold green"
+            if row.is_best
+            else ("red" if row.verdict not in ("correct", "running", "waiting") else "")
+        )
+        table.add_row(
+            f"{row.number}{' *' if row.is_best else ''}",
+            row.role,
+            row.verdict,
+            params,
+            *[f"{row.metrics[c]:.1f}" if c in row.metrics else "" for c in metric_cols],
+            interval_cell(row.ci.get(objective or ""), row.metrics.get(objective or "")),
+            f"{row.startup_s:.1f}" if row.startup_s else "",
+            row.detail[:80],
+            style=style,
+        )
+    console.print(table)
+    if report.failures_by_reason:
+        console.print(
+            "failures by reason: "
+            + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
+        )
+        print_failure_details(rows)
+    for line in study_lines(storage_url, study_name):  # speculative trials: acceptance
+        console.print(f"speculative decoding: {escape(line)}", soft_wrap=True)
+    for note in preemption_notes(rows):
+        console.print(f"[yellow]preemptions:[/] {escape(note)}")
+    if report.reference:
+        console.print(
+            f"reference: {report.reference['prompts']} prompts, logprob tolerance "
+            f"{report.reference['tolerance']:.4f} (baseline drift "
+            f"{report.reference['drift_observed']:.4f})"
+        )
+        for notice in gate_notices(report.reference.get("capabilities")):
+            console.print(f"[yellow]gate:[/] {notice}")
+    roofline = report.attrs.get(names.ROOFLINE)
+    if roofline and report.best:
+        best_row = next(r for r in report.rows if r.number == report.best[0])
+        measured = best_row.metrics.get("decode_tokens_per_s")
+        bound = roofline.get("tokens_per_s")
+        if measured and bound:
+            console.print(
+                f"decode roofline: {bound:.1f} tok/s; best measured {measured:.1f} "
+                f"tok/s = {measured / bound:.1%} of it"
+            )
+    if report.attrs.get(names.CONFIRMATION):
+        print_confirmation(report.attrs[names.CONFIRMATION])
+    if report.attrs.get(names.ABLATION_REPORT):
+        print_ablation(report.attrs[names.ABLATION_REPORT])
+    if report.attrs.get(names.PROFILES):
+        print_profiles(sort_profiles(report.attrs[names.PROFILES]))
+    if report.best:
+        console.print(f"best (verified correct): trial {', '.join(map(str, report.best))}")
+        for number in report.best:
+            checks = next(r.checks for r in report.rows if r.number == number)
+            console.print(f"  trial {number} passed: {describe_checks(checks)}")
+    else:
+        console.print("no verified correct trial yet")
+
+
+def interval_cell(ci: list[float] | None, value: float | None) -> str:
+    """The objective's 95% half-width relative to its value, and the rounds measured."""
+    if not ci or not value:
+        return ""
+    low, high, n = ci
+    return f"±{(high - low) / 2 / abs(value):.1%} ({int(n)})"
+
+
+def print_failure_details(rows) -> None:
+    """Each failed trial's whole detail, root cause included (the table cuts it at 80)."""
+    failed = [r for r in rows if r.detail and r.verdict not in ("correct", "running", "waiting")]
+    if not failed:
+        return
+    console.print("failure details:")
+    for row in failed:
+        detail = row.detail if len(row.detail) <= 600 else row.detail[:597] + "..."
+        console.print(
+            f"  trial {row.number} {row.verdict}: {detail}",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+
+
+def print_ablation(report: dict) -> None:
+    table = Table(
+        title=f"ablation of trial {report['trial_number']}: {report['metric']} "
+        f"(best median {report['best_median']:.1f}, noise band "
+        f"±{report['noise_band']:.1f}, {report['repeats']} rounds)"
+    )
+    for col in ("change", "best", "reverted to", "delta", "range", "verdict"):
+        table.add_column(col)
+    for c in report["contributions"]:
+        delta = "" if c["delta"] is None else f"{c['delta']:+.1f}"
+        span = "" if c["delta_low"] is None else f"[{c['delta_low']:+.1f}, {c['delta_high']:+.1f}]"
+        style = {"helps": "green", "needed for correctness": "yellow"}.get(c["verdict"], "dim")
+        table.add_row(
+            c["parameter"],
+            str(c["best_value"]),
+            str(c["reverted_to"]),
+            delta,
+            span,
+            c["verdict"] + (f" ({c['detail']})" if c["detail"] else ""),
+            style=style,
+        )
+    console.print(table)
+    minimal = ", ".join(f"{k}={v}" for k, v in report["minimal_values"].items()) or "(baseline)"
+    console.print(f"minimal config: {minimal}")
+    if report["minimal_keeps_gain"] is not None:
+        console.print(
+            f"minimal config measured {report['minimal_median']:.1f}: "
+            + (
+                "keeps the gain"
+                if report["minimal_keeps_gain"]
+                else "does NOT keep the gain (interactions between changes)"
+            )
+        )
+
+
+def print_error(exc: Exception) -> None:
+    """One line, never wrapped (grep-able, copy-pastable), and the message is text, not markup:
+    a key such as ``constraints[0]`` must not be read as a rich tag."""
+    label = "preflight failed" if isinstance(exc, PreflightError) else "error"
+    err.print(f"[bold red]{label}:[/] {escape(str(exc))}", soft_wrap=True)
+
+
+def say_if_baseline_is_best(study) -> None:
+    """One line when no configuration beat the baseline (what `export` will then write)."""
+    reason = baseline_reason(study)
+    if reason is not None:
+        console.print(
+            f"[yellow]no configuration beat the baseline[/] ({escape(reason)}); "
+            "`autotune export` writes the baseline's config"
+        )
+
+
+def print_run_summary(summary) -> None:
+    """After ``run``: what cleanup did, why the run stopped (if it did), where the study is."""
+    for line in summary.cleaned:
+        console.print(f"[dim]cleanup:[/] {line}")
+    if summary.stopped_because:
+        err.print(f"[bold red]stopped:[/] {summary.stopped_because}")
+    console.print(f"Study [bold]{summary.study_name}[/] in {summary.storage_url}")
+
+
+def print_exports(results) -> None:
+    for result in results:
+        what = f"trial {result.trial_number}"
+        if result.baseline_reason is not None:
+            what = (
+                f"the baseline (trial {result.trial_number}; no configuration beat it: "
+                f"{escape(result.baseline_reason)})"
+            )
+        console.print(
+            f"{what} -> {result.path}" + (f" (+ {result.env_path})" if result.env_path else "")
+        )
+        console.print("  launch: " + " ".join(result.command))
+
+
+def print_recheck(best, result) -> None:
+    engines = f"engine {result.engine_version}"
+    if result.recorded_engine_version and result.recorded_engine_version != result.engine_version:
+        engines += f" (exported on {result.recorded_engine_version})"
+    console.print(f"recheck of {best} on {engines}: study {result.study_name}")
+    style = "green" if result.ok else "red"
+    console.print(f"[{style}]{result.verdict.status}[/]: {escape(result.verdict.reason)}")
+    if not result.ok:
+        if result.guilty:
+            console.print(f"guilty parameter: {', '.join(result.guilty)}")
+        elif result.changes and result.verdict.status != "baseline_broken":
+            console.print(
+                "no single change is to blame (reverting any one alone does not fix it): "
+                + ", ".join(result.changes)
+            )
+
+
+def print_validation(issues) -> int:
+    """One line per parameter; returns how many are invalid."""
+    bad = 0
+    for issue in issues:
+        if issue.ok:
+            console.print(f"[green]OK[/]    {issue.parameter}  ({issue.target})")
+        else:
+            bad += 1
+            console.print(f"[red]ERROR[/] {issue.parameter}  ({issue.target}): {issue.error}")
+    return bad
+
+
+def print_key_values(rows) -> None:
+    """Two columns, no header (``autotune inspect``)."""
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+
+
+def print_trial_phase(number: int, phase: str) -> None:
+    console.print(f"[dim]trial {number}: {phase}[/]")
+
+
+def print_profile_run(results, *, chosen_by_default: bool) -> None:
+    """``autotune profile``'s output: the table, then where each trace was written."""
+    print_profiles([r.to_dict() for r in results])
+    if chosen_by_default and len(results) == 1:
+        console.print("the best correct trial is the baseline itself: one profile")
+    for r in results:
+        console.print(f"[dim]trial {r.trial} traces: {', '.join(r.trace_files)}[/]")
+
+
+def print_profiles(profiles: list[dict]) -> None:
+    header, rows = table_rows(profiles)
+    table = Table(title="Where the step time goes (ms per output token, decode)")
+    for i, column in enumerate(header):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    low, high = COVERAGE_BAND
+    for p in profiles:
+        if not p["consistent"]:
+            console.print(
+                f"[yellow]trial {p['trial']}: the trace accounts for {p['coverage']:.0%} of the "
+                f"time the client measured per token (outside {low:.0%}-{high:.0%}): read its "
+                "categories with care[/]"
+            )
+        ratio = p["profiled_ms_per_token"] / max(p["unprofiled_ms_per_token"], 1e-9)
+        if ratio > 1.2:
+            console.print(
+                f"[yellow]trial {p['trial']}: profiling slowed decode {ratio:.1f}x; shares are "
+                "of the profiled step[/]"
+            )

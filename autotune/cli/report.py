@@ -1,0 +1,39 @@
+"""``autotune report``: one self-contained HTML page of a study."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from autotune.analysis.compare import study_ref
+from autotune.cli.common import console, fail, open_spec
+from autotune.cli.options import (
+    DEFAULT_SPEC,
+    StorageOpt,
+    StudyOpt,
+)
+from autotune.errors import AutotuneError
+from autotune.report.html import write_report
+
+
+def report(
+    spec: Annotated[Path | None, typer.Option("--spec", help="Study spec YAML.")] = None,
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write.")] = Path(
+        "report.html"
+    ),
+) -> None:
+    """Write one self-contained HTML report of a study (opens from disk, no network)."""
+    try:
+        if spec is None and study is not None and storage is not None:
+            ref = study_ref(f"{study}@{storage}")
+            url, name = ref.url, ref.name
+        else:
+            _, url, name = open_spec(spec or DEFAULT_SPEC, study, storage)
+        path = write_report(url, name, output, spec_path=str(spec) if spec else None)
+    except AutotuneError as exc:
+        raise fail(exc) from None
+    console.print(f"report of study {name} -> {path}")

@@ -1,0 +1,22 @@
+"""``autotune show``: the study's trials as a table."""
+
+from __future__ import annotations
+
+from autotune.cli import render
+from autotune.cli.common import fail, open_spec
+from autotune.cli.options import (
+    DEFAULT_SPEC,
+    SpecOpt,
+    StorageOpt,
+    StudyOpt,
+)
+from autotune.errors import AutotuneError
+
+
+def show(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None, storage: StorageOpt = None) -> None:
+    """A table of trials: state, verdict, key params, metrics, reason; best marked with *."""
+    try:
+        _, url, name = open_spec(spec, study, storage)
+        render.print_report(url, name)
+    except AutotuneError as exc:
+        raise fail(exc) from None

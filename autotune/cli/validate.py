@@ -1,0 +1,31 @@
+"""``autotune validate``: every parameter checked against the installed engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from autotune.cli import render
+from autotune.cli.common import console, err, fail
+from autotune.engines import build_engine
+from autotune.errors import AutotuneError
+from autotune.spec.load import load_spec
+
+
+def validate(spec: Annotated[Path, typer.Argument(help="Study spec YAML.")]) -> None:
+    """Check every parameter against the installed engine; exit 2 on any error."""
+    try:
+        study_spec = load_spec(spec)
+        issues = build_engine(study_spec).validate_space(study_spec.space)
+    except AutotuneError as exc:
+        raise fail(exc) from None
+    bad = render.print_validation(issues)
+    if bad:
+        err.print(f"{bad} of {len(issues)} parameters invalid in {study_spec.space.path}")
+        raise typer.Exit(code=2)
+    console.print(
+        f"all {len(issues)} parameters valid against {study_spec.engine.kind} "
+        f"{build_engine(study_spec).version()}"
+    )

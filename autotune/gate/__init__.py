@@ -1,0 +1,3 @@
+"""The correctness gate: a config's output is compared with the pinned reference before any speed
+is measured.
+"""

@@ -1,0 +1,369 @@
+"""The gate's judgement: a trial's answers against the reference, pure (no I/O).
+
+Token ids, per-token strings or the text itself (``Capabilities.comparison``), near-tie flips
+excused by the reference's top-2 margin, teacher-forced logprobs within the tolerance, sanity
+and known answers (:func:`compare`); and one benchmark answer against the reference, for the
+correctness-under-load check (:func:`comparable_answers`, :func:`compare_under_load`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import regex
+
+from autotune.gate.reference import (
+    COMPARE_TEXT,
+    COMPARE_TOKEN_IDS,
+    COMPARE_TOKEN_STRINGS,
+    TIE_FLIPS_BY_MARGIN,
+    TIE_FLIPS_BY_RUNNER_UP,
+    CheckResult,
+    Completion,
+    Divergence,
+    Reference,
+    TeacherRejected,
+)
+from autotune.spec.model import CheckSpec
+
+
+def sanity_problem(text: str, token_ids: Sequence[int] = ()) -> str | None:
+    """Outputs that are wrong whatever the reference says."""
+    if not text:
+        return "empty output"
+    if not text.strip():
+        return "whitespace-only output"
+    if any((not ch.isprintable()) and ch not in "\n\t\r" for ch in text):
+        return "non-printable characters in output"
+    ids = list(token_ids)
+    if len(ids) >= 16:
+        tail = ids[len(ids) // 4 :]
+        for period in (1, 2):
+            if all(tail[i] == tail[i % period] for i in range(len(tail))):
+                return f"runaway repetition (a {period}-token loop)"
+    return None
+
+
+def compare(
+    reference: Reference,
+    completions: dict[str, Completion],
+    teacher: dict[str, tuple[float, ...]],
+    check: CheckSpec | None = None,
+) -> CheckResult:
+    """Judge a trial's outputs against the reference. Pure: no I/O."""
+    tol = reference.tolerance
+    max_drift = 0.0
+    tie_flips = 0
+    problems: list[str] = []
+    first: Divergence | None = None
+
+    def fail(divergence: Divergence, problem: str) -> None:
+        nonlocal first
+        problems.append(problem)
+        if first is None:
+            first = divergence
+
+    method = reference.capabilities.comparison
+    rules: set[str] = set()
+    for prompt, got in completions.items():
+        ref = reference.entries[prompt].completion
+        rule = tie_flip_rule(ref, got, method)
+        if rule is not None:
+            rules.add(rule)
+        divergence = _first_divergence(reference, ref, got, method)
+        if divergence == "tie_flip":
+            tie_flips += 1
+        elif divergence is not None:
+            fail(divergence, f"{prompt!r}: {divergence.kind} {divergence.position} differs")
+        if isinstance(teacher.get(prompt), TeacherRejected):
+            fail(
+                Divergence(
+                    prompt=prompt,
+                    position=0,
+                    kind="logprob",
+                    expected_text=ref.text,
+                    got_text=got.text,
+                    detail=f"the server rejected teacher-forced scoring: {teacher[prompt]}",
+                ),
+                f"{prompt!r}: teacher-forced scoring rejected",
+            )
+        elif prompt in teacher:
+            expected = reference.entries[prompt].teacher_logprobs
+            if len(teacher[prompt]) != len(expected):
+                # scored on the same server the same way, the counts match unless the answer
+                # is cut short; comparing the overlap would let a short answer pass unseen
+                fail(
+                    Divergence(
+                        prompt=prompt,
+                        position=min(len(teacher[prompt]), len(expected)),
+                        kind="logprob",
+                        expected_text=ref.text,
+                        got_text=got.text,
+                        detail=(
+                            f"teacher-forced scoring covered {len(teacher[prompt])} tokens, "
+                            f"the reference's {len(expected)}"
+                        ),
+                    ),
+                    f"{prompt!r}: teacher-forced scoring covered a different number of tokens",
+                )
+            diffs = [abs(a - b) for a, b in zip(expected, teacher[prompt], strict=False)]
+            if diffs:
+                worst = max(range(len(diffs)), key=diffs.__getitem__)
+                max_drift = max(max_drift, diffs[worst])
+                if diffs[worst] > tol:
+                    fail(
+                        Divergence(
+                            prompt=prompt,
+                            position=worst,
+                            kind="logprob",
+                            expected_token=_token_at(ref, worst),
+                            got_token=_token_at(ref, worst),
+                            expected_text=ref.text,
+                            got_text=got.text,
+                            detail=f"logprob drift {diffs[worst]:.4f} > tolerance {tol:.4f}",
+                        ),
+                        f"{prompt!r}: logprob drift {diffs[worst]:.4f} at {worst}",
+                    )
+        if sanity_problem(ref.text, ref.token_ids) is None:
+            problem = sanity_problem(got.text, got.token_ids)
+            if problem:
+                fail(
+                    Divergence(
+                        prompt=prompt,
+                        position=0,
+                        kind="sanity",
+                        expected_text=ref.text,
+                        got_text=got.text,
+                        detail=problem,
+                    ),
+                    f"{prompt!r}: {problem}",
+                )
+    known = 0
+    if check is not None:
+        for answer in check.known_answers:
+            known += answer.prompt in completions
+            got = completions.get(answer.prompt)
+            if got is None:
+                continue
+            matched = _search(answer.expect, got.text)
+            if matched is not True:
+                detail = (
+                    f"does not match /{answer.expect}/"
+                    if matched is False
+                    else f"/{answer.expect}/ could not be matched within "
+                    f"{KNOWN_ANSWER_TIMEOUT_S:g} s (a pattern that backtracks without end): "
+                    "rewrite it in check.known_answers"
+                )
+                fail(
+                    Divergence(
+                        prompt=answer.prompt,
+                        position=0,
+                        kind="known_answer",
+                        expected_text=answer.expect,
+                        got_text=got.text,
+                        detail=detail,
+                    ),
+                    f"{answer.prompt!r}: known answer /{answer.expect}/ "
+                    + ("not found" if matched is False else "could not be checked (timed out)"),
+                )
+    return CheckResult(
+        passed=not problems,
+        prompts_checked=len(completions),
+        max_logprob_drift=max_drift,
+        tie_flips=tie_flips,
+        first_divergence=first,
+        problems=tuple(problems),
+        checks={
+            "compared_by": method,
+            "prompts": len(completions),
+            # the weaker rule if any prompt fell back to it: the record must not overstate
+            "tie_flips_by": weakest_tie_rule(rules),
+            "teacher_forced": reference.capabilities.teacher_forced if teacher else None,
+            "sanity": True,
+            "known_answers": known,
+        },
+    )
+
+
+def units(completion: Completion, method: str) -> Sequence[Any]:
+    """The sequence a comparison walks: token ids, per-token strings, or characters."""
+    if method == COMPARE_TOKEN_IDS:
+        return completion.token_ids
+    if method == COMPARE_TOKEN_STRINGS:
+        return completion.tokens
+    return completion.text
+
+
+def tie_flip_rule(ref: Completion, got: Completion, method: str) -> str | None:
+    """Which rule excuses a near-tie flip of ``got`` from ``ref``, or None where none can be.
+
+    ``TIE_FLIPS_BY_RUNNER_UP`` (only a flip to the reference's runner-up token) needs the
+    reference's runner-ups and the answer's per-token strings. Without either, a reference
+    recorded before runner-ups were kept or an answer compared by ids alone (under load), the
+    older ``TIE_FLIPS_BY_MARGIN`` applies: any token at a close position is excused. None for a
+    text comparison or a reference without top-2 margins, where no flip is excused at all.
+    This is the rule :func:`_first_divergence` applies; :func:`compare` records it
+    (``checks["tie_flips_by"]``) so a verdict says which rule excused its flips.
+    """
+    if method == COMPARE_TEXT or all(m is None for m in ref.margins):
+        return None
+    if ref.runner_ups and got.tokens:
+        return TIE_FLIPS_BY_RUNNER_UP
+    return TIE_FLIPS_BY_MARGIN
+
+
+def _first_divergence(
+    reference: Reference, ref: Completion, got: Completion, method: str, kind_suffix: str = ""
+) -> Divergence | str | None:
+    """Where ``got`` first leaves ``ref``: None (equal), ``"tie_flip"`` (excused), or the
+    :class:`Divergence`. Tie flips need the reference's top-2 margin at that token, so they
+    exist only for token-wise comparisons of a server that gives top-2 logprobs."""
+    a, b = units(ref, method), units(got, method)
+    position = common_prefix(a, b)
+    if position >= max(len(a), len(b)):
+        return None
+    both = position < min(len(a), len(b))
+    margin = None
+    if method != COMPARE_TEXT and position < len(ref.margins):
+        margin = ref.margins[position]
+    near_tie = both and margin is not None and margin <= 2 * reference.tolerance
+    if near_tie:
+        # a near tie excuses a flip to the other side of the tie, not to any token: a broken
+        # config whose output leaves the reference at a close position is still wrong (on a
+        # workload prompt nothing else, no teacher-forced check, would say so)
+        runner_up = ref.runner_ups[position] if position < len(ref.runner_ups) else None
+        chosen = got.tokens[position] if position < len(got.tokens) else None
+        if runner_up is None or chosen is None or chosen == runner_up:
+            return "tie_flip"
+    detail = f"reference top-2 margin {margin}" if method != COMPARE_TEXT else ""
+    if near_tie:
+        detail += f": a near tie, but not to the reference's runner-up {runner_up!r}"
+    if method == COMPARE_TOKEN_IDS and not got.token_ids and got.text:
+        detail = "the answer carries no token ids (the baseline's did)"
+    if method == COMPARE_TEXT:
+        kind, expected, found = "text", _word_at(ref.text, position), _word_at(got.text, position)
+        detail = f"first differing character at offset {position}"
+    else:
+        kind = "token" if both else "length"
+        expected, found = _token_at(ref, position), _token_at(got, position)
+    return Divergence(
+        prompt=ref.prompt,
+        position=position,
+        kind=kind + kind_suffix,
+        expected_token=expected,
+        got_token=found,
+        expected_text=ref.text,
+        got_text=got.text,
+        detail=detail,
+    )
+
+
+def comparable_answers(
+    reference: Reference, answers: Sequence[Any], asked: Mapping[str, int], limit: int
+) -> list[Any]:
+    """The benchmark answers (``.prompt``) the reference can judge, at most ``limit``.
+
+    Only answers asked with the reference's own length compare with it: a workload prompt that
+    is also a check prompt was recorded at ``check.max_tokens``, and a longer benchmark answer
+    to it is not a divergence. ``asked`` is the workload's length per prompt
+    (``workload.reference_requests``).
+    """
+    return [
+        a
+        for a in answers
+        if a.prompt in reference.entries
+        and reference.max_tokens.get(a.prompt) == asked.get(a.prompt)
+    ][:limit]
+
+
+def compare_under_load(
+    reference: Reference, prompt: str, token_ids: Sequence[int], text: str
+) -> tuple[Divergence | None, str]:
+    """One benchmark response against the reference (correctness under load).
+
+    Compared by token ids where both have them, else by the text (every server streams text).
+    Returns the divergence (or None) and the method used.
+    """
+    ref = reference.entries[prompt].completion
+    method = COMPARE_TOKEN_IDS if ref.token_ids and token_ids else COMPARE_TEXT
+    got = Completion(prompt=prompt, text=text, token_ids=tuple(token_ids))
+    divergence = _first_divergence(reference, ref, got, method, kind_suffix="_under_load")
+    return (None if divergence in (None, "tie_flip") else divergence), method
+
+
+#: how long one known-answer pattern may take on one answer: a pattern like ``(a+)+$`` takes
+#: longer than the age of the universe on 40 characters, and the gate must still answer
+KNOWN_ANSWER_TIMEOUT_S = 2.0
+
+
+def _search(pattern: str, text: str) -> bool | None:
+    """Whether ``pattern`` occurs in ``text`` (``re`` syntax, checked at load), or None when it
+    could not be decided within :data:`KNOWN_ANSWER_TIMEOUT_S`: not a pass, never silently."""
+    try:
+        return regex.search(pattern, text, timeout=KNOWN_ANSWER_TIMEOUT_S) is not None
+    except TimeoutError:
+        return None
+
+
+def weakest_tie_rule(rules: Collection[str | None]) -> str | None:
+    """The rule a record of several answers states: the margin alone if any answer was judged
+    by it (the record must not overstate the check), else the runner-up rule, else None."""
+    if TIE_FLIPS_BY_MARGIN in rules:
+        return TIE_FLIPS_BY_MARGIN
+    return TIE_FLIPS_BY_RUNNER_UP if TIE_FLIPS_BY_RUNNER_UP in rules else None
+
+
+def under_load_tie_flips_by(reference: Reference, prompt: str, method: str) -> str | None:
+    """The near-tie rule :func:`compare_under_load` applied to an answer to ``prompt``
+    compared by ``method`` (:func:`tie_flip_rule`): a streamed benchmark answer carries token
+    ids but no per-token strings, so a flip at a close position is excused by the margin alone
+    there. Recorded beside the under-load counts so that a verdict says so."""
+    ref = reference.entries[prompt].completion
+    return tie_flip_rule(ref, Completion(prompt=prompt, text="", token_ids=()), method)
+
+
+def _word_at(text: str, offset: int) -> str:
+    """The whitespace-delimited word around ``offset`` (evidence for a text divergence)."""
+    if offset >= len(text):
+        return "<end of text>"
+    start = text.rfind(" ", 0, offset + 1)
+    start = 0 if start < 0 else start
+    if start == offset and text[offset] == " ":
+        start = offset
+    end = text.find(" ", offset + 1)
+    return text[start : len(text) if end < 0 else end]
+
+
+def compare_tokens(
+    reference: Reference, prompt: str, token_ids: Sequence[int], text: str
+) -> Divergence | None:
+    """Token-id comparison of one benchmark response (see :func:`compare_under_load`)."""
+    ref = reference.entries[prompt].completion
+    got = Completion(prompt=prompt, text=text, token_ids=tuple(token_ids))
+    divergence = _first_divergence(reference, ref, got, COMPARE_TOKEN_IDS, "_under_load")
+    return None if divergence in (None, "tie_flip") else divergence
+
+
+def _token_at(completion: Completion, position: int) -> str | None:
+    if position < len(completion.tokens):
+        return completion.tokens[position]
+    if position < len(completion.token_ids):
+        return f"id:{completion.token_ids[position]}"
+    return None
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
+    diffs = [
+        abs(x - y) for x, y in zip(a, b, strict=False) if x != float("-inf") and y != float("-inf")
+    ]
+    return max(diffs, default=0.0)

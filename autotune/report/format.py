@@ -1,0 +1,177 @@
+"""`autotune report`'s shared formatting: verdict colours, HTML escaping, and the names the
+page shows for a study's model, engine, objective and storage (password hidden).
+
+Also used by ``autotune compare`` (:func:`objective_names`, :func:`safe_url`), which is why these
+are public.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+from sqlalchemy.engine import make_url
+
+from autotune import names
+from autotune.errors import AutotuneError
+from autotune.spec.load import load_spec
+from autotune.study.results import StudyReport, TrialRow
+
+#: one colour per verdict, shared by every plot and the tables (failure reasons not listed
+#: here get the fallback)
+VERDICT_COLOURS = {
+    "correct": "#2e9d5b",
+    "incorrect": "#d62728",
+    "oom": "#9467bd",
+    "server_crashed": "#8c564b",
+    "startup_failed": "#e377c2",
+    "startup_timeout": "#bcbd22",
+    "hang": "#ff7f0e",
+    "request_errors": "#17becf",
+    "invalid_config": "#7f7f7f",
+    "constraint_violated": "#c7c7c7",
+    "running": "#1f77b4",
+    "waiting": "#aec7e8",
+}
+
+
+OTHER_COLOUR = "#555555"
+
+
+OK_VERDICTS = ("correct", "running", "waiting")
+
+
+@dataclass(frozen=True)
+class ReportSource:
+    """Where the study lives, to write the commands a reader can paste (password hidden)."""
+
+    storage_url: str
+    spec_path: str | None = None
+
+
+def diff_table(base: dict[str, Any], other: dict[str, Any], labels: Sequence[str]) -> str:
+    names = list(dict.fromkeys([*base, *other]))
+    if not names:
+        return "<p class='muted'>No tuned parameters.</p>"
+    rows = []
+    for name in names:
+        a = shown(base.get(name, "(engine default)"))
+        b = shown(other.get(name, "(engine default)"))
+        changed = a != b
+        rows.append(
+            f"<tr{' class=changed' if changed else ''}><td>{esc(name)}</td><td>{esc(a)}</td>"
+            f"<td>{esc(b)}{' &larr; changed' if changed else ''}</td></tr>"
+        )
+    return (
+        f"<table class='diff'><tr><th>parameter</th><th>{esc(labels[0])}</th>"
+        f"<th>{esc(labels[1])}</th></tr>{''.join(rows)}</table>"
+    )
+
+
+def shown(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def row_of(report: StudyReport, number: int) -> TrialRow:
+    return next(r for r in report.rows if r.number == number)
+
+
+def model_of(trials: list[FrozenTrial], source: ReportSource) -> str:
+    for trial in trials:
+        argv = (trial.user_attrs.get(names.SERVER) or {}).get("argv") or []
+        for flag in ("--model", "--served-model-name"):
+            if flag in argv and argv.index(flag) + 1 < len(argv):
+                return str(argv[argv.index(flag) + 1])
+        for i, word in enumerate(argv[:-1]):
+            if word in ("serve",) and not argv[i + 1].startswith("-"):
+                return str(argv[i + 1])
+    return "unknown (no trial started a server)"
+
+
+def engine_of(trials: list[FrozenTrial], report: StudyReport, source: ReportSource) -> str:
+    versions = {
+        (t.user_attrs.get(names.SERVER) or {}).get("engine_version")
+        for t in trials
+        if (t.user_attrs.get(names.SERVER) or {}).get("engine_version")
+    }
+    if report.engine_version:
+        versions.add(report.engine_version)
+    kind = spec_kind(source.spec_path or report.attrs.get(names.SPEC_PATH))
+    text = ", ".join(sorted(map(str, versions))) or "version unknown"
+    return f"{kind} {text}" if kind else text
+
+
+def spec_kind(path: str | None) -> str | None:
+    """The engine kind (vllm, command, ...) from the study's spec, if it still loads."""
+    if not path:
+        return None
+    try:
+        return load_spec(Path(path)).engine.kind
+    except (AutotuneError, OSError):
+        return None
+
+
+def objective_names(
+    study: optuna.Study, report: StudyReport, source: ReportSource
+) -> tuple[str, ...]:
+    """The objective's metric names: Optuna's own if set, else the spec's (a study records
+    its spec's path), else what the confirmation or ablation measured."""
+    if study.metric_names:
+        return tuple(study.metric_names)
+    path = source.spec_path or report.attrs.get(names.SPEC_PATH)
+    if path:
+        try:
+            metrics = tuple(load_spec(Path(path)).objective.metrics)
+        except (AutotuneError, OSError):
+            metrics = ()
+        if len(metrics) == len(report.directions):
+            return metrics
+    for key in (names.CONFIRMATION, names.ABLATION_REPORT):
+        data = report.attrs.get(key)
+        if data and len(report.directions) == 1:
+            return (data["metric"],)
+    return ()
+
+
+def end_of(trial: FrozenTrial) -> dt.datetime | None:
+    return trial.datetime_complete or trial.datetime_start
+
+
+def iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat(sep=" ", timespec="seconds") if value else None
+
+
+def timestamp(value: dt.datetime) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def safe_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # an unparsable URL was refused long before; never print a secret
+        return "(storage URL)"
+
+
+def colour(verdict: str) -> str:
+    return VERDICT_COLOURS.get(verdict, OTHER_COLOUR)
+
+
+def ramp(x: float) -> str:
+    """Light blue (worst) to dark blue (best)."""
+    lo, hi = (190, 205, 235), (20, 50, 140)
+    r, g, b = (round(a + (c - a) * x) for a, c in zip(lo, hi, strict=True))
+    return f"rgb({r},{g},{b})"
+
+
+def slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text)
+
+
+def esc(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)

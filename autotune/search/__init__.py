@@ -1,0 +1,1 @@
+"""The search: which config to launch next (strategy.py, model.py, guide.py)."""

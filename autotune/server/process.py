@@ -1,0 +1,429 @@
+"""The server lifecycle: start one server, prove it answers, stop it, prove it is gone.
+
+``ServerProcess`` is a context manager. On entry it starts the engine's argv (never a shell
+string) in a new session, so the whole process tree (vLLM's API server, engine core, workers)
+shares one process group, bound to 127.0.0.1, its output captured to a per-trial log file. On
+exit it sends SIGTERM to the group, SIGKILL after a grace period, and confirms that no process
+of the group, nor any descendant seen while it ran, survives.
+
+"Seen while it ran" is literal: a background thread samples the server's descendants every
+``_proc.TRACK_INTERVAL_S`` (and again at readiness and at stop), and autotune is the child
+subreaper of what it starts, so a helper that calls ``setsid`` and double-forks (leaving the
+process group and, re-parented, the server's tree) is still remembered as ``pid -> create
+time`` and killed at stop. ``on_record`` hands each new sighting to the caller, so the trial
+stores them at once and a later run can stop them after a ``kill -9`` of autotune itself.
+cgroups are not used: they are not writable in most containers this runs in, and the record
+says which method stopped the server (``kill_method``).
+
+Ready means more than ``/health``: a server can report healthy and fail its first request (vLLM's
+CPU attention rejects some head sizes only then), so readiness also requires a one-token
+completion to succeed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from autotune import _proc
+from autotune.client.stream import NotJsonObject, parse_json_object
+from autotune.engines.base import LaunchConfig, find_root_cause
+from autotune.errors import CandidateError, InfrastructureError, excerpt
+from autotune.server import oom
+
+#: how often /health is polled while waiting; readiness is detected within this much time
+HEALTH_POLL_S = 0.05
+#: seconds between SIGTERM and SIGKILL when a server is stopped; env AUTOTUNE_STOP_GRACE_S
+STOP_GRACE_S = 10.0
+_PORT_TAKEN = ("address already in use", "errno 98")
+_DISK_FULL = ("no space left on device",)
+#: how much of the end of a server log is searched for the reason and the root cause: enough
+#: to reach past what a dying engine prints after its error (vLLM: three processes' tracebacks,
+#: then over a hundred lines of Triton's leak report at exit)
+FAILURE_LOG_BYTES = 128 * 1024
+
+
+@dataclass(frozen=True)
+class ServerStart:
+    """What the lifecycle learned while starting: kept in the trial record."""
+
+    pid: int
+    pgid: int
+    startup_s: float
+    log_path: str
+
+
+class ServerProcess:
+    """One engine server, alive for the ``with`` block.
+
+    Args:
+        launch: argv, env additions and address, from the engine module.
+        log_path: where the server's stdout and stderr go.
+        startup_timeout_s: deadline for readiness.
+        classify: maps a log tail to a failure reason (the engine's knowledge).
+        root_cause: finds the engine's own error line in the log (``Engine.root_cause``);
+            by default the engine's whose ``classify_failure`` was given, else the generic one.
+        on_spawn: called with (pid, pgid) right after the process starts, so a crash of
+            autotune itself can later find and stop this server (see study.cleanup).
+        on_record: called with ``{"descendants": [[pid, create_time], ...]}`` whenever a new
+            descendant is seen (from the tracking thread), and at stop with the teardown record
+            (``descendants``, ``survivors``, ``kill_method``, ``stopped_cleanly``).
+    """
+
+    def __init__(
+        self,
+        launch: LaunchConfig,
+        log_path: Path,
+        *,
+        startup_timeout_s: float,
+        classify: Callable[[str], str | None] | None = None,
+        on_spawn: Callable[[int, int], None] | None = None,
+        stop_grace_s: float | None = None,
+        on_record: Callable[[dict[str, Any]], None] | None = None,
+        root_cause: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self.launch = launch
+        self.log_path = Path(log_path)
+        self.startup_timeout_s = startup_timeout_s
+        self.classify = classify or (lambda _tail: None)
+        self.root_cause = root_cause or _engine_root_cause(classify)
+        self._memory: oom.MemoryWatch | None = None
+        self._oom_start: oom.OomBaseline | None = None
+        self.on_spawn = on_spawn
+        self.stop_grace_s = stop_grace_s if stop_grace_s is not None else _stop_grace_s()
+        self._popen: subprocess.Popen[bytes] | None = None
+        self.on_record = on_record
+        self._tracker: _proc.DescendantTracker | None = None
+        self._started_at = 0.0
+        self.stopped_cleanly: bool | None = None
+        #: what teardown found: descendants seen, survivors, how they were stopped
+        self.stop_record: dict[str, Any] = {}
+
+    # --- context manager -------------------------------------------------------------------
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # --- start -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(self.launch.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        try:
+            log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it until it exits
+        except OSError as exc:
+            raise InfrastructureError(
+                "disk_full" if exc.errno == 28 else "storage_unreachable",
+                f"cannot write server log {self.log_path}: {exc}",
+            ) from exc
+        _proc.become_subreaper()
+        try:
+            self._popen = subprocess.Popen(
+                list(self.launch.argv),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except FileNotFoundError as exc:
+            raise CandidateError(
+                "startup_failed", f"engine command not found: {self.launch.argv[0]}"
+            ) from exc
+        finally:
+            log.close()
+        self._started_at = time.monotonic()
+        self._oom_start = oom.baseline()  # the OOM rule's evidence needs a "before"
+        self._memory = oom.MemoryWatch(self._popen.pid).start()
+        if self.on_spawn is not None:
+            self.on_spawn(self._popen.pid, self.pgid)
+        self._tracker = _proc.DescendantTracker(self._popen.pid, on_new=self._record_descendants)
+        self._tracker.start()
+
+    @property
+    def pid(self) -> int:
+        assert self._popen is not None, "server not started"
+        return self._popen.pid
+
+    @property
+    def pgid(self) -> int:
+        # start_new_session makes the child the leader of its own group: pgid == pid.
+        return self.pid
+
+    def exit_code(self) -> int | None:
+        return None if self._popen is None else self._popen.poll()
+
+    def alive(self) -> bool:
+        return self.exit_code() is None
+
+    def log_text(self) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return text.replace(self.launch.api_key, "***") if self.launch.api_key else text
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                handle.seek(max(0, size - 64 * 1024))
+                text = handle.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        if self.launch.api_key:
+            text = text.replace(self.launch.api_key, "***")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def log_window(self, max_bytes: int = FAILURE_LOG_BYTES) -> str:
+        """The end of the log (whole lines, API key redacted): where a failure explains itself."""
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                handle.seek(max(0, size - max_bytes))
+                text = handle.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        if size > max_bytes:
+            text = text.partition("\n")[2]  # the first line is cut
+        return text.replace(self.launch.api_key, "***") if self.launch.api_key else text
+
+    def _remember_children(self) -> None:
+        if self._tracker is not None:
+            self._tracker.sample()
+
+    def descendants_seen(self) -> dict[int, float | None]:
+        """Every process seen below the server so far, ``pid -> create_time``."""
+        return self._tracker.snapshot() if self._tracker is not None else {}
+
+    def _record_descendants(self, seen: dict[int, float | None]) -> None:
+        if self.on_record is not None:
+            self.on_record({"descendants": _pairs(seen)})
+
+    def failure(self, default_reason: str, detail: str) -> CandidateError | InfrastructureError:
+        """Turn 'the server is gone or broken' into the most specific recorded reason.
+
+        The detail gets the engine's root-cause line from the log, and ``evidence.root_cause``
+        keeps it. ``oom`` is named only with positive evidence: an out-of-memory message in the
+        log, or (see :mod:`autotune.server.oom`) the kernel's OOM record, the memory cgroup's
+        OOM-kill
+        count, or memory near the limit. A SIGKILL without any of them keeps
+        ``default_reason``, and the detail says so.
+        """
+        tail = self.log_tail()
+        lowered = tail.lower()
+        window = self.log_window()
+        code = self.exit_code()
+        evidence: dict = {"log_tail": tail, "exit_code": code}
+        if code is not None and code < 0:
+            evidence["signal"] = -code
+            evidence["signal_name"] = _signal_name(-code)
+        cause = _safely(self.root_cause, window)
+        if cause:
+            evidence["root_cause"] = cause
+        if any(m in lowered for m in _PORT_TAKEN):
+            return InfrastructureError("port_taken", _join(detail, cause), evidence=evidence)
+        if any(m in lowered for m in _DISK_FULL):
+            return InfrastructureError("disk_full", _join(detail, cause), evidence=evidence)
+        reason = self.classify(window)
+        notes: list[str] = []
+        if reason == "oom":
+            evidence["oom_evidence"] = {"log": cause or "an out-of-memory message in the log"}
+        elif reason is None and code is not None and default_reason != "startup_timeout":
+            self._remember_children()
+            pids = set(self.descendants_seen()) | {self.pid}
+            if self._memory is not None:
+                pids |= self._memory.pids
+            found = oom.gather(pids, self._oom_start, self._memory, sigkill=code == -9)
+            if found:
+                reason = "oom"
+                evidence["oom_evidence"] = found
+                killed = "killed by SIGKILL" if code == -9 else f"exited with code {code}"
+                notes.append(f"{killed}; out of memory: {oom.describe(found)}")
+            elif code == -9:
+                notes.append("killed by SIGKILL (no evidence of OOM)")
+        if cause:
+            notes.append(cause)
+        return CandidateError(reason or default_reason, _join(detail, *notes), evidence=evidence)
+
+    async def wait_ready(self, client: httpx.AsyncClient) -> ServerStart:
+        """Poll ``/health`` until 200, then require a one-token completion to succeed."""
+        deadline = self._started_at + self.startup_timeout_s
+        healthy = False
+        last_error = ""
+        while time.monotonic() < deadline:
+            self._remember_children()
+            if not self.alive():
+                raise self.failure(
+                    "startup_failed", f"server exited with code {self.exit_code()} before ready"
+                )
+            try:
+                if not healthy:
+                    response = await client.get(self.launch.health_path, timeout=2.0)
+                    healthy = response.status_code == 200
+                    last_error = f"/health answered {response.status_code}"
+                if healthy:
+                    await self._first_completion(client)
+                    return ServerStart(
+                        pid=self.pid,
+                        pgid=self.pgid,
+                        startup_s=time.monotonic() - self._started_at,
+                        log_path=str(self.log_path),
+                    )
+            except httpx.TransportError as exc:
+                last_error = f"{type(exc).__name__}"
+            await asyncio.sleep(HEALTH_POLL_S)
+        if not self.alive():
+            raise self.failure("startup_failed", f"server exited with code {self.exit_code()}")
+        raise self.failure(
+            "startup_timeout",
+            f"not ready within {self.startup_timeout_s:.0f} s (last: {last_error or 'no answer'})",
+        )
+
+    async def _first_completion(self, client: httpx.AsyncClient) -> None:
+        body = {
+            "model": self.launch.served_model,
+            "prompt": "a",
+            "max_tokens": 1,
+            "temperature": 0.0,
+        }
+        # The client's own timeout is the workload's request deadline: a server that accepts
+        # the request and never answers is a hang after that long, not after a fixed minute.
+        try:
+            response = await client.post("/v1/completions", json=body)
+        except httpx.TimeoutException as exc:
+            raise self.failure(
+                "hang",
+                f"healthy, but the first one-token completion got no "
+                f"answer within {_read_timeout(client)}",
+            ) from exc
+        if response.status_code != 200:
+            if not self.alive():
+                raise self.failure("startup_failed", "server died on its first completion")
+            hint = ""
+            if response.status_code in (404, 405):
+                hint = (
+                    " (no POST /v1/completions here: autotune's gate and client use the "
+                    "OpenAI completions API)"
+                )
+            elif response.status_code in (401, 403):
+                hint = (
+                    " (the server refused autotune's per-trial API key: the command engine "
+                    'hands it over as AUTOTUNE_API_KEY, or as engine.env: {VAR: "{api_key}"})'
+                )
+            raise self.failure(
+                "startup_failed",
+                f"healthy, but the first completion failed with "
+                f"{response.status_code}: {excerpt(response.text, 300)}{hint}",
+            )
+        try:
+            answer = parse_json_object(
+                response.content,
+                "healthy, but the first completion is not an OpenAI completions answer",
+            )
+        except NotJsonObject as exc:
+            raise self.failure("startup_failed", str(exc)) from None
+        choices = answer.get("choices") or []
+        if not choices:
+            # the body is the evidence: a 200 that carries {"error": ...} says why
+            raise self.failure(
+                "startup_failed",
+                f"the first completion returned no choices: {excerpt(response.text, 300)}",
+            )
+
+    # --- stop ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop the whole group and prove it gone; a survivor is an infrastructure fault."""
+        if self._popen is None:
+            return
+        tracked: dict[int, float | None] = {}
+        if self._tracker is not None:
+            self._tracker.stop()  # one last sample, then no more sightings
+            tracked = self._tracker.snapshot()
+        survivors = _proc.stop_group(self.pgid, tracked=tracked, grace_s=self.stop_grace_s)
+        try:
+            self._popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            survivors.append(self._popen.pid)
+        self.stopped_cleanly = not survivors
+        self.stop_record = {
+            "descendants": _pairs(tracked),
+            "survivors": sorted(set(survivors)),
+            "kill_method": "process_group+tracked_pids",
+            "stopped_cleanly": self.stopped_cleanly,
+        }
+        if self.on_record is not None:
+            with contextlib.suppress(Exception):  # the record must not hide a survivor
+                self.on_record(dict(self.stop_record))
+        if survivors:
+            raise InfrastructureError(
+                "orphan_process",
+                f"processes {survivors} survived SIGKILL",
+                evidence={"pids": survivors},
+            )
+
+
+def _pairs(seen: dict[int, float | None]) -> list[list[float | int | None]]:
+    return [[pid, started] for pid, started in sorted(seen.items())]
+
+
+def _engine_root_cause(
+    classify: Callable[[str], str | None] | None,
+) -> Callable[[str], str | None]:
+    """The root-cause finder of the engine whose bound ``classify_failure`` was handed over
+    (the study loop passes only that), else the engine-neutral one."""
+    method = getattr(getattr(classify, "__self__", None), "root_cause", None)
+    return method if callable(method) else find_root_cause
+
+
+def _safely(find: Callable[[str], str | None], text: str) -> str | None:
+    """A root cause, never an exception: a failure must be recorded whatever the log holds."""
+    try:
+        return find(text)
+    except Exception:  # noqa: BLE001 - the failure being recorded matters more
+        return None
+
+
+def _join(detail: str, *notes: str | None) -> str:
+    """``detail: note; note``, skipping notes the detail already says."""
+    extra = [n for n in notes if n and n not in detail]
+    return f"{detail}: {'; '.join(extra)}" if extra else detail
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _stop_grace_s() -> float:
+    try:
+        return float(os.environ.get("AUTOTUNE_STOP_GRACE_S", STOP_GRACE_S))
+    except ValueError:
+        return STOP_GRACE_S
+
+
+def _read_timeout(client: httpx.AsyncClient) -> str:
+    read = client.timeout.read
+    return "no deadline" if read is None else f"{read:g} s"

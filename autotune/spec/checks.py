@@ -1,0 +1,225 @@
+"""The value checks of study specs (:mod:`autotune.spec.load`): numbers and their bounds, the words
+a launch carries and their total, the storage scheme and the ``roofline`` section. Each failure
+is one :class:`~autotune.errors.SpecError` naming the file and the key (``YamlDoc.error``)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import NoSuchModuleError
+
+from autotune._yaml import YamlDoc, check_keys
+from autotune.errors import SpecError
+from autotune.model.roofline import get_device
+from autotune.space.load import MAX_ARG_BYTES
+from autotune.space.model import Parameter
+
+if TYPE_CHECKING:
+    from autotune.engines.base import Engine
+    from autotune.spec.model import StudySpec
+
+#: bounds on counts (requests, tokens, concurrency, rounds) and on durations: ``num_requests:
+#: 1e30`` built a list of that many requests (all memory), and a timeout over ~292 years
+#: overflowed every socket and lock wait (OverflowError mid-trial)
+MAX_COUNT = 1_000_000
+MAX_SECONDS = 7 * 24 * 3600
+
+
+def number(
+    doc: YamlDoc, key: str, value: Any, *, positive: bool = False, integer: bool = False
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise doc.error(key, f"must be a number, got {value!r}")
+    if not math.isfinite(value):  # NaN passes every comparison below
+        raise doc.error(key, f"must be a finite number, got {value!r}")
+    if integer and not float(value).is_integer():
+        raise doc.error(key, f"must be an integer, got {value!r}")
+    if positive and value <= 0:
+        raise doc.error(key, f"must be > 0, got {value!r}")
+    if value < 0:
+        raise doc.error(key, f"must be >= 0, got {value!r}")
+    return value
+
+
+def count(doc: YamlDoc, key: str, value: Any, *, positive: bool = True) -> int:
+    whole = int(number(doc, key, value, positive=positive, integer=True))
+    if whole > MAX_COUNT:
+        raise doc.error(key, f"at most {MAX_COUNT:,}, got {value!r}")
+    return whole
+
+
+def seconds(doc: YamlDoc, key: str, value: Any) -> float:
+    duration = number(doc, key, value, positive=True)
+    if duration > MAX_SECONDS:
+        raise doc.error(key, f"at most {MAX_SECONDS:,} seconds (a week), got {value!r}")
+    return duration
+
+
+def launch_word(doc: YamlDoc, key: str, value: Any, prefix: str = "") -> None:
+    """A command word or env value: text or a finite number, short enough for Linux to pass
+    (one longer word failed every launch with "Argument list too long")."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise doc.error(key, f"must be a string, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise doc.error(key, f"must be a finite number, got {value!r}")
+    if len((prefix + str(value)).encode()) >= MAX_ARG_BYTES:
+        raise doc.error(
+            key, f"longer than a command-line word can be ({MAX_ARG_BYTES - 1:,} bytes)"
+        )
+
+
+#: Linux's ceiling on one launch's argv and environment together, whatever the stack limit:
+#: 3/4 of the default 8 MiB stack (fs/exec.c, ``_STK_LIM / 4 * 3``). glibc's
+#: ``sysconf(_SC_ARG_MAX)`` is the stack limit / 4, unbounded with ``ulimit -s unlimited``
+ARG_MAX_CAP = 6 * 1024 * 1024
+#: bytes of every launch the worst case below does not see, kept free: the kernel's copy of
+#: the program's path (PATH_MAX), a ``#!`` script's interpreter line and path (256 +
+#: PATH_MAX), a parallel worker's device variables and a profiling run's config flag (4 KiB)
+LAUNCH_SLACK = 4096 + 256 + 4096 + 4096
+#: the longest text Python writes for a float (``-1.2345678901234567e-100``): what a float
+#: parameter may put on the command line, whatever its bounds
+_LONGEST_FLOAT = -1.2345678901234567e-100
+#: an address and a key at least as long as any launch gets (``trial.py``: 127.0.0.1, 48 hex)
+_WIDEST_ADDRESS = {"host": "255.255.255.255", "port": 65535, "api_key": "k" * 64}
+
+
+def arg_max() -> int | None:
+    """The kernel's limit on a launch's argv + environment (``getconf ARG_MAX``, at most
+    :data:`ARG_MAX_CAP`), or None where the platform does not say."""
+    try:
+        limit = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):
+        return None
+    return min(limit, ARG_MAX_CAP) if limit > 0 else None
+
+
+def exec_bytes(argv: Iterable[str], env: Mapping[str, str]) -> int:
+    """What ``execve`` counts against ARG_MAX: each argv and ``NAME=value`` string with its
+    NUL, and a pointer to each (fs/exec.c); the program's path is in :data:`LAUNCH_SLACK`."""
+    strings = [*argv, *(f"{k}={v}" for k, v in env.items())]
+    pointer = struct.calcsize("P")
+    return sum(len(os.fsencode(text)) + 1 + pointer for text in strings)
+
+
+def check_launch_size(doc: YamlDoc, spec: StudySpec, engine: Engine) -> None:
+    """The longest launch the spec and its space can make fits the kernel's ARG_MAX.
+
+    Each word is checked on its own (``launch_word``, ``space_yaml._unlaunchable``), but the
+    kernel limits their total: over it, every launch failed with E2BIG ("Argument list too
+    long"), each trial recorded as a failed start and blamed on the configuration. The worst
+    case is built by the engine itself (``build_launch``) from the longest value of every
+    parameter, plus the environment autotune runs in, which the server inherits. It is an
+    upper bound: ``when`` conditions and constraints may keep those values apart, and a float
+    counts as the longest float text. What the engine's launch does not show (the program's
+    path, a parallel worker's devices) is :data:`LAUNCH_SLACK`."""
+    limit = arg_max()
+    if limit is None:
+        return
+    inherited = exec_bytes((), os.environ)
+    fixed = _launch_bytes(engine, spec.space.resolve({})) + inherited
+    if fixed + LAUNCH_SLACK > limit:
+        raise doc.error(
+            "engine",
+            f"a launch with no parameter set is {fixed:,} bytes of arguments and environment "
+            f"({inherited:,} of them the environment autotune runs in), over the kernel's "
+            f"limit of {limit - LAUNCH_SLACK:,} (ARG_MAX {limit:,} less {LAUNCH_SLACK:,} kept "
+            'free): every launch would fail with "Argument list too long"',
+        )
+    widest = {p.name: _widest_value(engine, spec, p) for p in spec.space.parameters}
+    worst = _launch_bytes(engine, spec.space.resolve(widest)) + inherited
+    if worst + LAUNCH_SLACK <= limit:
+        return
+    base = fixed - inherited
+    shares = sorted(
+        ((_launch_bytes(engine, spec.space.resolve({n: v})) - base, n) for n, v in widest.items()),
+        reverse=True,
+    )
+    largest = ", ".join(f"{name} {size:,}" for size, name in shares[:3])
+    raise SpecError(
+        f"the longest launch of this space is {worst:,} bytes of arguments and environment "
+        f"(the longest value of every parameter together; {inherited:,} bytes are the "
+        f"environment autotune runs in), over the kernel's limit of {limit - LAUNCH_SLACK:,} "
+        f"(ARG_MAX {limit:,} less {LAUNCH_SLACK:,} kept free): such trials would fail to "
+        f'start with "Argument list too long". The largest parameters, in bytes: {largest}',
+        file=str(spec.space.path),
+        key="parameters",
+    )
+
+
+def _launch_bytes(engine: Engine, settings: Any) -> int:
+    """The launch's argv and the env it adds (the inherited environment is counted apart)."""
+    launch = engine.build_launch(settings, **_WIDEST_ADDRESS)
+    return exec_bytes(launch.argv, {"PYTHONUNBUFFERED": "1", **launch.env})
+
+
+def _widest_value(engine: Engine, spec: StudySpec, param: Parameter) -> Any:
+    """The value of ``param`` whose launch is longest. A number's text is longest at an end
+    of its range (more digits, or a minus sign); a float's may be longer anywhere."""
+    if param.type in ("categorical", "int_list"):
+        values = [list(c) if param.type == "int_list" else c for c in param.choices]
+    elif param.type == "bool":
+        values = [False, True]
+    else:
+        values = [param.low, param.high] + ([_LONGEST_FLOAT] if param.type == "float" else [])
+    return max(values, key=lambda v: _launch_bytes(engine, spec.space.resolve({param.name: v})))
+
+
+def unknown_scheme(url: str) -> str | None:
+    """Why SQLAlchemy knows no database ``url`` names (``foo://``), or None."""
+    try:
+        make_url(url).get_dialect()
+    except NoSuchModuleError:
+        return f"unknown database scheme {url.split(':', 1)[0]!r} (sqlite, postgresql, mysql...)"
+    except Exception:  # noqa: BLE001 - check_url judged the URL; the storage opens it later
+        return None
+    return None
+
+
+_ROOFLINE_NUMBERS = {
+    "bandwidth_gbs": (False, False),  # (integer, zero allowed)
+    "tp": (True, False),
+    "context": (True, True),
+    "efficiency": (False, False),
+    "active_params": (False, False),
+    "bits": (False, False),
+    "kv_bytes_per_token": (False, True),
+    "kv_split_ways": (True, False),
+}
+
+
+def roofline_section(doc: YamlDoc, raw: Any) -> dict[str, Any]:
+    """The ``roofline`` section, checked now: it was read only after the study was created
+    (a list, a mistyped key or an unknown device failed there, or raised a TypeError). Its
+    numbers as numbers: YAML 1.1 reads ``40.0e9`` (no sign after the e) as a string."""
+    if raw is None:
+        return {}
+    out = dict(check_keys(doc, raw, "roofline", {"device", *_ROOFLINE_NUMBERS}))
+    for name, (integer, zero) in _ROOFLINE_NUMBERS.items():
+        if name not in out:
+            continue
+        value = out[name]
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):  # else refused below, as any non-number
+                value = float(value)
+        value = number(doc, f"roofline.{name}", value, positive=not zero, integer=integer)
+        out[name] = int(value) if integer else float(value)
+    if out.get("efficiency", 1) > 1:
+        raise doc.error("roofline.efficiency", f"a fraction in (0, 1], got {out['efficiency']!r}")
+    if "device" in out:
+        if not isinstance(out["device"], str):
+            raise doc.error("roofline.device", f"must be a device name, got {out['device']!r}")
+        try:
+            get_device(out["device"])
+        except KeyError as exc:
+            raise doc.error("roofline.device", str(exc.args[0])) from None
+    elif "bandwidth_gbs" not in out:
+        raise doc.error("roofline", "give device (e.g. h200) or bandwidth_gbs")
+    if ("active_params" in out) != ("bits" in out):
+        raise doc.error("roofline", "give both active_params and bits, or neither (model read)")
+    return out

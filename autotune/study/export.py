@@ -1,0 +1,267 @@
+"""Write the best correct configuration as a config file the engine itself accepts.
+
+For vLLM that is a YAML file for ``vllm serve --config FILE`` (keys are long flag names, JSON
+flags nested mappings). Environment variables and patches cannot live in that file, so they are
+written as comments at its top, with the exact launch command, and as a ``.env`` file beside it.
+Only verified, feasible trials are ever exported (``report.best_trials``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from autotune import names
+from autotune._files import write_files_atomically
+from autotune.analysis.recheck import record_line
+from autotune.engines import build_engine
+from autotune.errors import SpecError
+from autotune.gate.reference import describe_checks
+from autotune.spec.model import StudySpec
+from autotune.study.results import baseline_reason, best_trials, verified_baseline
+
+#: where the API key goes in an exported launch: the user's shell expands it
+API_KEY = "$API_KEY"
+
+
+def _shell_word(text: str) -> str:
+    """``text`` quoted for a POSIX shell, except ``$API_KEY``, left to expand (in double
+    quotes): ``Bearer $API_KEY`` -> ``'Bearer '"$API_KEY"``, one word once expanded."""
+    if API_KEY not in text:
+        return _quote(text)
+    return f'"{API_KEY}"'.join(_quote(part) if part else "" for part in text.split(API_KEY))
+
+
+def _quote(text: str) -> str:
+    """``shlex.quote``, on one line: a word with a line break or another character that is not
+    printable (``python -c`` with a two-line script, a choice written ``"a\\nb"``) is written
+    ``$'...'`` with that character escaped. shlex kept the line break, which ended the header's
+    ``#`` comment: the rest of the word was read as YAML (a broken file, or a stray key)."""
+    if all(c == " " or c.isprintable() for c in text):
+        return shlex.quote(text)
+    return "$'" + "".join(_escaped(c) for c in text) + "'"
+
+
+def _escaped(char: str) -> str:
+    """One character inside ``$'...'`` (bash, zsh, ksh, POSIX 2024): ``\\xHH`` is a byte, so
+    characters past ASCII are ``\\uHHHH`` (UTF-8 in a UTF-8 locale)."""
+    if char in "\\'":
+        return "\\" + char
+    if char == " " or char.isprintable():
+        return char
+    if ord(char) < 128:
+        return f"\\x{ord(char):02x}"
+    return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    trial_number: int
+    config: dict[str, Any]
+    env: dict[str, str]
+    command: list[str]
+    #: the .env written beside it (always: empty when the config needs no environment)
+    env_path: Path
+    #: why the baseline was exported (no configuration beat it), None for a winner
+    baseline_reason: str | None = None
+
+
+def export_trial(
+    spec: StudySpec,
+    trial: optuna.trial.FrozenTrial,
+    out: Path,
+    *,
+    baseline_reason: str | None = None,
+    baseline_metrics: dict[str, float] | None = None,
+    confirmation: dict[str, Any] | None = None,
+) -> ExportResult:
+    values = {}
+    for name, value in (trial.user_attrs.get(names.PARAMS_RESOLVED) or trial.params).items():
+        values[name] = spec.space.parameter(name).from_optuna(value)
+    metrics = trial.user_attrs.get(names.METRICS) or {}
+    if baseline_reason is not None:
+        title = f"the BASELINE (trial {trial.number}): no configuration beat it"
+        notes = (
+            f"# Why the baseline: {baseline_reason}.",
+            "# It is the reference every trial was verified against (engine defaults plus the",
+            "# space's baseline values); the tuner found no correct config that is faster.",
+        )
+    else:
+        title = f"trial {trial.number} (verified correct against the baseline's reference)"
+        notes = confirmation_notes(confirmation, trial.number)
+    result = export_values(
+        spec,
+        values,
+        out,
+        number=trial.number,
+        metrics=metrics,
+        title=title,
+        notes=notes,
+        verified=describe_checks(trial.user_attrs.get(names.CHECK)),
+        baseline_metrics=baseline_metrics,
+        engine_version=(trial.user_attrs.get(names.SERVER) or {}).get("engine_version"),
+    )
+    return dataclasses.replace(result, baseline_reason=baseline_reason)
+
+
+def confirmation_notes(confirmation: dict[str, Any] | None, number: int) -> tuple[str, ...]:
+    """Header lines with the confirmation's verdict on the exported trial: its gain over the
+    baseline and the 95% interval, and whether that is a confirmed gain. Without them a config
+    whose interval includes zero (the confirmation said "no confirmed gain") was exported with
+    only its single search measurement, which reads like a win."""
+    if not confirmation or confirmation.get("winner") != number:
+        return ()
+    gain, ci = confirmation.get("gain"), confirmation.get("gain_ci")
+    if gain is None or not ci:
+        return ()
+    low, high = ci
+    verdict = (
+        "a confirmed gain"
+        if low > 0
+        else "NOT a confirmed gain: the interval includes no change; it is verified correct, "
+        "and may be no faster than the baseline"
+    )
+    return (
+        f"# Confirmation ({confirmation.get('repeats')} interleaved rounds against the baseline, "
+        f"{confirmation.get('metric')}): {gain:+.1%}, 95% CI {low:+.1%} .. {high:+.1%}",
+        f"#   {verdict}",
+    )
+
+
+def export_values(
+    spec: StudySpec,
+    values: dict[str, Any],
+    out: Path,
+    *,
+    title: str,
+    number: int = -1,
+    metrics: dict[str, float] | None = None,
+    notes: tuple[str, ...] = (),
+    verified: str | None = None,
+    baseline_metrics: dict[str, float] | None = None,
+    engine_version: str | None = None,
+) -> ExportResult:
+    """Write parameter ``values`` as the engine's config file, with env and launch command.
+
+    The header's ``# autotune-record:`` line is what ``autotune recheck`` reads back."""
+    engine = build_engine(spec)
+    settings = spec.space.resolve(values)
+    config = engine.export_config(settings)
+    # A spec's ``{api_key}`` (command engine env) is the user's own key at launch time.
+    env = {k: v.replace("{api_key}", API_KEY) for k, v in spec.engine.env.items()}
+    env.update(settings.env)
+    env.update(engine.patch_env(settings))
+    command = engine.launch_command(settings, str(out))
+    metrics = metrics or {}
+    header = [f"# autotune export: study {spec.name}, {title}", *notes]
+    if verified:
+        header.append(f"# Checks passed: {verified}")
+    for name in spec.objective.metrics:
+        if name in metrics:
+            header.append(f"#   {name}: {metrics[name]}")
+    if env:
+        header.append("# Environment this config needs (also in the .env file beside it):")
+        header += [f"#   {k}={v}" for k, v in env.items()]
+    if settings.patches:
+        header.append(f"# Patches (applied by autotune's vLLM plugin): {dict(settings.patches)}")
+    header.append(
+        record_line(
+            study=spec.name,
+            spec_path=spec.path,
+            values=values,
+            metrics=metrics,
+            baseline_metrics=baseline_metrics,
+            engine_version=engine_version,
+            objective=spec.objective.metrics,
+            trial=number,
+        )
+    )
+    header.append("# Launch:")
+    words = [f"{k}={_shell_word(v)}" for k, v in env.items()] + [_shell_word(c) for c in command]
+    header.append("#   " + " ".join(words))
+    text = "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False)
+    # The config and its .env are one export: both are written, or neither. A config that
+    # needs no environment still gets its (empty) .env, so an older export's .env never
+    # stands beside it as if it belonged to it.
+    env_path = out.with_suffix(".env")
+    env_text = "".join(f"{k}={v.replace(API_KEY, '${API_KEY}')}\n" for k, v in env.items())
+    write_files_atomically(
+        {out: text, env_path: env_text or "# this configuration needs no environment variables\n"},
+        option="--output",
+    )
+    return ExportResult(
+        path=out, trial_number=number, config=config, env=env, command=command, env_path=env_path
+    )
+
+
+def export_best(
+    spec: StudySpec,
+    study: optuna.Study,
+    out: Path,
+    *,
+    pareto: bool = False,
+    require_confirmed: bool = True,
+) -> list[ExportResult]:
+    """Export the confirmed winner (single objective) or the Pareto front (``pareto``).
+
+    When no configuration beat the baseline (``report.baseline_reason``), the baseline's own
+    config is exported with a header saying so: it is verified by definition, and a study whose
+    search found nothing better ran correctly. A study whose baseline failed exports nothing.
+    """
+    reason = baseline_reason(study)
+    if reason is not None and not pareto:
+        base = verified_baseline(study)
+        return [
+            export_trial(
+                spec,
+                base,
+                out,
+                baseline_reason=reason,
+                baseline_metrics=base.user_attrs.get(names.METRICS) or None,
+            )
+        ]
+    best = best_trials(study)
+    if not best:
+        raise SpecError(
+            f"study {study.study_name!r} has no verified correct trial to export", key="--study"
+        )
+    confirmation = study.user_attrs.get(names.CONFIRMATION)
+    if len(study.directions) == 1 and require_confirmed:
+        if confirmation is None:
+            raise SpecError(
+                "the best config has not been confirmed yet (run `autotune confirm`"
+                ", or pass --allow-unconfirmed)",
+                key="--study",
+            )
+        if confirmation.get("winner") is None:
+            raise SpecError(
+                "no candidate passed every confirmation round; nothing is "
+                "exported (see `autotune show`)",
+                key="--study",
+            )
+    if len(best) > 1 and not pareto:
+        raise SpecError(
+            "this study has several objectives: its best is a Pareto front; "
+            "use --pareto to export every config on it",
+            key="--pareto",
+        )
+    base = verified_baseline(study)
+    base_metrics = (base.user_attrs.get(names.METRICS) or None) if base is not None else None
+    if not pareto:
+        return [
+            export_trial(
+                spec, best[0], out, baseline_metrics=base_metrics, confirmation=confirmation
+            )
+        ]
+    results = []
+    for trial in best:
+        path = out.with_name(f"{out.stem}-trial{trial.number}{out.suffix or '.yaml'}")
+        results.append(export_trial(spec, trial, path, baseline_metrics=base_metrics))
+    return results

@@ -1,0 +1,555 @@
+"""One trial's life, top to bottom: suggest, launch, gate, bench, verdict.
+
+Read :meth:`TrialRunner.__call__` then :meth:`TrialRunner._run_server_trial` to follow a trial:
+the space suggests values (``space.py``), they resolve to ``ServerSettings``, the engine builds
+the launch, ``server.py`` starts it and proves it ready, the gate (``check.py``) compares its
+answers with the pinned reference, ``bench.py`` measures, and ``record.py`` writes the verdict
+(COMPLETE, PRUNED for a configuration fault, FAIL for an infrastructure fault). Waiting for a
+trial another worker holds (the baseline's reference, a duplicate's parameters) checks the
+holder's liveness through ``cleanup.py`` on every poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import optuna
+
+from autotune import _proc, names
+from autotune._proc import free_port
+from autotune.bench.loadcurve import record_curve, run_benchmark
+from autotune.bench.phase import BenchResult, bench_summary
+from autotune.client.http import build_client
+from autotune.client.stream import NoTokenWithin, StreamError
+from autotune.engines.base import Engine
+from autotune.engines.vllm import speculative
+from autotune.errors import CandidateError, InfrastructureError, TrialFailure, excerpt
+from autotune.gate.run import (
+    CheckResult,
+    Reference,
+    collect_outputs,
+    comparable_answers,
+    compare,
+    compare_under_load,
+    record_reference,
+    sanity_problem,
+    under_load_tie_flips_by,
+    weakest_tie_rule,
+)
+from autotune.server.metrics import ServerMetricsRecorder
+from autotune.server.process import ServerProcess
+from autotune.space.model import SearchSpace
+from autotune.space.settings import ServerSettings
+from autotune.spec.model import StudySpec
+from autotune.spec.workload import reference_requests
+from autotune.study.cleanup import reclaim, trial_dead_reason, worker_record
+from autotune.study.record import (
+    TrialOutcome,
+    record_duplicate,
+    record_early_stop,
+    record_failure,
+    record_measured,
+    running_duplicate,
+    trim,
+    upload_trial_files,
+)
+
+HOST = "127.0.0.1"
+#: a benchmark with more failed requests than this fraction fails the trial
+MAX_FAILED_FRACTION = 0.02
+#: seconds between two looks at a trial this worker waits for (the baseline, a duplicate)
+HOLDER_POLL_S = 1.0
+
+
+@dataclass
+class TrialContext:
+    """What every trial of one ``autotune run`` shares."""
+
+    spec: StudySpec
+    engine: Engine
+    log_dir: Path
+    artifacts: Any  # optuna ArtifactStore
+    worker: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    on_phase: Callable[[int, str], None] = lambda _number, _phase: None
+    #: extra settings merged into every trial (device plans of parallel workers)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    #: the study being run; the baseline stores the reference in its attributes
+    study: optuna.Study | None = None
+    #: early pruning on intermediate values (off when re-measuring chosen configs)
+    allow_pruning: bool = True
+
+
+class EarlyStop(Exception):
+    """Raised from inside the benchmark when the pruner says the trial is clearly losing."""
+
+    def __init__(self, metrics: dict[str, float]) -> None:
+        super().__init__("pruned early")
+        self.metrics = dict(metrics)
+
+
+class TrialRunner:
+    """The Optuna objective. Holds the last outcome for the loop in ``study.py``."""
+
+    def __init__(self, ctx: TrialContext) -> None:
+        self.ctx = ctx
+        self.last: TrialOutcome | None = None
+        #: one line per dead trial reclaimed while a trial waited (printed by the caller)
+        self.notes: list[str] = []
+
+    def __call__(self, trial: optuna.Trial) -> float | list[float]:
+        role = trial.user_attrs.get(names.ROLE, names.SEARCH)
+        try:
+            return self._run(trial, role)
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            # Wherever Ctrl-C lands (suggesting, launching, measuring), the trial keeps a reason.
+            self.last = record_failure(
+                trial,
+                role,
+                InfrastructureError(
+                    "interrupted", "stopped by the user (Ctrl-C) while this trial ran"
+                ),
+            )
+            raise
+
+    def _run(self, trial: optuna.Trial, role: str) -> float | list[float]:
+        spec = self.ctx.spec
+        # Before anything else: who runs this trial, so that its death is known at once on
+        # this machine (cleanup.dead_reason), not only when its heartbeat goes stale.
+        trial.set_user_attr(names.WORKER, worker_record())
+        values = suggest_values(spec.space, trial, role)
+        trial.set_user_attr(names.PARAMS_RESOLVED, values)
+        trial.set_user_attr(names.ROLE, role)
+        holder = running_duplicate(trial, values)
+        if holder is not None:
+            role = self._settle_duplicate(trial, role, holder)
+        violated = spec.space.violated(values)
+        if violated:
+            self.last = record_failure(
+                trial, role, CandidateError("constraint_violated", "; ".join(violated))
+            )
+            raise optuna.TrialPruned(f"constraint_violated: {violated[0]}")
+        settings = self._with_worker_settings(spec.space.resolve(values))
+        try:
+            if role != names.BASELINE:
+                self._await_reference(trial)
+            metrics = asyncio.run(self._run_server_trial(trial, role, settings))
+        except CandidateError as exc:
+            self.last = record_failure(trial, role, exc)
+            raise optuna.TrialPruned(f"{exc.reason}: {exc.detail}") from None
+        except EarlyStop as stop:
+            self.last = record_early_stop(trial, role, stop.metrics)
+            raise optuna.TrialPruned("pruned_early") from None
+        except InfrastructureError as exc:
+            self.last = record_failure(trial, role, exc)
+            raise
+        self.last = record_measured(trial, role, spec.objective, metrics)
+        if self.last.values is None:
+            raise optuna.TrialPruned(self.last.verdict)
+        values = self.last.values
+        return values[0] if len(values) == 1 else list(values)
+
+    def _await_reference(self, trial: optuna.Trial) -> None:
+        """Another worker is running the baseline: wait for its reference before a server is
+        spent (a worker that sampled a trial while another took the queued baseline).
+
+        Every poll checks that the baseline's worker lives. When it is dead the baseline is
+        reclaimed (leftover server stopped, queued again as the baseline, so it runs next) and
+        this trial ends ``interrupted`` (FAIL, its parameters queued again by the loop): its
+        parameters are not the baseline's, and no reference will come from the dead worker.
+        """
+        study = self.ctx.study
+        if study is None:
+            return
+        while study.user_attrs.get(names.REFERENCE) is None:
+            holders = [
+                t
+                for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+                if t.number != trial.number and t.user_attrs.get(names.ROLE) == names.BASELINE
+            ]
+            if not holders:
+                return
+            for holder in holders:
+                why = trial_dead_reason(study, holder)
+                if why is not None:
+                    self.notes += reclaim(study, holder, why)[1]
+                    raise InfrastructureError(
+                        "interrupted",
+                        f"the baseline (trial {holder.number}) this trial waited for was left "
+                        f"by a dead run ({why}); it is queued again and runs first",
+                    )
+            self._phase(trial, "waiting for the baseline")
+            time.sleep(HOLDER_POLL_S)
+
+    def _settle_duplicate(
+        self, trial: optuna.Trial, role: str, holder: optuna.trial.FrozenTrial
+    ) -> str:
+        """The sampler proposed exactly the parameters of ``holder``, a RUNNING trial. Two
+        servers must not be spent on one config, and a proposal must not leave a junk record
+        per ask (a small space would write dozens in seconds). So:
+
+        * holder dead (its worker gone on this machine, or its heartbeat stale elsewhere):
+          reclaim it (leftover server and recorded descendants stopped, marked
+          ``interrupted``) and take it over: this trial runs the parameters, ``retry_of`` the
+          holder (as the baseline if the holder was). Nothing is queued, so they run once.
+        * holder alive: wait, re-checking its liveness every poll, and when it ends take its
+          outcome: this trial is PRUNED ``duplicate`` with ``duplicate_of``, the holder's verdict
+          and correctness constraint (never a made-up penalty). That is one record per holder
+          written after it finished, not one per proposal; the loop does not count it and asks
+          again, with the holder's result now in the sampler's view.
+
+        A baseline, ablation or confirmation trial (enqueued, it must measure for itself) only
+        waits: it runs once the holder is over (a dead holder is reclaimed and queued again).
+
+        Returns the role this trial runs under (takeover); raises ``TrialPruned`` otherwise.
+        """
+        study = trial.study
+        storage = study._storage  # noqa: SLF001
+        takes_over = role in (names.SEARCH, names.RETRY)
+        trial.set_user_attr(names.DUPLICATE_OF, holder.number)  # a waiter, never a holder
+        while True:
+            current = storage.get_trial(holder._trial_id)  # noqa: SLF001
+            if current.state != optuna.trial.TrialState.RUNNING:
+                if takes_over:
+                    self.last, why = record_duplicate(trial, role, current)
+                    raise optuna.TrialPruned(why)
+                trial.set_user_attr(names.DUPLICATE_OF, None)
+                return role  # a baseline/ablation/confirmation trial measures for itself
+            why = trial_dead_reason(study, current)
+            if (
+                why is None
+                and current.user_attrs.get(names.DUPLICATE_OF) == trial.number
+                and trial.number < current.number
+            ):
+                # Two workers checked at the same moment and each found the other: both would
+                # wait forever. The lower trial number runs; the other keeps waiting on it.
+                trial.set_user_attr(names.DUPLICATE_OF, None)
+                return role
+            if why is None:
+                self._phase(trial, f"waiting for trial {current.number} (same parameters)")
+                time.sleep(HOLDER_POLL_S)
+                continue
+            marked, lines = reclaim(
+                study, current, why, taken_over_by=trial.number if takes_over else None
+            )
+            self.notes += lines
+            if not marked:
+                continue  # another worker reclaimed it first: its state is final now
+            trial.set_user_attr(names.DUPLICATE_OF, None)
+            if not takes_over:
+                return role
+            role = (
+                names.BASELINE
+                if current.user_attrs.get(names.ROLE) == names.BASELINE
+                else names.RETRY
+            )
+            trial.set_user_attr(names.ROLE, role)
+            trial.set_user_attr(names.RETRY_OF, current.number)
+            return role
+
+    # --- the server part of a trial ---------------------------------------------------------
+
+    async def _run_server_trial(
+        self, trial: optuna.Trial, role: str, settings: ServerSettings
+    ) -> dict[str, float]:
+        ctx, spec = self.ctx, self.ctx.spec
+        launch = ctx.engine.build_launch(
+            settings, host=HOST, port=free_port(HOST), api_key=_api_key()
+        )
+        server_attrs: dict[str, Any] = {
+            "argv": launch.redacted_argv(),
+            "env": launch.redacted_env(),
+            "engine_version": ctx.engine.version(),
+            "host": HOST,
+            "port": launch.port,
+            "worker": ctx.worker,
+            "hostname": socket.gethostname(),
+        }
+        if ctx.extra_env:  # a parallel worker's device set (CUDA_VISIBLE_DEVICES, core binding)
+            server_attrs["devices"] = dict(ctx.extra_env)
+        trial.set_user_attr(names.SERVER, server_attrs)
+        log_path = ctx.log_dir / f"trial-{trial.number:05d}.log"
+
+        def on_spawn(pid: int, pgid: int) -> None:
+            # Recorded at once: if autotune itself is killed, the next run finds this server.
+            server_attrs.update(
+                pid=pid, pgid=pgid, create_time=_proc.create_time(pid), machine=_proc.machine_id()
+            )
+            server_attrs["descendants"] = []  # the key exists before the tracking thread runs
+            trial.set_user_attr(names.SERVER, server_attrs)
+
+        def on_record(record: dict[str, Any]) -> None:
+            # Descendants as they appear (tracking thread), then the teardown record: a later
+            # run stops them too if autotune is killed (cleanup._stop_leftovers).
+            server_attrs.update(record)
+            trial.set_user_attr(names.SERVER, dict(server_attrs))
+
+        server = ServerProcess(
+            launch,
+            log_path,
+            startup_timeout_s=spec.startup_timeout_s,
+            classify=ctx.engine.classify_failure,
+            root_cause=ctx.engine.root_cause,
+            on_spawn=on_spawn,
+            on_record=on_record,
+        )
+        try:
+            self._phase(trial, "launching")
+            server.start()
+            async with build_client(
+                launch,
+                max_connections=spec.workload.concurrency + 8,
+                timeout_s=spec.workload.request_timeout_s,
+            ) as client:
+                started = await server.wait_ready(client)
+                server_attrs["startup_s"] = round(started.startup_s, 3)
+                trial.set_user_attr(names.SERVER, server_attrs)
+                problem = ctx.engine.verify_started(settings, server.log_text())
+                if problem:
+                    raise CandidateError(
+                        "patch_failed", problem, evidence={"log_tail": server.log_tail()}
+                    )
+
+                self._phase(trial, "verifying")
+                reference = await self._reference(client, launch.served_model, role, server)
+                check = await self._verify(client, launch.served_model, reference, server)
+                trial.set_user_attr(names.CHECK, trim(check.to_dict()))
+                if not check.passed:
+                    evidence = {"first_divergence": asdict(check.first_divergence)}
+                    await speculative.record(client, trial, settings, evidence)
+                    raise CandidateError("incorrect_output", check.problems[0], evidence=evidence)
+
+                self._phase(trial, "benchmarking")
+                bench = await self._benchmark(client, launch.served_model, server, trial)
+                await speculative.record(client, trial, settings)
+                self._check_under_load(trial, reference, bench)
+                if not server.alive():
+                    raise server.failure("server_crashed", "server died during the benchmark")
+                return bench.metrics
+        except TrialFailure as exc:
+            # e.g. incorrect_output: the server's log and state are evidence too
+            exc.evidence.setdefault("log_tail", server.log_tail())
+            exc.evidence.setdefault("exit_code", server.exit_code())
+            raise
+        except NoTokenWithin as exc:
+            # The first request that went silent ends the trial: one deadline, not one per
+            # request still queued behind it.
+            if not server.alive():
+                raise server.failure("server_crashed", f"server died: {exc}") from None
+            raise server.failure("hang", str(exc)) from None
+        except StreamError as exc:
+            if not server.alive():
+                raise server.failure("server_crashed", f"server died: {exc}") from None
+            raise server.failure("request_errors", f"verification: {exc}") from None
+        except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+            if not server.alive():
+                raise server.failure("server_crashed", f"server died: {exc}") from None
+            if isinstance(exc, httpx.TimeoutException):
+                # Not a deadline of ours (those are NoTokenWithin): httpx-aiohttp reports a
+                # dropped connection as ConnectTimeout. The server is alive but unreachable.
+                raise server.failure(
+                    "request_errors", f"verification request failed: {type(exc).__name__}: {exc}"
+                ) from None
+            if isinstance(exc, httpx.HTTPStatusError):
+                # Alive, but it refuses the gate's own requests: this config cannot be verified,
+                # so it can never be scored.
+                body = excerpt(exc.response.text, 300)
+                raise server.failure(
+                    "request_errors",
+                    f"the server rejected a verification request with "
+                    f"{exc.response.status_code}: {body}",
+                ) from None
+            raise server.failure("server_crashed", f"request failed: {exc}") from None
+        finally:
+            self._phase(trial, "stopping")
+            try:
+                server.stop()
+            finally:
+                server_attrs["stopped_cleanly"] = server.stopped_cleanly
+                trial.set_user_attr(names.SERVER, server_attrs)
+                upload_trial_files(self.ctx.artifacts, trial, log_path)
+
+    async def _reference(
+        self, client: httpx.AsyncClient, model: str, role: str, server: ServerProcess
+    ) -> Reference:
+        study = self.ctx.study
+        stored = study.user_attrs.get(names.REFERENCE) if study is not None else None
+        if role == names.BASELINE and stored is None:
+            spec = self.ctx.spec
+            reference = await record_reference(
+                client,
+                model,
+                spec.check,
+                list(reference_requests(spec.workload)),
+                reference_requests(spec.workload),
+                dialect=self.ctx.engine.dialect,
+                engine_version=self.ctx.engine.version(),
+                deadline_s=spec.workload.request_timeout_s,
+            )
+            unverifiable = reference.capabilities.problem()
+            if unverifiable:
+                # Verify or refuse: a study whose gate could check nothing must not start.
+                raise CandidateError("unverifiable", unverifiable)
+            for prompt, entry in reference.entries.items():
+                problem = sanity_problem(entry.completion.text, entry.completion.token_ids)
+                if problem and prompt in spec.check.prompts:
+                    raise CandidateError(
+                        "incorrect_output",
+                        f"baseline output fails sanity for {prompt!r}: {problem}",
+                    )
+            if study is not None:
+                study.set_user_attr(names.REFERENCE, reference.to_dict())
+            return reference
+        if stored is None:
+            raise InfrastructureError("interrupted", "no reference recorded yet for this study")
+        return Reference.from_dict(stored)
+
+    async def _verify(
+        self, client: httpx.AsyncClient, model: str, reference: Reference, server: ServerProcess
+    ) -> CheckResult:
+        prompts = [p for p in self.ctx.spec.check.prompts if p in reference.entries]
+        completions, teacher = await collect_outputs(
+            client,
+            model,
+            reference,
+            prompts,
+            dialect=self.ctx.engine.dialect,
+            deadline_s=self.ctx.spec.workload.request_timeout_s,
+        )
+        return compare(reference, completions, teacher, self.ctx.spec.check)
+
+    async def _benchmark(
+        self, client: httpx.AsyncClient, model: str, server: ServerProcess, trial: optuna.Trial
+    ) -> BenchResult:
+        workload = self.ctx.spec.workload
+
+        single = len(self.ctx.spec.objective.metrics) == 1
+
+        def on_repeat(index: int, metrics: dict[str, float]) -> None:
+            # Cheap early measurement: after a repeat, a trial clearly below the others at the
+            # same step (Optuna's pruner) stops spending the rest of its benchmark.
+            value = metrics.get(self.ctx.spec.objective.metrics[0])
+            if value is None or not single:
+                return
+            trial.report(value, index)
+            if self.ctx.allow_pruning and index < workload.repeats - 1 and trial.should_prune():
+                raise EarlyStop(metrics)
+
+        evidence = ServerMetricsRecorder(client, self.ctx.engine.server_metrics_map())
+        await evidence.start()
+        try:
+            bench = await run_benchmark(
+                client,
+                model,
+                workload,
+                dialect=self.ctx.engine.dialect,
+                on_repeat=on_repeat,
+                focus=self.ctx.spec.objective.metrics,
+                phase_hook=evidence.phase,
+            )
+        finally:  # stored whatever the benchmark's outcome; never fails the trial
+            trial.set_user_attr(names.SERVER_METRICS, await evidence.stop())
+        trial.set_user_attr(names.BENCH, bench_summary(bench))
+        record_curve(trial, bench)
+        if bench.hang:
+            if not server.alive():
+                raise server.failure("server_crashed", f"server died: {bench.hang}")
+            raise server.failure("hang", bench.hang)
+        if bench.failed_requests:
+            fraction = bench.failed_requests / max(1, bench.total_requests)
+            if not server.alive():
+                raise server.failure(
+                    "server_crashed",
+                    f"server died during the benchmark ({bench.failed_requests} requests failed)",
+                )
+            if fraction > MAX_FAILED_FRACTION:
+                hung = all((e or "").startswith("hang") for e in bench.errors)
+                raise server.failure(
+                    "hang" if hung else "request_errors",
+                    f"{bench.failed_requests} of {bench.total_requests} "
+                    f"requests failed: {bench.errors[0]}",
+                )
+        return bench
+
+    def _check_under_load(
+        self, trial: optuna.Trial, reference: Reference, bench: BenchResult
+    ) -> None:
+        """Benchmark responses, at the batch shapes where batching bugs live, vs the reference.
+
+        Each response is compared by token ids where it and the reference have them, else by
+        its text. The stored count is of responses actually compared, never of responses seen.
+        """
+        sample = comparable_answers(
+            reference,
+            bench.samples,
+            reference_requests(self.ctx.spec.workload),
+            self.ctx.spec.check.under_load_sample,
+        )
+        divergences = []
+        methods: dict[str, int] = {}
+        rules: set[str | None] = set()
+        for record in sample:
+            divergence, method = compare_under_load(
+                reference, record.prompt, record.token_ids, record.text
+            )
+            methods[method] = methods.get(method, 0) + 1
+            rules.add(under_load_tie_flips_by(reference, record.prompt, method))
+            if divergence is not None:
+                divergences.append(divergence)
+        check = dict(trial.user_attrs.get(names.CHECK) or {})
+        check["under_load_checked"] = len(sample)
+        check["under_load_compared_by"] = methods
+        # the weaker rule wins the record: one answer excused by the margin alone is enough
+        check["under_load_tie_flips_by"] = weakest_tie_rule(rules)
+        check["under_load_divergent"] = len(divergences)
+        if not sample:
+            check["under_load_skipped"] = (
+                "no benchmark response used a reference prompt at its recorded length"
+            )
+        trial.set_user_attr(names.CHECK, check)
+        if divergences:
+            first = divergences[0]
+            raise CandidateError(
+                "incorrect_output",
+                f"{len(divergences)} of {len(sample)} benchmark responses "
+                f"diverged under load (first at {first.kind} {first.position})",
+                evidence={"first_divergence": asdict(first)},
+            )
+
+    def _phase(self, trial: optuna.Trial, phase: str) -> None:
+        self.ctx.on_phase(trial.number, phase)
+
+    def _with_worker_settings(self, settings: ServerSettings) -> ServerSettings:
+        if not self.ctx.extra_env:
+            return settings
+        env = dict(settings.env)
+        env.update(self.ctx.extra_env)
+        return ServerSettings(
+            flags=settings.flags, json_flags=settings.json_flags, env=env, patches=settings.patches
+        )
+
+
+def suggest_values(space: SearchSpace, trial: optuna.Trial, role: str) -> dict[str, Any]:
+    """The trial's parameter values: a pinned variant (ablation, confirmation, an early
+    neighbour) gets exactly its values, the baseline its ``baseline:`` values, and every other
+    trial what the sampler proposes; whatever is left out runs at the engine's default."""
+    pinned = trial.user_attrs.get(names.PINNED)
+    if pinned is not None:
+        return space.suggest(trial, only=pinned)
+    if role == names.BASELINE:
+        return space.suggest(trial, only=space.baseline_names())
+    return space.suggest(trial)
+
+
+def _api_key() -> str:
+    """A per-trial key. Hex, never token_urlsafe: a key starting with '-' is parsed as an
+    option by the server's argparse ('--api-key: expected one argument')."""
+    return secrets.token_hex(24)
