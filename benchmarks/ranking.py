@@ -5,7 +5,7 @@ Rerun (about 2 minutes per landscape on 2 shared cores)::
 
     .venv/bin/python benchmarks/ranking.py                                   # GLM-5
     .venv/bin/python benchmarks/ranking.py --space search_spaces/interactions-sim.yaml \\
-        --landscape autotune/testing/landscape_interactions.py:landscape \\
+        --landscape benchmarks/landscapes/interactions.py:landscape \\
         --out benchmarks/results/ranking_interactions.json
 
 Why: ``autotune run`` confirms the top configs by the search model's posterior mean

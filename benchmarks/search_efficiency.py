@@ -4,7 +4,7 @@ Rerun (the README's figures; about 15 minutes on 2 shared cores)::
 
     .venv/bin/python benchmarks/search_efficiency.py                     # GLM-5 landscape
     .venv/bin/python benchmarks/search_efficiency.py --space search_spaces/interactions-sim.yaml \\
-        --landscape autotune/testing/landscape_interactions.py:landscape \\
+        --landscape benchmarks/landscapes/interactions.py:landscape \\
         --out benchmarks/results/search_efficiency_interactions.json
     # any landscape: FUNCTION(params) -> {"tok_s": x} | {"tok_s": x, "correct": False}
     #                                   | {"failure": "oom"}
@@ -133,7 +133,7 @@ from autotune.study.results import best_trials
 ROOT = Path(__file__).resolve().parents[1]
 PATCH_DIR = ROOT / "patches"
 DEFAULT_SPACE = ROOT / "search_spaces" / "glm5-8gpu.yaml"
-DEFAULT_LANDSCAPE = "autotune/testing/landscape_glm5.py:landscape"
+DEFAULT_LANDSCAPE = "benchmarks/landscapes/glm5.py:landscape"
 RESULT_PATH = ROOT / "benchmarks" / "results" / "search_efficiency.json"
 TARGET_FRACTION = 0.95
 DEFAULT_NOISE = 0.05

@@ -598,7 +598,7 @@ parameters:
 
 #: the search benchmark's numeric landscape (results/search_efficiency_numeric.json)
 NUMERIC_SPACE = harness.ROOT / "search_spaces" / "numeric-sim.yaml"
-NUMERIC_LANDSCAPE = "autotune/testing/landscape_numeric.py:landscape"
+NUMERIC_LANDSCAPE = "benchmarks/landscapes/numeric.py:landscape"
 
 
 def test_auto_sampler_finds_an_interior_peak_of_numeric_values():

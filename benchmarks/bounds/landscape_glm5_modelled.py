@@ -1,7 +1,7 @@
 """The GLM-5 SIMULATION's landscape for ``glm5-modelled-only.yaml`` (a bound experiment): the
 same function, with nothing left unmodelled because the space keeps only modelled parameters."""
 
-from autotune.testing.landscape_glm5 import COST_MINUTES, NOISE, landscape
+from benchmarks.landscapes.glm5 import COST_MINUTES, NOISE, landscape
 
 NOT_MODELLED: tuple[str, ...] = ()
 

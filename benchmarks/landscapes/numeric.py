@@ -5,7 +5,7 @@ scale) and falls off smoothly around it, over a floor of 5 tok/s. Written after 
 the default strategy launching the corner of such a space (1.0, 1000) again and again: its main
 effects (``u``, ``u**2``) and their products extrapolate there. It is the landscape the numeric
 local term of ``autotune.search.model.fit_speed`` was built and its length chosen on, so it is
-a check that the fix holds, not an overfitting check (``landscape_unseen.py`` is that).
+a check that the fix holds, not an overfitting check (``unseen.py`` is that).
 
 Parameters missing from ``params`` (the baseline sets none) take 0.5 and 10.
 """

@@ -1,6 +1,6 @@
 """The GLM-5 8-GPU SIMULATION (``glm5_sim``) as a search-efficiency landscape.
 
-``landscape(params)`` is the harness's landscape protocol (``benchmarks/search_efficiency.py``):
+``landscape(params)`` is the harness's landscape protocol (``benchmarks/search/landscape.py``):
 the noise-free single-request decode tok/s of a point of ``search_spaces/glm5-8gpu.yaml``, with
 ``"correct": False`` in the fast-but-wrong region and ``{"failure": kind}`` where the simulated
 server does not start. A parameter missing from ``params`` is left at vLLM's default (the
