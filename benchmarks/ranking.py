@@ -9,14 +9,14 @@ Rerun (about 2 minutes per landscape on 2 shared cores)::
         --out benchmarks/results/ranking_interactions.json
 
 Why: ``autotune run`` confirms the top configs by the search model's posterior mean
-(``confirm.rank_candidates`` -> ``search_model.rank_by_posterior``), on the premise that the
-posterior pools a config's one noisy measurement with those of every config that shares its
+(``analysis.confirm.rank_candidates`` -> ``search.model.rank_by_posterior``), on the premise that
+the posterior pools a config's one noisy measurement with those of every config that shares its
 settings, so that the luckiest draw does not win. Half or more of the default strategy's misses
-in ``search_efficiency.py`` are misses of the report, not of the search (a config within 5 %
-of the best had been launched; ``missed_after_launching_target``), so this measures the
-premise itself, apart from the search: the default strategy runs ``--budget`` launches per seed
-(the harness's loop, noise and gate, no confirmation), and after ``--snapshots`` launches the
-verified configs measured so far are ranked three ways:
+in the search benchmark (``benchmarks/search/``) are misses of the report, not of the search (a
+config within 5 % of the best had been launched; ``missed_after_launching_target``), so this
+measures the premise itself, apart from the search: the default strategy runs ``--budget``
+launches per seed (the harness's loop, noise and gate, no confirmation), and after
+``--snapshots`` launches the verified configs measured so far are ranked five ways:
 
 * ``posterior``: the product's ``rank_by_posterior`` (the ranking the confirmation starts from);
 * ``measurement``: each config's own measurement, highest first (no model at all);
@@ -52,8 +52,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import search_efficiency as harness  # noqa: E402  (the benchmark beside this one)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.search.model import (  # noqa: E402
     MIN_FOR_RANKING,
@@ -62,8 +61,21 @@ from autotune.search.model import (  # noqa: E402
     config_key,
     rank_by_posterior,
 )
+from autotune.space.load import load_space  # noqa: E402
+from autotune.space.model import SearchSpace  # noqa: E402
+from benchmarks.search import ROOT  # noqa: E402  (the search benchmark: its harness)
+from benchmarks.search.cli import (  # noqa: E402
+    DEFAULT_LANDSCAPE,
+    DEFAULT_SPACE,
+    machine_info,
+    shown,
+)
+from benchmarks.search.landscape import WATCHDOG, BadInput, load_landscape  # noqa: E402
+from benchmarks.search.run import Confirm, Launch, run_strategy  # noqa: E402
+from benchmarks.search.stats import rounded  # noqa: E402
+from benchmarks.search.truth import TARGET_FRACTION, true_best  # noqa: E402
 
-RESULT_PATH = harness.ROOT / "benchmarks" / "results" / "ranking_glm5.json"
+RESULT_PATH = ROOT / "benchmarks" / "results" / "ranking_glm5.json"
 RANKINGS = ("posterior", "measurement", "oracle", "evidence", "local")
 #: the grids the evidence (marginal likelihood) chooses the alternative models' scales from
 EVIDENCE_GRID = ((0.1, 0.3), (0.5, 1.1), (0.05, 0.1, 0.2))  # effect, pair, noise s.d.
@@ -99,7 +111,7 @@ def local_means(encoder: Encoder, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best[1]
 
 
-def rankings(launches: list[harness.Launch], space: harness.SearchSpace) -> dict[str, list[int]]:
+def rankings(launches: list[Launch], space: SearchSpace) -> dict[str, list[int]]:
     """Indices into ``launches`` (verified ones), best first, by each ranking."""
     measured = [i for i, launch in enumerate(launches) if launch.measured]
     observations = [(launches[i].params, math.log(launches[i].measured)) for i in measured]
@@ -119,7 +131,7 @@ def rankings(launches: list[harness.Launch], space: harness.SearchSpace) -> dict
     return out
 
 
-def top(order: list[int], launches: list[harness.Launch], k: int = 2) -> list[int]:
+def top(order: list[int], launches: list[Launch], k: int = 2) -> list[int]:
     """The first ``k`` distinct non-baseline configs of a ranking."""
     seen: set[str] = set()
     out: list[int] = []
@@ -136,8 +148,8 @@ def top(order: list[int], launches: list[harness.Launch], k: int = 2) -> list[in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--space", type=Path, default=harness.DEFAULT_SPACE)
-    parser.add_argument("--landscape", default=harness.DEFAULT_LANDSCAPE, help="FILE.py:FUNCTION")
+    parser.add_argument("--space", type=Path, default=DEFAULT_SPACE)
+    parser.add_argument("--landscape", default=DEFAULT_LANDSCAPE, help="FILE.py:FUNCTION")
     parser.add_argument("--noise", type=float, default=None)
     parser.add_argument("--seeds", type=int, default=60)
     parser.add_argument("--budget", type=int, default=60)
@@ -145,23 +157,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULT_PATH)
     args = parser.parse_args(argv)
     try:
-        space = harness.load_space(args.space)
-        land = harness.load_landscape(args.landscape, args.noise)
+        space = load_space(args.space)
+        land = load_landscape(args.landscape, args.noise)
         snapshots = sorted({int(n) for n in args.snapshots.split(",") if n})
-    except (harness.BadInput, ValueError) as exc:
+    except (BadInput, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not snapshots or snapshots[0] < 1 or snapshots[-1] > args.budget or args.seeds < 1:
         print("error: --snapshots must lie within 1..--budget, --seeds >= 1", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    with harness._WATCHDOG.armed(land.call_limit):
-        best, _, _ = harness.true_best(space, land)
-        target = harness.TARGET_FRACTION * best
+    with WATCHDOG.armed(land.call_limit):
+        best, _, _ = true_best(space, land)
+        target = TARGET_FRACTION * best
         runs = [
-            harness.run_strategy(
-                "auto", space, land, seed, args.budget, target, False, confirm=harness.Confirm(0)
-            )
+            run_strategy("auto", space, land, seed, args.budget, target, False, confirm=Confirm(0))
             for seed in range(args.seeds)
         ]
     figures: dict[str, Any] = {}
@@ -191,12 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     result = {
         "label": "SIMULATION (a cost model), not a real server",
-        "space": harness._shown(args.space),
+        "space": shown(args.space),
         "landscape": args.landscape,
         "noise": land.noise,
         "seeds": args.seeds,
         "budget_launches": args.budget,
-        "true_best": harness._rounded(best),
+        "true_best": rounded(best),
         "figures_are": "per snapshot (launches so far): runs whose measured verified configs "
         "include one within 5 % of the true best, and in how many of those the top 2 distinct "
         "non-baseline configs of each ranking hold one; regret = mean (oracle's best true - "
@@ -206,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             np.sum([figures[str(n)]["posterior"]["top2_hit"] for n in snapshots])
             - np.sum([figures[str(n)]["measurement"]["top2_hit"] for n in snapshots])
         ),
-        "machine": harness.machine_info(),
+        "machine": machine_info(),
         "total_wall_s": round(time.perf_counter() - started, 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

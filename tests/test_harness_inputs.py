@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import search_efficiency as harness
+from benchmarks.search import truth
+from benchmarks.search.cli import main as harness_main
 
 SPACE = """
 parameters:
@@ -39,7 +40,7 @@ def _run(tmp_path, body: str, *extra: str) -> tuple[int, str]:
     land = tmp_path / "land.py"
     land.write_text(body)
     out = tmp_path / "result.json"
-    code = harness.main(
+    code = harness_main(
         ["--space", str(space), "--landscape", f"{land}:f", "--seeds", "2", "--seed-sets", "1",
          "--budget", "4", "--strategies", "auto", "--out", str(out), *extra]
     )  # fmt: skip
@@ -223,7 +224,7 @@ def test_a_landscape_that_hangs_is_stopped_at_the_call_limit(tmp_path, capsys):
 def test_a_slow_landscape_says_how_long_the_true_best_will_take(tmp_path, capsys, monkeypatch):
     """The true best calls the landscape 2 x 10^4 times or more: a slow one is told up front
     (here every landscape counts as slow)."""
-    monkeypatch.setattr(harness, "SLOW_TRUE_BEST_S", 0.0)
+    monkeypatch.setattr(truth, "SLOW_TRUE_BEST_S", 0.0)
     code, out = _run(tmp_path, GOOD)
     assert code == 0
     assert "true best: about 20016 calls of land.py:f at" in capsys.readouterr().err
@@ -285,7 +286,7 @@ def test_a_run_its_sampler_cannot_place_within_the_constraints_is_said_so(tmp_pa
     land = tmp_path / "land.py"
     land.write_text("def f(params):\n    return {'tok_s': 1.0 + params.get('a', 1)}\n")
     out = tmp_path / "result.json"
-    code = harness.main(
+    code = harness_main(
         ["--space", str(space), "--landscape", f"{land}:f", "--seeds", "2", "--seed-sets", "1",
          "--budget", "8", "--reference-budget", "8", "--strategies", "random", "--out", str(out)]
     )  # fmt: skip

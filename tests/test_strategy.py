@@ -41,7 +41,12 @@ from autotune.space.load import load_space
 from autotune.spec.load import load_spec
 from autotune.study.loop import open_study
 from autotune.study.warm_start import WARM_START_FROM, warm_start
-from benchmarks import search_efficiency as harness
+from benchmarks.search import ROOT
+from benchmarks.search.cli import main as harness_main
+from benchmarks.search.landscape import DEFAULT_COST, Landscape, load_landscape
+from benchmarks.search.run import RunResult, run_strategy
+from benchmarks.search.stats import summarize
+from benchmarks.search.truth import true_best
 from tests.builders import write_fake_spec
 
 SPACE = """
@@ -180,7 +185,7 @@ def _drive(space, land, sampler, launches):
 def test_auto_sampler_designs_first_never_repeats_and_learns_the_wrong_region(tmp_path):
     space_path, land_path = _toy(tmp_path)
     space = load_space(space_path)
-    land = harness.load_landscape(f"{land_path}:f", noise=0.0)
+    land = load_landscape(f"{land_path}:f", noise=0.0)
     sampler = AutoSampler(space, seed=3)
     seen, _study = _drive(space, land, sampler, 30)
     keys_seen = [config_key(params) for params, _ in seen]
@@ -204,7 +209,7 @@ def test_risky_choices_stay_out_of_the_design_and_are_tried_once_the_safe_ones_a
 ):
     space_path, land_path = _toy(tmp_path)
     space = load_space(space_path)
-    land = harness.load_landscape(f"{land_path}:f", noise=0.0)
+    land = load_landscape(f"{land_path}:f", noise=0.0)
     for seed in range(4):
         sampler = AutoSampler(space, seed=seed, risky={"mode": ["broken"]})
         seen, _study = _drive(space, land, sampler, 20)
@@ -291,7 +296,7 @@ def test_auto_sampler_finds_the_best_of_a_separable_landscape_within_40_launches
     space_path = tmp_path / "separable.yaml"
     space_path.write_text(SEPARABLE_SPACE)
     space = load_space(space_path)
-    land = harness.Landscape(_separable, "separable", 0.0, (), dict(harness.DEFAULT_COST))
+    land = Landscape(_separable, "separable", 0.0, (), dict(DEFAULT_COST))
     best = _separable({n: 2 for n in "abcdefgh"} | {"d": 1})["tok_s"]
     for seed in range(3):
         seen, _study = _drive(space, land, AutoSampler(space, seed=seed), 40)
@@ -382,7 +387,7 @@ def test_warm_start_from_a_missing_study_is_bad_input(tmp_path):
 def test_harness_runs_an_unseen_landscape_and_writes_the_keys(tmp_path, capsys):
     space_path, land_path = _toy(tmp_path)
     out = tmp_path / "result.json"
-    code = harness.main(
+    code = harness_main(
         [
             "--space",
             str(space_path),
@@ -442,7 +447,7 @@ def test_harness_measures_the_reference_median_past_the_budget(tmp_path, capsys)
     args = ["--space", str(space), "--landscape", f"{land}:f", "--noise", "0", "--seeds", "8",
             "--seed-sets", "1", "--budget", "5", "--strategies", "random,grid-random",
             "--reference-budget", "60", "--out", str(out)]  # fmt: skip
-    assert harness.main(args) == 0
+    assert harness_main(args) == 0
     figures = json.loads(out.read_text())["strategies"]
     random_runs = figures["random"]
     assert random_runs["budget_launches"] == 60
@@ -465,7 +470,7 @@ def test_harness_measures_the_reference_median_past_the_budget(tmp_path, capsys)
 
     # a reference budget too short for half of random's runs: its median is a lower bound,
     # printed as such, and every ratio to it an upper bound
-    assert harness.main([*args[:-4], "--reference-budget", "5", "--out", str(out)]) == 0
+    assert harness_main([*args[:-4], "--reference-budget", "5", "--out", str(out)]) == 0
     figures = json.loads(out.read_text())["strategies"]
     assert figures["random"]["median_is_lower_bound"]
     assert ">5" in capsys.readouterr().out
@@ -486,7 +491,7 @@ def test_harness_tells_misses_of_the_search_from_misses_of_the_report(tmp_path):
         args = ["--space", str(space), "--landscape", f"{land}:f", "--noise", "0", "--seeds", "3",
                 "--seed-sets", "1", "--budget", str(budget), "--reference-budget", str(budget),
                 "--strategies", "grid-sweep", "--out", str(out)]  # fmt: skip
-        assert harness.main(args) == 0
+        assert harness_main(args) == 0
         return json.loads(out.read_text())["strategies"]["grid-sweep"]
 
     short = figures(12)
@@ -499,9 +504,9 @@ def test_harness_tells_misses_of_the_search_from_misses_of_the_report(tmp_path):
     assert enough["missed_even_with_a_perfect_report"] == 0
 
 
-def _synthetic_run(budget: int, reached_at: int | None, confirm: int = 6) -> harness.RunResult:
+def _synthetic_run(budget: int, reached_at: int | None, confirm: int = 6) -> RunResult:
     """A run of ``budget`` launches whose report reaches the target (1.0) at ``reached_at``."""
-    run = harness.RunResult("x", 0, budget=budget)
+    run = RunResult("x", 0, budget=budget)
     for i in range(1, budget + 1):
         hit = reached_at is not None and i >= reached_at
         run.best_true_after.append(1.0 if hit else 0.5)
@@ -527,9 +532,9 @@ def _synthetic_run(budget: int, reached_at: int | None, confirm: int = 6) -> har
 def test_ratio_to_random_is_a_bound_only_where_one_median_is(strategy, reference, ratio, bound):
     runs = [_synthetic_run(60, r) for r in strategy]
     random_runs = [_synthetic_run(200, r) for r in reference]
-    cost = dict(harness.DEFAULT_COST)
-    hits = harness.summarize(random_runs, 1.0, 60, None, cost)
-    out = harness.summarize(
+    cost = dict(DEFAULT_COST)
+    hits = summarize(random_runs, 1.0, 60, None, cost)
+    out = summarize(
         runs,
         1.0,
         60,
@@ -571,14 +576,14 @@ def test_harness_rejects_a_landscape_that_breaks_the_protocol(tmp_path, capsys):
     space_path, _ = _toy(tmp_path)
     bad = tmp_path / "bad_landscape.py"
     bad.write_text("def f(params):\n    return 3.0\n")
-    code = harness.main(
+    code = harness_main(
         ["--space", str(space_path), "--landscape", f"{bad}:f", "--seeds", "1",
          "--seed-sets", "1", "--out", str(tmp_path / "r.json")]
     )  # fmt: skip
     assert code == 2
     assert "bad_landscape.py:f" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
-    assert harness.main(["--landscape", f"{tmp_path / 'none.py'}:f"]) == 2
+    assert harness_main(["--landscape", f"{tmp_path / 'none.py'}:f"]) == 2
 
 
 # --- the search model: ranking by posterior mean, and where configs fail --------------------
@@ -597,26 +602,26 @@ parameters:
 
 
 #: the search benchmark's numeric landscape (results/search_efficiency_numeric.json)
-NUMERIC_SPACE = harness.ROOT / "search_spaces" / "numeric-sim.yaml"
+NUMERIC_SPACE = ROOT / "search_spaces" / "numeric-sim.yaml"
 NUMERIC_LANDSCAPE = "benchmarks/landscapes/numeric.py:landscape"
 
 
 def test_auto_sampler_finds_an_interior_peak_of_numeric_values():
     """Main effects and pairs alone extrapolate a peak to the domain's corners: the search
     launched (1.0, 1000) and its neighbours over and over and missed the benchmark's target in
-    25-28 of 30 runs. The local term, chosen by evidence (``search_model.fit_speed``), finds it
+    25-28 of 30 runs. The local term, chosen by evidence (``search.model.fit_speed``), finds it
     in every run (``benchmarks/results/search_efficiency_numeric.json``)."""
     space = load_space(NUMERIC_SPACE)
-    land = harness.load_landscape(NUMERIC_LANDSCAPE, None)
-    best, _, _ = harness.true_best(space, land)
+    land = load_landscape(NUMERIC_LANDSCAPE, None)
+    best, _, _ = true_best(space, land)
     for seed in range(6):
-        run = harness.run_strategy("auto", space, land, seed, 30, 0.95 * best, True)
+        run = run_strategy("auto", space, land, seed, 30, 0.95 * best, True)
         assert run.found_at is not None, f"seed {seed}: no launch within 5 % of the peak in 30"
 
 
 def test_the_speed_model_adds_its_local_term_only_where_the_data_need_it():
     enc = Encoder(load_space(NUMERIC_SPACE))
-    land = harness.load_landscape(NUMERIC_LANDSCAPE, 0.0)
+    land = load_landscape(NUMERIC_LANDSCAPE, 0.0)
     rng = np.random.default_rng(0)
     configs = [
         {"fraction": float(u), "tokens": int(v)}
@@ -719,8 +724,8 @@ def test_harness_counts_the_confirmations_launches(tmp_path):
     args = ["--space", str(space_path), "--landscape", f"{land_path}:f", "--noise", "0.0",
             "--seeds", "2", "--seed-sets", "1", "--budget", "30",
             "--strategies", "auto,random"]  # fmt: skip
-    assert harness.main([*args, "--out", str(tmp_path / "c.json")]) == 0
-    assert harness.main([*args, "--confirm-top", "0", "--out", str(tmp_path / "n.json")]) == 0
+    assert harness_main([*args, "--out", str(tmp_path / "c.json")]) == 0
+    assert harness_main([*args, "--confirm-top", "0", "--out", str(tmp_path / "n.json")]) == 0
     confirmed = json.loads((tmp_path / "c.json").read_text())
     unconfirmed = json.loads((tmp_path / "n.json").read_text())
     # without noise the first two rounds are precise: 2 rounds x (2 candidates + baseline), in
@@ -732,7 +737,7 @@ def test_harness_counts_the_confirmations_launches(tmp_path):
     assert unconfirmed["strategies"]["random"]["confirmation_launches_median"] == 0
     # with 30 % noise no two or three rounds are precise: the product's cap, 4 rounds
     noisy = [a if a != "0.0" else "0.3" for a in args]
-    assert harness.main([*noisy, "--out", str(tmp_path / "z.json")]) == 0
+    assert harness_main([*noisy, "--out", str(tmp_path / "z.json")]) == 0
     noisy_result = json.loads((tmp_path / "z.json").read_text())
     assert noisy_result["strategies"]["random"]["confirmation_launches_median"] == 4 * 3
     for name in ("auto", "random"):
