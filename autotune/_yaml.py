@@ -11,6 +11,7 @@ dropped from the command line without a word. Callers where a string was meant a
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,3 +243,40 @@ def check_text(doc: YamlDoc, key: str, value: Any) -> None:
     """A free-text field (``description``, ``help``): a string, or absent."""
     if value is not None and not isinstance(value, str):
         raise doc.error(key, f"must be text, got {value!r}")
+
+
+#: bounds on counts (requests, tokens, concurrency, rounds) and on durations: ``num_requests:
+#: 1e30`` built a list of that many requests (all memory), and a timeout over ~292 years
+#: overflowed every socket and lock wait (OverflowError mid-trial)
+MAX_COUNT = 1_000_000
+MAX_SECONDS = 7 * 24 * 3600
+
+
+def number(
+    doc: YamlDoc, key: str, value: Any, *, positive: bool = False, integer: bool = False
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise doc.error(key, f"must be a number, got {value!r}")
+    if not math.isfinite(value):  # NaN passes every comparison below
+        raise doc.error(key, f"must be a finite number, got {value!r}")
+    if integer and not float(value).is_integer():
+        raise doc.error(key, f"must be an integer, got {value!r}")
+    if positive and value <= 0:
+        raise doc.error(key, f"must be > 0, got {value!r}")
+    if value < 0:
+        raise doc.error(key, f"must be >= 0, got {value!r}")
+    return value
+
+
+def count(doc: YamlDoc, key: str, value: Any, *, positive: bool = True) -> int:
+    whole = int(number(doc, key, value, positive=positive, integer=True))
+    if whole > MAX_COUNT:
+        raise doc.error(key, f"at most {MAX_COUNT:,}, got {value!r}")
+    return whole
+
+
+def seconds(doc: YamlDoc, key: str, value: Any) -> float:
+    duration = number(doc, key, value, positive=True)
+    if duration > MAX_SECONDS:
+        raise doc.error(key, f"at most {MAX_SECONDS:,} seconds (a week), got {value!r}")
+    return duration

@@ -129,11 +129,24 @@ METRIC_DIRECTIONS: dict[str, Direction] = {
 }
 
 
+def at_level(metric: str, level: int | str) -> str:
+    """A metric measured at one concurrency level of the load curve: ``output_tokens_per_s@16``.
+    The one spelling of that name (the spec's objective, the stored metrics, the report)."""
+    return f"{metric}@{level}"
+
+
+def split_level(name: str) -> tuple[str, str | None]:
+    """``"output_tokens_per_s@16"`` -> ``("output_tokens_per_s", "16")``; a plain metric's level
+    is None."""
+    base, sep, level = name.partition("@")
+    return (base, level) if sep else (base, None)
+
+
 def direction(metric: str, default: Direction | None = None) -> Direction:
     """Whether more of ``metric`` is better (``maximize``) or less (``minimize``); a level's
     metric (``output_tokens_per_s@16``) has its base metric's direction. An unknown metric is
     a KeyError unless a ``default`` is given (a study read back may name anything)."""
-    base = metric.split("@", 1)[0]
+    base = split_level(metric)[0]
     if default is not None and base not in METRIC_DIRECTIONS:
         return default
     return METRIC_DIRECTIONS[base]

@@ -173,14 +173,18 @@ def load_study(
     except KeyError:
         studies = optuna.study.get_all_study_names(storage=storage)
         raise SpecError(
-            f"no study named {name!r} in {_shown(url)} (studies: {', '.join(studies) or 'none'})",
+            f"no study named {name!r} in {safe_url(url)} (studies: {', '.join(studies) or 'none'})",
             key="--study",
         ) from None
 
 
-def _shown(url: str) -> str:
-    """The URL as an error message may print it: a database password stays out."""
-    return make_url(url).render_as_string(hide_password=True)
+def safe_url(url: str) -> str:
+    """The URL as a message, a page or a command line may show it: a database password stays
+    out (and a URL that cannot be parsed is never printed at all)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparsable URL was refused long before
+        return "(storage URL)"
 
 
 def artifact_dir_for(url: str, study_name: str, override: str | None = None) -> Path:

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import reaper
 
+from tests import reaper
 from tests.fake_proc import FakeProc, launch, stop, wait_healthy
 from tests.helpers import IN_CI, PG_ENV, pg_bin
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import reaper
 
+from tests import reaper
 from tests.builders import ROOT
 
 KEY = "test-key"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.engines.vllm.dialect import VLLM_DIALECT
-from autotune.gate.run import (
+from autotune.gate import (
     Capabilities,
     Completion,
     Reference,
@@ -180,7 +180,7 @@ def test_the_check_records_which_tie_flip_rule_applied():
 
 
 def test_describe_checks_names_the_tie_flip_rule():
-    from autotune.gate.run import describe_checks
+    from autotune.gate import describe_checks
 
     def line(rule: str | None) -> str:
         checks = {"compared_by": "token_ids", "tie_flips_by": rule, "sanity": True}
@@ -195,7 +195,7 @@ def test_the_under_load_check_records_its_tie_flip_rule():
     """A streamed benchmark answer has token ids but no per-token strings: a near-tie flip under
     load is excused by the margin alone, whatever runner-ups the reference keeps, and the
     trial's record says so (``under_load_tie_flips_by``); a text comparison excuses none."""
-    from autotune.gate.run import describe_checks, under_load_tie_flips_by, weakest_tie_rule
+    from autotune.gate import describe_checks, under_load_tie_flips_by, weakest_tie_rule
 
     base = _ref([1, 2, 3, 4], [5.0, 0.001, 5.0, 5.0])
     ref = dataclasses.replace(base.entries["p"].completion, runner_ups=("t8", "t9", "t8", "t8"))
@@ -280,7 +280,7 @@ def test_sane_patterns_are_not_repetition():
 
 
 def test_teacher_forced_scoring_the_server_rejects_fails_the_gate():
-    from autotune.gate.run import TeacherRejected
+    from autotune.gate import TeacherRejected
 
     completions, teacher = candidate("baseline_again")
     prompt = next(iter(teacher))
@@ -301,7 +301,7 @@ def test_greedy_request_survives_a_runner_up_with_zero_probability():
 
     import httpx
 
-    from autotune.gate.run import complete_greedy
+    from autotune.gate import complete_greedy
 
     asked = []
 
@@ -337,7 +337,7 @@ def test_greedy_request_survives_a_runner_up_with_zero_probability():
 
 
 def test_describe_checks_names_only_checks_that_ran():
-    from autotune.gate.run import describe_checks
+    from autotune.gate import describe_checks
 
     text_only = {
         "passed": True,
@@ -360,7 +360,7 @@ def test_a_scoring_answer_that_is_not_json_is_unsupported_scoring():
 
     import httpx
 
-    from autotune.gate.run import TeacherUnsupported, teacher_forced_logprobs
+    from autotune.gate import TeacherUnsupported, teacher_forced_logprobs
 
     def page(_request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, text="<html>\n<body>busy</body>\n</html>")
@@ -412,7 +412,7 @@ def test_a_server_that_does_not_stream_is_named_as_such():
     import httpx
 
     from autotune.client.stream import StreamError
-    from autotune.gate.run import complete_greedy
+    from autotune.gate import complete_greedy
 
     def whole(_request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"choices": [{"text": " four five six"}]})

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from autotune.bench.phase import run_phase, stream_request
-from autotune.client.http import StreamingClient, connect
 from autotune.client import http as client_module
+from autotune.client.http import StreamingClient, connect
 from autotune.client.stream import TokenDeadline
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from tests.fake_proc import KEY

@@ -15,7 +15,7 @@ from autotune.engines.dialect import OPENAI, TEACHER_ECHO, TEACHER_PROMPT_LOGPRO
 from autotune.engines.registry import BUILTIN
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.engines.vllm.engine import VllmEngine
-from autotune.gate.run import Completion, complete_greedy, detect_teacher_mode
+from autotune.gate import Completion, complete_greedy, detect_teacher_mode
 
 
 def test_plain_openai_body_asks_for_nothing_beyond_the_api() -> None:

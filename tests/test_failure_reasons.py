@@ -454,7 +454,7 @@ def test_the_vllm_engine_brings_its_own_root_cause_to_the_server() -> None:
     """The study loop hands ServerProcess only ``engine.classify_failure``; the server finds the
     same engine's ``root_cause`` through it."""
     spec = load_spec(ROOT / "studies" / "demo.yaml")
-    engine = VllmEngine(spec)
+    engine = VllmEngine(spec.engine, spec.model)
     server = ServerProcess(
         _launch(["true"]),
         Path("unused.log"),

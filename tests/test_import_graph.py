@@ -1,22 +1,25 @@
-"""The package's shape, checked from its source (AST, nothing imported): the "done when" of the
-layout issue (#11) as tests.
+"""The package's shape, checked from its source (AST, nothing imported): the layout of
+docs/design/architecture.md as tests.
 
 * **No import cycle** in ``autotune/``, counting imports inside functions (they hide arrows
-  that still run) and leaving out ``if TYPE_CHECKING:`` blocks (they never run). An import of
-  ``a.b.c`` is an arrow to ``a.b.c``; ``from a.b import c`` is an arrow to ``a.b.c`` when that
-  is a module, else to ``a.b``. The implicit import of a parent package's ``__init__`` is not an
-  arrow (a package's ``__init__`` re-exporting its submodules is the usual Python idiom).
+  that still run) and ``if TYPE_CHECKING:`` imports too (a type-only arrow is still a
+  dependency a reader must follow). An import of ``a.b.c`` is an arrow to ``a.b.c``;
+  ``from a.b import c`` is an arrow to ``a.b.c`` when that is a module, else to ``a.b``. The
+  implicit import of a parent package's ``__init__`` is not an arrow (a package's ``__init__``
+  re-exporting its submodules is the usual Python idiom).
+* **Layers**: the subpackages in :data:`LAYERS` order, bottom to top; no module imports one of
+  a higher layer (the root's ``__init__`` face and ``__main__`` excepted). So nothing imports
+  ``cli/`` but ``cli/`` itself, and the engines never import the loop that drives them.
+* **report/ reads results, never the loop**; analysis/ launches trials through one door
+  (``analysis/remeasure.py``).
+* **At most :data:`MAX_ROOT_FILES` modules at the package root**: new code goes in a folder.
 * **In-function imports only for optional or heavy dependencies** (:data:`LAZY_OK`): importing
   vLLM, torch or plotly costs seconds or is not installed everywhere, so it waits until a
   function needs it. Everything else, autotune's own modules included, is imported at the top.
-* **vLLM's vocabulary lives under ``autotune/engines/vllm/``**: its request fields, env vars,
-  flags and metric names appear in no other module's code (string literals; docstrings and
-  comments may explain them).
+* **An engine's vocabulary lives in its own folder** (:data:`ENGINE_VOCABULARY`): vLLM's request
+  fields, env vars, flags and metric names appear in no other module's code (string literals;
+  docstrings and comments may explain them).
 * **No module over :data:`MAX_LINES` lines.**
-
-Entries of the ``*_PENDING`` tables name modules another branch of issue #11 is reshaping
-(h-11b: cli.py, objective.py, space.py, storage.py, study.py, spec.py); they are strict xfails,
-so an entry that is no longer needed fails the test until it is removed.
 """
 
 from __future__ import annotations
@@ -30,6 +33,36 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "autotune"
 MAX_LINES = 600
+MAX_ROOT_FILES = 12
+
+#: the package's layers, bottom to top: a module may import its own layer and those below.
+#: ``autotune.spec.model`` (the spec's dataclasses, types only) sits below the engines, the
+#: spec's loader above them (it asks the engine registry which kinds exist).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("autotune",),  # the foundations at the root: errors, names, storage, patching, _helpers
+    ("autotune.space", "autotune.model"),
+    ("autotune.spec.model",),
+    ("autotune.engines",),
+    ("autotune.spec", "autotune.client"),
+    ("autotune.server", "autotune.gate"),
+    ("autotune.search", "autotune.bench"),
+    ("autotune.study",),
+    ("autotune.analysis",),
+    ("autotune.report",),
+    ("autotune.cli",),
+    ("autotune.testing",),  # test doubles (tests/test_packaging.py keeps autotune off them)
+)
+#: modules allowed to import upwards, and why
+UPWARD_OK = {
+    "autotune": "the package's face re-exports the everyday names",
+    "autotune.__main__": "python -m autotune runs the CLI",
+}
+#: what report/ may import from the study: its results, never the loop that made them
+REPORT_MAY_READ = ("autotune.study.results",)
+#: the loop's internals, and the one module of analysis/ that may drive them (it re-measures
+#: configs through the same trial as the search, gate included)
+LOOP_INTERNALS = ("autotune.study.trial", "autotune.study.record")
+LOOP_DOOR = "autotune.analysis.remeasure"
 
 #: third-party packages a function may import when it needs them: optional extras or heavy
 #: imports (seconds), never needed just to load autotune
@@ -53,11 +86,15 @@ LAZY_OK = frozenset(
     }
 )
 
-#: vLLM's request fields, env vars, flags, metric names and launch module
-VLLM_VOCABULARY = re.compile(
-    r"return_token_ids|ignore_eos|prompt_logprobs|VLLM_|--speculative-config|vllm:"
-    r"|vllm\.entrypoints|\bvllm serve\b"
-)
+#: each engine's words (request fields, env vars, flags, metric names, launch module) and the
+#: folder they live in; a new engine adds its entry
+ENGINE_VOCABULARY = {
+    "autotune/engines/vllm/": re.compile(
+        r"return_token_ids|ignore_eos|prompt_logprobs|VLLM_|--speculative-config|vllm:"
+        r"|vllm\.entrypoints|\bvllm serve\b"
+    ),
+}
+VLLM_VOCABULARY = ENGINE_VOCABULARY["autotune/engines/vllm/"]
 #: (module, word) pairs outside engines/vllm/ that may use a vLLM word, and why
 VOCABULARY_ALLOWED = {
     # the stored name of the teacher-forced mode (studies already hold this value)
@@ -66,7 +103,7 @@ VOCABULARY_ALLOWED = {
     ("autotune/spec/workload.py", "ignore_eos"),
 }
 #: the test doubles (the ``testing`` extra) speak vLLM's dialect on purpose
-VOCABULARY_EXEMPT_DIRS = ("autotune/engines/vllm/", "autotune/testing/")
+VOCABULARY_EXEMPT_DIRS = ("autotune/testing/",)
 
 #: modules other branches of #11 reshape: in-function imports still there (module -> reason)
 IN_FUNCTION_PENDING: dict[str, str] = {}
@@ -104,14 +141,6 @@ def _inside(node: ast.AST, parents: dict[ast.AST, ast.AST], kinds: tuple[type, .
     return False
 
 
-def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
-    while node in parents:
-        node = parents[node]
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            return True
-    return False
-
-
 def _targets(module: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
     """The full dotted names an import statement loads (see the module docstring)."""
     if isinstance(node, ast.Import):
@@ -138,8 +167,6 @@ def _imports() -> list[tuple[str, str, int, bool]]:
         parents = _parents(tree)
         for node in ast.walk(tree):
             if not isinstance(node, ast.Import | ast.ImportFrom):
-                continue
-            if _type_checking_only(node, parents):
                 continue
             lazy = _inside(node, parents, (ast.FunctionDef, ast.AsyncFunctionDef))
             for target in _targets(module, path, node):
@@ -196,6 +223,8 @@ def test_the_checker_sees_arrows_and_cycles() -> None:
     assert ("autotune.engines.vllm.engine", "autotune.engines.vllm.validate") in arrows
     lazy = {(a, b.split(".")[0]) for a, b, _line, is_lazy in IMPORTS if is_lazy}
     assert ("autotune.engines.vllm.validate", "vllm") in lazy
+    # a type-only import is an arrow too (engines/base.py names the spec's types)
+    assert ("autotune.engines.base", "autotune.spec.model") in arrows
 
 
 CYCLES = _cycles()
@@ -212,7 +241,9 @@ CYCLES = _cycles()
 def test_no_import_cycle(cycle: tuple[str, ...] | str) -> None:
     if cycle == "none pending":
         unexpected = [c for c in CYCLES if c not in CYCLES_PENDING]
-        assert not unexpected, f"import cycles (in-function imports counted): {unexpected}"
+        assert not unexpected, (
+            f"import cycles (in-function and type-only imports counted): {unexpected}"
+        )
     else:
         assert cycle not in CYCLES, f"still a cycle: {cycle}"
 
@@ -257,11 +288,13 @@ def _docstrings(tree: ast.AST) -> set[int]:
     }
 
 
-def test_vllm_vocabulary_lives_under_engines_vllm() -> None:
+@pytest.mark.parametrize("home", sorted(ENGINE_VOCABULARY))
+def test_an_engines_vocabulary_lives_in_its_folder(home: str) -> None:
+    words = ENGINE_VOCABULARY[home]
     found = []
     for path in MODULES.values():
         rel = _rel(path)
-        if rel.startswith(VOCABULARY_EXEMPT_DIRS):
+        if rel.startswith((home, *VOCABULARY_EXEMPT_DIRS)):
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         docs = _docstrings(tree)
@@ -270,10 +303,10 @@ def test_vllm_vocabulary_lives_under_engines_vllm() -> None:
                 continue
             if id(node) in docs:
                 continue
-            for match in VLLM_VOCABULARY.finditer(node.value):
+            for match in words.finditer(node.value):
                 if (rel, match.group(0)) not in VOCABULARY_ALLOWED:
                     found.append(f"{rel}:{node.lineno}: {match.group(0)!r}")
-    assert not found, "vLLM's vocabulary outside autotune/engines/vllm/: " + ", ".join(found)
+    assert not found, f"vocabulary of {home} outside it: " + ", ".join(found)
 
 
 def test_the_vocabulary_check_sees_a_vllm_word() -> None:
@@ -298,3 +331,73 @@ def test_no_module_over_max_lines(module: str) -> None:
         assert not big, f"modules over {MAX_LINES} lines: {big}"
     else:
         assert SIZES[module] <= MAX_LINES, f"{module}: {SIZES[module]} lines"
+
+
+def _layer(module: str) -> int:
+    """The index in :data:`LAYERS` of the longest prefix naming ``module``."""
+    best, length = -1, -1
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > length:
+                best, length = index, len(prefix)
+    return best
+
+
+def _in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _internal_arrows() -> list[tuple[str, str, int]]:
+    return [(a, b, line) for a, b, line, _lazy in IMPORTS if b.split(".")[0] == "autotune"]
+
+
+def test_every_module_has_a_layer() -> None:
+    assert all(_layer(m) >= 0 for m in MODULES)
+    assert _layer("autotune.spec.model") < _layer("autotune.engines") < _layer("autotune.spec.load")
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    """Nothing imports ``cli/`` but ``cli/``; the engines never import the loop; the gate never
+    imports the benchmark; and so on up the table."""
+    up = [
+        f"{_rel(MODULES[a])}:{line} imports {b}"
+        for a, b, line in _internal_arrows()
+        if a not in UPWARD_OK and _layer(b) > _layer(a)
+    ]
+    assert not up, "imports that point up the layers: " + ", ".join(up)
+
+
+def test_only_cli_and_main_import_cli() -> None:
+    outside = [
+        f"{_rel(MODULES[a])}:{line}"
+        for a, b, line in _internal_arrows()
+        if _in_package(b, "autotune.cli")
+        and not _in_package(a, "autotune.cli")
+        and a != "autotune.__main__"
+    ]
+    assert not outside, f"modules outside cli/ that import it: {outside}"
+
+
+def test_report_reads_results_never_the_loop() -> None:
+    bad = [
+        f"{_rel(MODULES[a])}:{line} imports {b}"
+        for a, b, line in _internal_arrows()
+        if a.startswith("autotune.report")
+        and b.startswith(("autotune.study", "autotune.bench", "autotune.server", "autotune.client"))
+        and not b.startswith(REPORT_MAY_READ)
+    ]
+    assert not bad, "report/ reaches into the loop: " + ", ".join(bad)
+
+
+def test_analysis_drives_trials_through_one_door() -> None:
+    bad = [
+        f"{_rel(MODULES[a])}:{line} imports {b}"
+        for a, b, line in _internal_arrows()
+        if a.startswith("autotune.analysis") and b.startswith(LOOP_INTERNALS) and a != LOOP_DOOR
+    ]
+    assert not bad, f"analysis/ modules other than {LOOP_DOOR} reach into the trial: {bad}"
+
+
+def test_the_package_root_stays_small() -> None:
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_FILES, f"{len(root)} modules at autotune/'s root: {root}"

@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune import names
-from autotune.analysis.recheck import Measured, blame_slower, blame_wrong, judge, read_record
+from autotune.analysis.recheck import Measured, blame_slower, blame_wrong, judge
 from autotune.cli.app import app
 from autotune.spec.load import load_spec
 from autotune.storage import open_storage
-from autotune.study.export import export_values
+from autotune.study.export import export_values, read_record
 from autotune.study.loop import RunOptions, open_study, run_study
 from tests.builders import write_fake_spec
 

@@ -23,6 +23,7 @@ import yaml
 from optuna.trial import TrialState
 
 from autotune import names
+from autotune.cli import render
 from autotune.engines.vllm import speculative
 from autotune.space.load import load_space
 from autotune.spec.load import load_spec
@@ -50,7 +51,7 @@ def test_parse_metrics_sums_label_sets_and_derives_acceptance():
     assert stats.accepted_per_position == (35.0, 20.0, 5.0)
     assert stats.acceptance_rate == pytest.approx(0.4)
     assert stats.mean_accepted_length == pytest.approx(1 + 60 / 50)
-    shown = speculative.describe(stats.to_dict())
+    shown = render.describe_speculation(stats.to_dict())
     assert "acceptance 40.0% (60/150 draft tokens, 50 drafts)" in shown and "2.20" in shown
 
 
@@ -62,7 +63,7 @@ def test_parse_metrics_without_spec_decode_counters_is_none():
         "vllm:spec_decode_num_accepted_tokens_total 0\n"
     )
     assert zero is not None and zero.acceptance_rate is None
-    assert speculative.describe(zero.to_dict()) == "no drafts proposed"
+    assert render.describe_speculation(zero.to_dict()) == "no drafts proposed"
 
 
 def test_scrape_records_an_error_instead_of_failing():
@@ -227,7 +228,7 @@ def test_vllm_ngram_is_lossless_and_accept_all_is_rejected(tmp_path: Path) -> No
     assert divergence["got_text"] != divergence["expected_text"]
 
     # `autotune show` lists both speculative trials with their acceptance
-    lines = speculative.study_lines(spec.default_storage(), spec.name)
+    lines = render.study_speculation_lines(spec.default_storage(), spec.name)
     assert len(lines) == 2, lines
     assert lines[0].startswith("trial 1 (correct; method=ngram") and "acceptance" in lines[0]
     assert lines[1].startswith("trial 2 (incorrect_output;") and "100.0%" in lines[1]

@@ -85,7 +85,7 @@ def test_glm5_study_validates_through_the_engine(vllm_ctx: object) -> None:
 
     spec = load_spec(REPO / "studies" / "glm5-8gpu.yaml")
     assert spec.model.path.endswith(".gguf")  # a placeholder: only `run` needs it to exist
-    issues = VllmEngine(spec).validate_space(spec.space)
+    issues = VllmEngine(spec.engine, spec.model).validate_space(spec.space)
     assert [i for i in issues if not i.ok] == []
 
 

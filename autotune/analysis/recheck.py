@@ -7,7 +7,8 @@ alternative. A recheck costs two server starts per round: the baseline (which re
 greedy reference on the upgraded engine) and the exported config, interleaved like a
 confirmation (``autotune.analysis.remeasure``), each through the full correctness gate.
 
-The figures it compares with are the ones recorded at export: :func:`record_line` writes one
+The figures it compares with are the ones recorded at export:
+:func:`autotune.study.export.record_line` writes one
 machine-readable comment into the exported YAML's header (``# autotune-record: {json}``: the
 parameter values, the objective metrics of the exported trial and of the baseline, the engine
 version, the spec's path), so a recheck needs only the file. Verdict (:func:`judge`):
@@ -34,9 +35,8 @@ the spec's storage, so ``autotune show --study ...`` shows the evidence.
 from __future__ import annotations
 
 import datetime
-import json
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,66 +50,10 @@ from autotune.engines import build_engine
 from autotune.errors import SpecError
 from autotune.spec.load import load_spec
 from autotune.storage import open_storage
+from autotune.study.export import read_record
 
-RECORD_PREFIX = "# autotune-record: "
-RECORD_VERSION = 1
 DEFAULT_MIN_EFFECT = 0.10
 WRONG, SLOWER, BASELINE_BROKEN, OK = "wrong", "slower", "baseline_broken", "ok"
-
-
-# --- the record written at export ---------------------------------------------------------------
-
-
-def record_line(
-    *,
-    study: str,
-    spec_path: Path | str,
-    values: Mapping[str, Any],
-    metrics: Mapping[str, float],
-    baseline_metrics: Mapping[str, float] | None,
-    engine_version: str | None,
-    objective: Sequence[str],
-    trial: int,
-) -> str:
-    """The one header line ``autotune recheck`` reads back (one line of JSON, no newlines)."""
-    record = {
-        "version": RECORD_VERSION,
-        "study": study,
-        "spec": str(Path(spec_path).resolve()),
-        "trial": trial,
-        "values": dict(values),
-        "objective": list(objective),
-        "metrics": dict(metrics),
-        "baseline_metrics": dict(baseline_metrics) if baseline_metrics else None,
-        "engine_version": engine_version,
-    }
-    return RECORD_PREFIX + json.dumps(record, sort_keys=True, separators=(",", ":"))
-
-
-def read_record(path: Path) -> dict[str, Any]:
-    """The record of an exported YAML; a :class:`SpecError` (exit 2) naming the file otherwise."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"cannot read {path}: {exc.strerror or exc}", file=str(path)) from None
-    for line in text.splitlines():
-        if not line.startswith("#"):
-            break  # the header ends where the YAML body starts
-        if line.startswith(RECORD_PREFIX):
-            try:
-                record = json.loads(line[len(RECORD_PREFIX) :])
-            except json.JSONDecodeError as exc:
-                raise SpecError(
-                    f"malformed autotune-record line: {exc.msg}", file=str(path)
-                ) from None
-            if not isinstance(record, dict) or not isinstance(record.get("values"), dict):
-                raise SpecError("autotune-record has no parameter values", file=str(path))
-            return record
-    raise SpecError(
-        "no '# autotune-record:' line in the header: not written by `autotune export` "
-        "(or exported before recheck existed; export it again)",
-        file=str(path),
-    )
 
 
 # --- the verdict --------------------------------------------------------------------------------

@@ -30,12 +30,12 @@ import bisect
 import dataclasses
 import gzip
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.engines.base import TraceRecipe
 from autotune.errors import SpecError
 
 #: CPU categories, in the order they are shown
@@ -46,27 +46,6 @@ OTHER_KERNELS, MEMCPY, GAPS = "other kernels", "memory copies", "gaps (no kernel
 _KERNEL_CATS = ("kernel",)
 _MEMCPY_CATS = ("gpu_memcpy", "gpu_memset")
 _RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
-
-
-@dataclass(frozen=True)
-class TraceRecipe:
-    """An engine's names in a profiler trace.
-
-    Attributes:
-        step: matches the event name of one engine step on the worker's main thread
-            (for vLLM the ``user_annotation`` ``execute_context_N(n)_generation_M(m)``).
-        empty_step: matches steps that scheduled nothing (left out of the window's step count).
-        kernel_categories: ``(category, pattern)`` pairs tried in order on GPU kernel names; the
-            first is the collectives category, counted per token as calls.
-    """
-
-    step: re.Pattern[str]
-    empty_step: re.Pattern[str] | None = None
-    kernel_categories: tuple[tuple[str, re.Pattern[str]], ...] = ()
-
-    @property
-    def collectives(self) -> str | None:
-        return self.kernel_categories[0][0] if self.kernel_categories else None
 
 
 @dataclass(frozen=True)

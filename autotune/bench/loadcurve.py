@@ -271,7 +271,10 @@ async def run_benchmark(
         stopped_by=stopped_by,
         load_curve={
             str(level): {
-                k.split("@", 1)[0]: v for k, v in medians.items() if k.endswith(f"@{level}")
+                base: v
+                for k, v in medians.items()
+                for base, at in [names.split_level(k)]
+                if at == str(level)
             }
             for level in levels
         },
@@ -289,7 +292,7 @@ def _round_metrics(
         if level == main:
             metrics.update(summary)
         metrics.update(
-            {f"{k}@{level}": v for k, v in summary.items() if k != "decode_tokens_per_s"}
+            {names.at_level(k, level): v for k, v in summary.items() if k != "decode_tokens_per_s"}
         )
     return metrics
 

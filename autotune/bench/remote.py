@@ -14,28 +14,22 @@ what both have, saying which checks were skipped, never claiming one it could no
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import httpx
-from rich.markup import escape
-from rich.table import Table
 
 from autotune import names
-from autotune._files import write_text_atomically
 from autotune.bench.loadcurve import run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
-from autotune.client.http import StreamingClient, connect
+from autotune.client.http import StreamingClient, connect, connections_for
 from autotune.client.stream import NoTokenWithin, StreamError
 from autotune.engines.dialect import RequestDialect
 from autotune.engines.registry import engine_class
 from autotune.errors import SpecError, excerpt
-from autotune.gate.run import (
+from autotune.gate import (
     Capabilities,
     CheckResult,
     Reference,
@@ -219,7 +213,7 @@ async def bench_remote(
     workload = spec.workload
     # The server is asked in the study's engine's dialect (the one its reference was taken in).
     dialect = engine_class(spec.engine.kind).dialect
-    async with build_remote_client(url, api_key, workload.concurrency + 8) as client:
+    async with build_remote_client(url, api_key, connections_for(workload.concurrency)) as client:
         served = await _served_model(client, url, model or spec.model.served_name)
         result = RemoteResult(url=url, model=served)
         if reference is not None:
@@ -290,74 +284,3 @@ def study_reference(url: str, name: str) -> Reference:
             key="--check",
         )
     return Reference.from_dict(stored)
-
-
-def run_command(
-    spec: StudySpec,
-    url: str,
-    *,
-    api_key: str | None,
-    model: str | None,
-    json_path: Path | None,
-    reference: Reference | None,
-    metrics_map: MetricsMap | None,
-    console: Any,
-) -> int:
-    """The body of ``autotune bench``: measure, print, write JSON. Returns the exit code."""
-
-    if json_path is not None and not json_path.parent.is_dir():
-        raise SpecError(f"directory does not exist: {json_path.parent}", key="--json")
-    result = asyncio.run(
-        bench_remote(
-            spec, url, api_key=api_key, model=model, reference=reference, metrics_map=metrics_map
-        )
-    )
-    for notice in result.notices:
-        console.print(f"[yellow]gate:[/] {escape(notice)}")
-    if result.check is not None:
-        passed = result.check["passed"] and not (result.check.get("under_load") or {}).get(
-            "divergent"
-        )
-        first = result.check.get("first_divergence") or (
-            (result.check.get("under_load") or {}).get("first_divergence")
-        )
-        line = "[green]check passed[/]" if passed else "[bold red]check FAILED[/]"
-        console.print(f"{line} ({result.check['prompts_checked']} prompts)")
-        if first:
-            console.print(
-                f"  first divergence: prompt {first['prompt']!r} at {first['kind']} "
-                f"{first['position']}: expected {first['expected_token']!r}, got "
-                f"{first['got_token']!r}",
-                markup=False,
-                highlight=False,
-            )
-    measured = not (result.failure or "").startswith(("request_errors", "hang"))
-    if result.metrics and not measured:
-        # the figures of a benchmark whose requests failed are not the server's speed
-        console.print("[bold red]no figures:[/] the benchmark's requests failed (below)")
-    elif result.metrics:
-        spread = result.bench.get("spread") or {}
-        table = Table(title=f"{result.url} ({result.model}), workload {spec.name}")
-        for col in ("metric", "value", "spread"):
-            table.add_column(col)
-        for name, value in sorted(result.metrics.items()):
-            s = spread.get(name)
-            table.add_row(name, f"{value:.2f}", "" if s is None else f"{s:.1%}")
-        console.print(table)
-    server = result.server_metrics
-    if server.get("available"):
-        total = server.get("total") or {}
-        shown = ", ".join(f"{k} {v:g}" for k, v in sorted(total.items()))
-        console.print(f"server metrics: {escape(shown)}")
-        if total.get("preemptions"):
-            console.print(f"[yellow]preemptions:[/] {total['preemptions']:g} during the benchmark")
-    elif server:
-        console.print(f"[dim]server metrics unavailable: {escape(str(server.get('reason')))}[/]")
-    if json_path is not None:
-        text = json.dumps(result.to_json(spec), indent=2, default=str) + "\n"
-        write_text_atomically(json_path, text, option="--json")
-        console.print(f"wrote {json_path}")
-    if result.failure:
-        console.print(f"[bold red]failed:[/] {escape(result.failure)}", soft_wrap=True)
-        return 1
-    return 0

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
+from rich.table import Table
 
-from autotune.bench.remote import check_url, run_command, study_reference
+from autotune._files import write_text_atomically
+from autotune.bench.remote import bench_remote, check_url, study_reference
 from autotune.cli.common import console, fail
 from autotune.cli.options import (
     DEFAULT_SPEC,
@@ -16,8 +21,11 @@ from autotune.cli.options import (
     StudyOpt,
 )
 from autotune.engines import build_engine
-from autotune.errors import AutotuneError
+from autotune.engines.base import MetricsMap
+from autotune.errors import AutotuneError, SpecError
+from autotune.gate.reference import Reference
 from autotune.spec.load import load_spec
+from autotune.spec.model import StudySpec
 from autotune.study.loop import study_target
 
 
@@ -44,7 +52,7 @@ def bench(
             if check
             else None
         )
-        code = run_command(
+        code = _run(
             study_spec,
             url,
             api_key=api_key,
@@ -52,8 +60,77 @@ def bench(
             json_path=json_path,
             reference=reference,
             metrics_map=build_engine(study_spec).server_metrics_map(),
-            console=console,
         )
     except AutotuneError as exc:
         raise fail(exc) from None
     raise typer.Exit(code=code)
+
+
+def _run(
+    spec: StudySpec,
+    url: str,
+    *,
+    api_key: str | None,
+    model: str | None,
+    json_path: Path | None,
+    reference: Reference | None,
+    metrics_map: MetricsMap | None,
+) -> int:
+    """The body of ``autotune bench``: measure, print, write JSON. Returns the exit code."""
+
+    if json_path is not None and not json_path.parent.is_dir():
+        raise SpecError(f"directory does not exist: {json_path.parent}", key="--json")
+    result = asyncio.run(
+        bench_remote(
+            spec, url, api_key=api_key, model=model, reference=reference, metrics_map=metrics_map
+        )
+    )
+    for notice in result.notices:
+        console.print(f"[yellow]gate:[/] {escape(notice)}")
+    if result.check is not None:
+        passed = result.check["passed"] and not (result.check.get("under_load") or {}).get(
+            "divergent"
+        )
+        first = result.check.get("first_divergence") or (
+            (result.check.get("under_load") or {}).get("first_divergence")
+        )
+        line = "[green]check passed[/]" if passed else "[bold red]check FAILED[/]"
+        console.print(f"{line} ({result.check['prompts_checked']} prompts)")
+        if first:
+            console.print(
+                f"  first divergence: prompt {first['prompt']!r} at {first['kind']} "
+                f"{first['position']}: expected {first['expected_token']!r}, got "
+                f"{first['got_token']!r}",
+                markup=False,
+                highlight=False,
+            )
+    measured = not (result.failure or "").startswith(("request_errors", "hang"))
+    if result.metrics and not measured:
+        # the figures of a benchmark whose requests failed are not the server's speed
+        console.print("[bold red]no figures:[/] the benchmark's requests failed (below)")
+    elif result.metrics:
+        spread = result.bench.get("spread") or {}
+        table = Table(title=f"{result.url} ({result.model}), workload {spec.name}")
+        for col in ("metric", "value", "spread"):
+            table.add_column(col)
+        for name, value in sorted(result.metrics.items()):
+            s = spread.get(name)
+            table.add_row(name, f"{value:.2f}", "" if s is None else f"{s:.1%}")
+        console.print(table)
+    server = result.server_metrics
+    if server.get("available"):
+        total = server.get("total") or {}
+        shown = ", ".join(f"{k} {v:g}" for k, v in sorted(total.items()))
+        console.print(f"server metrics: {escape(shown)}")
+        if total.get("preemptions"):
+            console.print(f"[yellow]preemptions:[/] {total['preemptions']:g} during the benchmark")
+    elif server:
+        console.print(f"[dim]server metrics unavailable: {escape(str(server.get('reason')))}[/]")
+    if json_path is not None:
+        text = json.dumps(result.to_json(spec), indent=2, default=str) + "\n"
+        write_text_atomically(json_path, text, option="--json")
+        console.print(f"wrote {json_path}")
+    if result.failure:
+        console.print(f"[bold red]failed:[/] {escape(result.failure)}", soft_wrap=True)
+        return 1
+    return 0

@@ -1,13 +1,15 @@
 """What the CLI prints: rich tables and one-line summaries of library results.
 
 Nothing here decides or measures; each function takes a result (or a study to read) and
-renders it, so ``cli.py`` stays a thin layer of options -> one library call -> render.
+renders it, so each command module stays a thin layer of options -> one library call -> render.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -16,15 +18,28 @@ from rich.table import Table
 
 from autotune import names
 from autotune.analysis.profile import COVERAGE_BAND, sort_profiles, table_rows
-from autotune.engines.vllm.speculative import study_lines
 from autotune.errors import PreflightError
 from autotune.gate.reference import Capabilities, describe_checks
 from autotune.server.metrics import preemption_notes
+from autotune.storage import load_study
 from autotune.study.results import baseline_reason, best_trials, load_report
 
 # Wide tables when the output is a file or a pipe (CI logs, `| less`), not 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 180)
 err = Console(stderr=True)
+
+
+_SAY_STYLES = {"info": "", "notice": "yellow", "warning": "bold yellow", "error": "red"}
+
+
+def say(level: str, text: str) -> None:
+    """A library's ``say(level, text)`` callback (``study.parallel.Say``): a worker's own line
+    as is, anything else in its level's colour."""
+    if level == "line":
+        console.print(text, markup=False, highlight=False)
+        return
+    style = _SAY_STYLES.get(level, "")
+    console.print(f"[{style}]{escape(text)}[/]" if style else escape(text))
 
 
 def print_confirmation(data: dict) -> None:
@@ -177,7 +192,7 @@ def print_report(storage_url: str, study_name: str, *, limit: int | None = None)
             + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
         )
         print_failure_details(rows)
-    for line in study_lines(storage_url, study_name):  # speculative trials: acceptance
+    for line in study_speculation_lines(storage_url, study_name):  # speculative trials: acceptance
         console.print(f"speculative decoding: {escape(line)}", soft_wrap=True)
     for note in preemption_notes(rows):
         console.print(f"[yellow]preemptions:[/] {escape(note)}")
@@ -387,3 +402,41 @@ def print_profiles(profiles: list[dict]) -> None:
                 f"[yellow]trial {p['trial']}: profiling slowed decode {ratio:.1f}x; shares are "
                 "of the profiled step[/]"
             )
+
+
+def describe_speculation(stats: Mapping[str, Any] | None) -> str:
+    """One line for ``autotune show``: ``acceptance 62.0% (310/500 draft tokens), mean
+    accepted length 2.24``."""
+    if not stats:
+        return ""
+    if stats.get("error"):
+        return f"acceptance unknown: {stats['error']}"
+    rate, length = stats.get("acceptance_rate"), stats.get("mean_accepted_length")
+    if rate is None:
+        return "no drafts proposed"
+    return (
+        f"acceptance {rate:.1%} ({stats['accepted_tokens']:.0f}/{stats['draft_tokens']:.0f} "
+        f"draft tokens, {stats['drafts']:.0f} drafts), mean accepted length {length:.2f}"
+    )
+
+
+def speculation_lines(trials: Iterable[Any]) -> list[str]:
+    """``trial N (verdict): <describe>`` for every trial that speculated."""
+    lines = []
+    for trial in trials:
+        stats = trial.user_attrs.get(names.SPECULATIVE)
+        if not stats:
+            continue
+        config = stats.get("config") or {}
+        shown = ",".join(f"{k}={v}" for k, v in config.items())
+        verdict = trial.user_attrs.get(names.FAIL_REASON) or (
+            "correct" if trial.user_attrs.get(names.CORRECT) else trial.state.name.lower()
+        )
+        lines.append(f"trial {trial.number} ({verdict}; {shown}): {describe_speculation(stats)}")
+    return lines
+
+
+def study_speculation_lines(storage_url: str, study_name: str) -> list[str]:
+    """:func:`speculation_lines` for a stored study (``autotune show``)."""
+    study = load_study(storage_url, study_name)
+    return speculation_lines(study.get_trials(deepcopy=False))

@@ -124,7 +124,7 @@ def run(
             plan = DevicePlanSpec(
                 gpus=gpus, gpus_per_trial=gpus_per_trial, cpus=cpus, cpus_per_trial=cpus_per_trial
             )
-            code = run_parallel(spec, options, workers=parallel, plan=plan, console=console)
+            code = run_parallel(spec, options, workers=parallel, plan=plan, say=render.say)
             if code == 0 and confirm_top:
                 confirm(url, name)
             render.print_report(url, name)

@@ -1,3 +1,12 @@
-"""How autotune talks to a server: the HTTP client (http.py) and the streamed answer's protocol
-(stream.py). Used by gate/ and bench/.
+"""How autotune talks to a server: the HTTP client and the streamed answer's protocol. Used
+by the gate and the benchmark alike, so both read a server the same way.
+
+* :mod:`~autotune.client.http` -- the connection pool and its transport;
+* :mod:`~autotune.client.stream` -- the request bodies, the SSE reader, the deadlines.
 """
+
+from __future__ import annotations
+
+from autotune.client.http import StreamingClient, build_client, connect
+
+__all__ = ["StreamingClient", "build_client", "connect"]

@@ -70,6 +70,16 @@ def connect(
     return StreamingClient(base_url, headers, max_connections=max_connections, timeout_s=timeout_s)
 
 
+#: connections beyond the workload's concurrency: the gate's and the metrics scraper's requests
+#: must never queue behind the benchmark's
+SPARE_CONNECTIONS = 8
+
+
+def connections_for(concurrency: int) -> int:
+    """The connection pool for a workload of ``concurrency`` requests in flight."""
+    return concurrency + SPARE_CONNECTIONS
+
+
 def build_client(
     launch: LaunchConfig, *, max_connections: int = 64, timeout_s: float = 60.0
 ) -> StreamingClient:

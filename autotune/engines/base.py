@@ -14,7 +14,7 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotune.engines.dialect import OPENAI, RequestDialect
@@ -23,7 +23,41 @@ from autotune.space.settings import ServerSettings
 
 if TYPE_CHECKING:
     from autotune.space.model import SearchSpace
-    from autotune.spec.model import StudySpec
+    from autotune.spec.model import EngineSpec, ModelSpec
+
+#: the API key as an exported config spells it: a shell variable the user sets, never the
+#: per-trial key (``autotune export`` writes it; ``compare`` and ``recheck`` read it back)
+EXPORT_API_KEY = "$API_KEY"
+
+
+@dataclass(frozen=True)
+class MetricsMap:
+    """Generic metric name -> Prometheus family names (first present wins), per kind: how an
+    engine names what :mod:`autotune.server.metrics` reads from its ``/metrics``."""
+
+    gauges: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    counters: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TraceRecipe:
+    """An engine's names in a profiler trace (read by :mod:`autotune.analysis.trace`).
+
+    Attributes:
+        step: matches the event name of one engine step on the worker's main thread
+            (for vLLM the ``user_annotation`` ``execute_context_N(n)_generation_M(m)``).
+        empty_step: matches steps that scheduled nothing (left out of the window's step count).
+        kernel_categories: ``(category, pattern)`` pairs tried in order on GPU kernel names; the
+            first is the collectives category, counted per token as calls.
+    """
+
+    step: re.Pattern[str]
+    empty_step: re.Pattern[str] | None = None
+    kernel_categories: tuple[tuple[str, re.Pattern[str]], ...] = ()
+
+    @property
+    def collectives(self) -> str | None:
+        return self.kernel_categories[0][0] if self.kernel_categories else None
 
 
 @dataclass(frozen=True)
@@ -107,8 +141,11 @@ class Engine(abc.ABC):
         parallel trials on one machine. Default: none (the engine has no such setting)."""
         return {}
 
-    def __init__(self, spec: StudySpec) -> None:
-        self.spec = spec
+    def __init__(self, engine: EngineSpec, model: ModelSpec) -> None:
+        # the spec's engine and model sections only: an engine never reads the workload,
+        # the gate or the search space from the spec it was built for
+        self.engine_spec = engine
+        self.model_spec = model
 
     def patch_env(self, settings: ServerSettings) -> dict[str, str]:
         """The env that makes autotune's plugin apply the trial's patches (empty if none)."""
@@ -116,7 +153,7 @@ class Engine(abc.ABC):
             return {}
         return {
             PATCHES_ENV: json.dumps(dict(settings.patches), sort_keys=True),
-            PATCH_DIRS_ENV: os.pathsep.join(str(d) for d in self.spec.engine.patch_dirs),
+            PATCH_DIRS_ENV: os.pathsep.join(str(d) for d in self.engine_spec.patch_dirs),
         }
 
     def _launch(
@@ -141,8 +178,8 @@ class Engine(abc.ABC):
             host=host,
             port=port,
             api_key=api_key,
-            served_model=self.spec.model.served_name,
-            health_path=self.spec.engine.health_path,
+            served_model=self.model_spec.served_name,
+            health_path=self.engine_spec.health_path,
             secret_env=(self.key_env,),
         )
 
@@ -188,7 +225,7 @@ class Engine(abc.ABC):
 
     def launch_command(self, settings: ServerSettings, config_file: str) -> list[str]:
         """The command a user runs to start the exported config."""
-        return [*self.spec.engine.command, "--config", config_file]
+        return [*self.engine_spec.command, "--config", config_file]
 
     def profiler(self, trace_dir: Any) -> Any:
         """How to profile this engine's server into ``trace_dir`` (``autotune profile``): an
@@ -196,11 +233,18 @@ class Engine(abc.ABC):
         (see ``engines/vllm/profile.py``), or None when autotune cannot profile it."""
         return None
 
-    def server_metrics_map(self) -> Any:
-        """The engine's Prometheus ``/metrics`` names (a ``server_metrics.MetricsMap``), or None
-        when it exposes none autotune knows (the server's metrics are then recorded
-        unavailable)."""
+    def server_metrics_map(self) -> MetricsMap | None:
+        """The engine's Prometheus ``/metrics`` names, or None when it exposes none autotune
+        knows (the server's metrics are then recorded unavailable)."""
         return None
+
+    async def evidence(self, client: Any, settings: ServerSettings) -> dict[str, Any]:
+        """After the benchmark (and before an ``incorrect_output`` verdict): engine-specific
+        evidence read from the running server, as ``{user_attr name: value}`` to store on the
+        trial (vLLM: the speculative-decoding acceptance). ``client`` is the trial's
+        ``httpx.AsyncClient``. It never fails a trial: a read that fails is recorded as such.
+        Default: none."""
+        return {}
 
 
 #: text that is positive evidence of running out of memory, in any engine's log (an engine

@@ -24,17 +24,21 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from autotune.engines.base import Engine, LaunchConfig, ValidationIssue
+from autotune.engines.base import (
+    EXPORT_API_KEY,
+    Engine,
+    LaunchConfig,
+    MetricsMap,
+    ValidationIssue,
+)
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.engines.vllm.machine import CPU_BIND_ENV
 from autotune.engines.vllm.metrics import VLLM_METRICS
-from autotune.server.metrics import MetricsMap
 from autotune.space.settings import ServerSettings
 
 _PLACEHOLDERS = ("port", "host", "model", "served_name", "api_key", "python")
 KEY_ENV = "AUTOTUNE_API_KEY"
 #: what an exported launch command puts where the key goes (expanded by the user's shell)
-EXPORT_KEY = "$API_KEY"
 _VERSION_TIMEOUT_S = 20
 
 
@@ -170,7 +174,7 @@ class CommandEngine(Engine):
             "host": "127.0.0.1",
             "model": self.spec.model.path,
             "served_name": self.spec.model.served_name,
-            "api_key": EXPORT_KEY,
+            "api_key": EXPORT_API_KEY,
             "python": sys.executable,
         }
         argv = [self._fill(p, values) for p in self.spec.engine.command]

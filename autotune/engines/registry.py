@@ -56,5 +56,6 @@ def engine_class(kind: str) -> type[Engine]:
 
 
 def build_engine(spec: StudySpec) -> Engine:
-    """The engine a spec names (``engine.kind``), ready to build launches for it."""
-    return engine_class(spec.engine.kind)(spec)
+    """The engine a spec names (``engine.kind``), built from the spec's engine and model
+    sections, ready to build launches for it."""
+    return engine_class(spec.engine.kind)(spec.engine, spec.model)

@@ -36,72 +36,27 @@ from collections.abc import Mapping, Sequence
 
 import httpx
 
-from autotune.engines.dialect import TEACHER_ECHO, TEACHER_PROMPT_LOGPROBS, RequestDialect
+from autotune.engines.dialect import RequestDialect
 from autotune.errors import excerpt
 from autotune.gate.judge import (
     common_prefix,
-    comparable_answers,
-    compare,
-    compare_tokens,
-    compare_under_load,
     max_abs_diff,
-    sanity_problem,
-    under_load_tie_flips_by,
     units,
-    weakest_tie_rule,
 )
 from autotune.gate.reference import (
-    COMPARE_TEXT,
-    COMPARE_TOKEN_IDS,
-    COMPARE_TOKEN_STRINGS,
     Capabilities,
-    CheckResult,
     Completion,
-    Divergence,
     Reference,
     ReferenceEntry,
     TeacherRejected,
-    describe_checks,
 )
 from autotune.gate.requests import (
     TeacherUnsupported,
-    complete_greedy,
     detect_teacher_mode,
     gather_completions,
     teacher_forced_logprobs,
 )
 from autotune.spec.model import CheckSpec
-
-__all__ = [
-    "COMPARE_TEXT",
-    "COMPARE_TOKEN_IDS",
-    "COMPARE_TOKEN_STRINGS",
-    "TEACHER_ECHO",
-    "TEACHER_PROMPT_LOGPROBS",
-    "TOLERANCE_MULTIPLIER",
-    "Capabilities",
-    "CheckResult",
-    "Completion",
-    "Divergence",
-    "Reference",
-    "ReferenceEntry",
-    "TeacherRejected",
-    "TeacherUnsupported",
-    "collect_outputs",
-    "comparable_answers",
-    "compare",
-    "compare_tokens",
-    "compare_under_load",
-    "under_load_tie_flips_by",
-    "weakest_tie_rule",
-    "complete_greedy",
-    "describe_checks",
-    "detect_teacher_mode",
-    "gather_completions",
-    "record_reference",
-    "sanity_problem",
-    "teacher_forced_logprobs",
-]
 
 #: the derived tolerance is this many times the largest drift the baseline showed itself
 TOLERANCE_MULTIPLIER = 4.0

@@ -1,8 +1,6 @@
 """`autotune report`'s shared formatting: verdict colours, HTML escaping, and the names the
 page shows for a study's model, engine, objective and storage (password hidden).
 
-Also used by ``autotune compare`` (:func:`objective_names`, :func:`safe_url`), which is why these
-are public.
 """
 
 from __future__ import annotations
@@ -10,18 +8,15 @@ from __future__ import annotations
 import datetime as dt
 import html
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import optuna
 from optuna.trial import FrozenTrial
-from sqlalchemy.engine import make_url
 
 from autotune import names
 from autotune.errors import AutotuneError
 from autotune.spec.load import load_spec
-from autotune.study.results import StudyReport, TrialRow
+from autotune.study.results import ReportSource, StudyReport, TrialRow
 
 #: one colour per verdict, shared by every plot and the tables (failure reasons not listed
 #: here get the fallback)
@@ -45,14 +40,6 @@ OTHER_COLOUR = "#555555"
 
 
 OK_VERDICTS = ("correct", "running", "waiting")
-
-
-@dataclass(frozen=True)
-class ReportSource:
-    """Where the study lives, to write the commands a reader can paste (password hidden)."""
-
-    storage_url: str
-    spec_path: str | None = None
 
 
 def diff_table(base: dict[str, Any], other: dict[str, Any], labels: Sequence[str]) -> str:
@@ -117,28 +104,6 @@ def spec_kind(path: str | None) -> str | None:
         return None
 
 
-def objective_names(
-    study: optuna.Study, report: StudyReport, source: ReportSource
-) -> tuple[str, ...]:
-    """The objective's metric names: Optuna's own if set, else the spec's (a study records
-    its spec's path), else what the confirmation or ablation measured."""
-    if study.metric_names:
-        return tuple(study.metric_names)
-    path = source.spec_path or report.attrs.get(names.SPEC_PATH)
-    if path:
-        try:
-            metrics = tuple(load_spec(Path(path)).objective.metrics)
-        except (AutotuneError, OSError):
-            metrics = ()
-        if len(metrics) == len(report.directions):
-            return metrics
-    for key in (names.CONFIRMATION, names.ABLATION_REPORT):
-        data = report.attrs.get(key)
-        if data and len(report.directions) == 1:
-            return (data["metric"],)
-    return ()
-
-
 def end_of(trial: FrozenTrial) -> dt.datetime | None:
     return trial.datetime_complete or trial.datetime_start
 
@@ -149,13 +114,6 @@ def iso(value: dt.datetime | None) -> str | None:
 
 def timestamp(value: dt.datetime) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S")
-
-
-def safe_url(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unparsable URL was refused long before; never print a secret
-        return "(storage URL)"
 
 
 def colour(verdict: str) -> str:

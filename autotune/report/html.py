@@ -33,15 +33,12 @@ from autotune._files import write_text_atomically
 from autotune.gate.reference import describe_checks
 from autotune.report.format import (
     OK_VERDICTS,
-    ReportSource,
     colour,
     diff_table,
     engine_of,
     esc,
     model_of,
-    objective_names,
     row_of,
-    safe_url,
     timestamp,
 )
 from autotune.report.plots import (
@@ -54,11 +51,13 @@ from autotune.report.plots import (
     roofline_section,
 )
 from autotune.report.profile import section as step_time_section
-from autotune.storage import load_study
+from autotune.storage import load_study, safe_url
 from autotune.study.results import (
+    ReportSource,
     StudyReport,
     TrialRow,
     baseline_reason,
+    objective_names,
     report_of,
     verified_baseline,
 )
@@ -367,10 +366,14 @@ def _evidence_html(row: TrialRow, trial: FrozenTrial) -> str:
     return "".join(parts)
 
 
+def _at_a_level(metric: str) -> bool:
+    return names.split_level(metric)[1] is not None
+
+
 def _all_trials(report: StudyReport) -> str:
     names = list(report.metric_names)
     for row in report.rows:
-        names += [m for m in row.metrics if m not in names and "@" not in m]
+        names += [m for m in row.metrics if m not in names and not _at_a_level(m)]
     names = names[:5]
     head = "".join(f"<th>{esc(n)}</th>" for n in names)
     rows = []

@@ -282,8 +282,8 @@ def load_curves_section(report: StudyReport, figures: Figures) -> str:
     curves: dict[str, dict[int, list[tuple[float, float]]]] = {}
     for row in correct:
         for key, value in row.metrics.items():
-            name, sep, level = key.partition("@")
-            if not sep:
+            name, level = names.split_level(key)
+            if level is None:
                 continue
             try:
                 x = float(level)

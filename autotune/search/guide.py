@@ -119,7 +119,7 @@ def _patch_kinds(engine: Engine) -> dict[str, str]:
 def _discovered(engine: Engine) -> dict[str, Any]:
     """The spec's patches by name; none when they cannot be read (the preflight reports that)."""
     try:
-        return discover_patches(engine.spec.engine.patch_dirs)
+        return discover_patches(engine.engine_spec.patch_dirs)
     except PatchError:
         return {}
 

@@ -22,10 +22,12 @@ import contextlib
 import statistics
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from autotune._prometheus import totals
+from autotune.engines.base import MetricsMap
 
 METRICS_PATH = "/metrics"
 #: seconds between gauge samples while a benchmark runs (one small GET; vLLM's page is a few kB)
@@ -33,37 +35,10 @@ SAMPLE_INTERVAL_S = 1.0
 _SCRAPE_TIMEOUT = httpx.Timeout(5.0)
 
 
-@dataclass(frozen=True)
-class MetricsMap:
-    """Generic metric name -> Prometheus family names (first present wins), per kind."""
-
-    gauges: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    counters: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-
 def parse(text: str) -> dict[str, float]:
-    """Prometheus text format -> {family name: value summed over label sets} for counters and
-    gauges (histogram/summary buckets are left out; their ``_sum``/``_count`` are kept under the
-    family name plus suffix). Raises ``ValueError`` on text that is not the format."""
-    # not a declared dependency of autotune (vLLM brings it): imported where it is needed
-    from prometheus_client.parser import text_string_to_metric_families
-
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name
-            if name.endswith("_created") or name.endswith("_bucket"):
-                continue
-            if family.type in ("counter", "gauge", "unknown"):
-                # a counter's samples end in _total; the family may or may not (the parser
-                # keeps the sample's name when the TYPE line names the bare family)
-                key = family.name.removesuffix("_total")
-            elif name.endswith("_sum") or name.endswith("_count"):
-                key = name
-            else:
-                continue
-            values[key] = values.get(key, 0.0) + float(sample.value)
-    return values
+    """Prometheus text -> {family name: value summed over label sets} (see
+    :func:`autotune._prometheus.totals`). Raises ``ValueError`` on text that is not the format."""
+    return totals(text)
 
 
 def _pick(values: Mapping[str, float], names: tuple[str, ...]) -> float | None:

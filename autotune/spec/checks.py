@@ -14,51 +14,14 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import NoSuchModuleError
 
-from autotune._yaml import YamlDoc, check_keys
+from autotune._yaml import YamlDoc, check_keys, number
 from autotune.errors import SpecError
 from autotune.model.roofline import get_device
 from autotune.space.load import MAX_ARG_BYTES
-from autotune.space.model import Parameter
+from autotune.space.model import Parameter, SearchSpace
 
 if TYPE_CHECKING:
     from autotune.engines.base import Engine
-    from autotune.spec.model import StudySpec
-
-#: bounds on counts (requests, tokens, concurrency, rounds) and on durations: ``num_requests:
-#: 1e30`` built a list of that many requests (all memory), and a timeout over ~292 years
-#: overflowed every socket and lock wait (OverflowError mid-trial)
-MAX_COUNT = 1_000_000
-MAX_SECONDS = 7 * 24 * 3600
-
-
-def number(
-    doc: YamlDoc, key: str, value: Any, *, positive: bool = False, integer: bool = False
-) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise doc.error(key, f"must be a number, got {value!r}")
-    if not math.isfinite(value):  # NaN passes every comparison below
-        raise doc.error(key, f"must be a finite number, got {value!r}")
-    if integer and not float(value).is_integer():
-        raise doc.error(key, f"must be an integer, got {value!r}")
-    if positive and value <= 0:
-        raise doc.error(key, f"must be > 0, got {value!r}")
-    if value < 0:
-        raise doc.error(key, f"must be >= 0, got {value!r}")
-    return value
-
-
-def count(doc: YamlDoc, key: str, value: Any, *, positive: bool = True) -> int:
-    whole = int(number(doc, key, value, positive=positive, integer=True))
-    if whole > MAX_COUNT:
-        raise doc.error(key, f"at most {MAX_COUNT:,}, got {value!r}")
-    return whole
-
-
-def seconds(doc: YamlDoc, key: str, value: Any) -> float:
-    duration = number(doc, key, value, positive=True)
-    if duration > MAX_SECONDS:
-        raise doc.error(key, f"at most {MAX_SECONDS:,} seconds (a week), got {value!r}")
-    return duration
 
 
 def launch_word(doc: YamlDoc, key: str, value: Any, prefix: str = "") -> None:
@@ -107,8 +70,8 @@ def exec_bytes(argv: Iterable[str], env: Mapping[str, str]) -> int:
     return sum(len(os.fsencode(text)) + 1 + pointer for text in strings)
 
 
-def check_launch_size(doc: YamlDoc, spec: StudySpec, engine: Engine) -> None:
-    """The longest launch the spec and its space can make fits the kernel's ARG_MAX.
+def check_launch_size(doc: YamlDoc, space: SearchSpace, engine: Engine) -> None:
+    """The longest launch the engine can make from ``space`` fits the kernel's ARG_MAX.
 
     Each word is checked on its own (``launch_word``, ``space_yaml._unlaunchable``), but the
     kernel limits their total: over it, every launch failed with E2BIG ("Argument list too
@@ -122,7 +85,7 @@ def check_launch_size(doc: YamlDoc, spec: StudySpec, engine: Engine) -> None:
     if limit is None:
         return
     inherited = exec_bytes((), os.environ)
-    fixed = _launch_bytes(engine, spec.space.resolve({})) + inherited
+    fixed = _launch_bytes(engine, space.resolve({})) + inherited
     if fixed + LAUNCH_SLACK > limit:
         raise doc.error(
             "engine",
@@ -131,13 +94,13 @@ def check_launch_size(doc: YamlDoc, spec: StudySpec, engine: Engine) -> None:
             f"limit of {limit - LAUNCH_SLACK:,} (ARG_MAX {limit:,} less {LAUNCH_SLACK:,} kept "
             'free): every launch would fail with "Argument list too long"',
         )
-    widest = {p.name: _widest_value(engine, spec, p) for p in spec.space.parameters}
-    worst = _launch_bytes(engine, spec.space.resolve(widest)) + inherited
+    widest = {p.name: _widest_value(engine, space, p) for p in space.parameters}
+    worst = _launch_bytes(engine, space.resolve(widest)) + inherited
     if worst + LAUNCH_SLACK <= limit:
         return
     base = fixed - inherited
     shares = sorted(
-        ((_launch_bytes(engine, spec.space.resolve({n: v})) - base, n) for n, v in widest.items()),
+        ((_launch_bytes(engine, space.resolve({n: v})) - base, n) for n, v in widest.items()),
         reverse=True,
     )
     largest = ", ".join(f"{name} {size:,}" for size, name in shares[:3])
@@ -147,7 +110,7 @@ def check_launch_size(doc: YamlDoc, spec: StudySpec, engine: Engine) -> None:
         f"environment autotune runs in), over the kernel's limit of {limit - LAUNCH_SLACK:,} "
         f"(ARG_MAX {limit:,} less {LAUNCH_SLACK:,} kept free): such trials would fail to "
         f'start with "Argument list too long". The largest parameters, in bytes: {largest}',
-        file=str(spec.space.path),
+        file=str(space.path),
         key="parameters",
     )
 
@@ -158,7 +121,7 @@ def _launch_bytes(engine: Engine, settings: Any) -> int:
     return exec_bytes(launch.argv, {"PYTHONUNBUFFERED": "1", **launch.env})
 
 
-def _widest_value(engine: Engine, spec: StudySpec, param: Parameter) -> Any:
+def _widest_value(engine: Engine, space: SearchSpace, param: Parameter) -> Any:
     """The value of ``param`` whose launch is longest. A number's text is longest at an end
     of its range (more digits, or a minus sign); a float's may be longer anywhere."""
     if param.type in ("categorical", "int_list"):
@@ -167,7 +130,7 @@ def _widest_value(engine: Engine, spec: StudySpec, param: Parameter) -> Any:
         values = [False, True]
     else:
         values = [param.low, param.high] + ([_LONGEST_FLOAT] if param.type == "float" else [])
-    return max(values, key=lambda v: _launch_bytes(engine, spec.space.resolve({param.name: v})))
+    return max(values, key=lambda v: _launch_bytes(engine, space.resolve({param.name: v})))
 
 
 def unknown_scheme(url: str) -> str | None:

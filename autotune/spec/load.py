@@ -12,22 +12,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from autotune._yaml import YamlDoc, check_keys, check_text, load_yaml
+from autotune._yaml import YamlDoc, check_keys, check_text, count, load_yaml, number, seconds
 from autotune.engines.registry import engine_class, engine_names
 from autotune.errors import SpecError
-from autotune.names import METRIC_DIRECTIONS
+from autotune.names import METRIC_DIRECTIONS, split_level
 from autotune.space.load import load_space
 from autotune.space.model import ENV_NAME, is_one_line
 from autotune.spec import workload as sources  # prompts, file or synthetic: see workload.py
-from autotune.spec.checks import (
-    check_launch_size,
-    count,
-    launch_word,
-    number,
-    roofline_section,
-    seconds,
-    unknown_scheme,
-)
+from autotune.spec.checks import check_launch_size, launch_word, roofline_section, unknown_scheme
 from autotune.spec.model import (
     CheckSpec,
     EngineSpec,
@@ -129,7 +121,7 @@ def load_spec(path: str | Path) -> StudySpec:
         storage=storage,
         roofline=roofline_section(doc, data.get("roofline")),
     )
-    check_launch_size(doc, spec, engine_class(engine.kind)(spec))
+    check_launch_size(doc, spec.space, engine_class(engine.kind)(spec.engine, spec.model))
     return spec
 
 
@@ -272,14 +264,20 @@ def _check(doc: YamlDoc, raw: Any) -> CheckSpec:
     tol = None if tol == "auto" else number(doc, "check.logprob_tolerance", tol, positive=True)
     return CheckSpec(
         prompts=prompts,
-        max_tokens=count(doc, "check.max_tokens", raw.get("max_tokens", 32)),
+        max_tokens=count(doc, "check.max_tokens", raw.get("max_tokens", CheckSpec.max_tokens)),
         known_answers=tuple(answers),
         logprob_tolerance=tol,
         tolerance_floor=number(
-            doc, "check.tolerance_floor", raw.get("tolerance_floor", 0.01), positive=True
+            doc,
+            "check.tolerance_floor",
+            raw.get("tolerance_floor", CheckSpec.tolerance_floor),
+            positive=True,
         ),
         under_load_sample=count(
-            doc, "check.under_load_sample", raw.get("under_load_sample", 8), positive=False
+            doc,
+            "check.under_load_sample",
+            raw.get("under_load_sample", CheckSpec.under_load_sample),
+            positive=False,
         ),
     )
 
@@ -373,7 +371,10 @@ def _curve(doc: YamlDoc, raw: dict[str, Any]) -> dict[str, Any]:
         raise doc.error("workload.slo", "must be a list like ['ttft_p95_ms <= 500']")
     parsed = [_slo(doc, f"workload.slo[{i}]", text) for i, text in enumerate(slos)]
     for index, slo in enumerate(parsed):
-        if "@" in slo.metric or slo.metric in ("goodput", "decode_tokens_per_s"):
+        if split_level(slo.metric)[1] is not None or slo.metric in (
+            "goodput",
+            "decode_tokens_per_s",
+        ):
             raise doc.error(
                 f"workload.slo[{index}]", f"{slo.metric} is not a load metric of one level"
             )
@@ -384,7 +385,7 @@ def _curve(doc: YamlDoc, raw: dict[str, Any]) -> dict[str, Any]:
 
 def _slo(doc: YamlDoc, key: str, text: Any) -> SloSpec:
     match = _SLO_RE.match(str(text))
-    if not match or match.group(1).split("@", 1)[0] not in METRIC_DIRECTIONS:
+    if not match or split_level(match.group(1))[0] not in METRIC_DIRECTIONS:
         raise doc.error(key, f"expected '<metric> <= <number>' with a known metric, got {text!r}")
     try:
         bound = float(match.group(3))
@@ -411,9 +412,9 @@ def _check_objective_levels(
     for key, name in names:
         if name == "goodput" and not workload.slos:
             raise doc.error(key, "goodput needs workload.slo (e.g. ['ttft_p95_ms <= 500'])")
-        if "@" not in name:
+        level = split_level(name)[1]
+        if level is None:
             continue
-        level = name.split("@", 1)[1]
         if int(level) not in workload.concurrency_levels:
             raise doc.error(
                 key,
@@ -438,7 +439,7 @@ def _objective(doc: YamlDoc, raw: Any) -> ObjectiveSpec:
         if (
             not isinstance(metric, str)
             or not re.fullmatch(r"[a-z0-9_]+(@[0-9]+)?", metric)
-            or (metric.split("@", 1)[0] not in METRIC_DIRECTIONS)
+            or (split_level(metric)[0] not in METRIC_DIRECTIONS)
         ):
             raise doc.error(
                 f"objective.metrics[{index}]" if "metrics" in raw else "objective.metric",

@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune import names
+from autotune._yaml import MAX_COUNT
 from autotune._yaml import SURROGATE as _SURROGATE
 from autotune.errors import SpecError
-from autotune.spec.checks import MAX_COUNT
 
 #: at most this many distinct workload prompts get a reference (correctness under load);
 #: a 10,000-line file must not make the baseline answer 10,000 prompts twice

@@ -9,7 +9,9 @@ Only verified, feasible trials are ever exported (``report.best_trials``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,23 +21,27 @@ import yaml
 
 from autotune import names
 from autotune._files import write_files_atomically
-from autotune.analysis.recheck import record_line
 from autotune.engines import build_engine
+from autotune.engines.base import EXPORT_API_KEY
 from autotune.errors import SpecError
 from autotune.gate.reference import describe_checks
 from autotune.spec.model import StudySpec
 from autotune.study.results import baseline_reason, best_trials, verified_baseline
 
 #: where the API key goes in an exported launch: the user's shell expands it
-API_KEY = "$API_KEY"
+#: the header line of every exported file that ``autotune recheck`` reads back
+RECORD_PREFIX = "# autotune-record: "
+RECORD_VERSION = 1
 
 
 def _shell_word(text: str) -> str:
     """``text`` quoted for a POSIX shell, except ``$API_KEY``, left to expand (in double
     quotes): ``Bearer $API_KEY`` -> ``'Bearer '"$API_KEY"``, one word once expanded."""
-    if API_KEY not in text:
+    if EXPORT_API_KEY not in text:
         return _quote(text)
-    return f'"{API_KEY}"'.join(_quote(part) if part else "" for part in text.split(API_KEY))
+    return f'"{EXPORT_API_KEY}"'.join(
+        _quote(part) if part else "" for part in text.split(EXPORT_API_KEY)
+    )
 
 
 def _quote(text: str) -> str:
@@ -155,7 +161,7 @@ def export_values(
     settings = spec.space.resolve(values)
     config = engine.export_config(settings)
     # A spec's ``{api_key}`` (command engine env) is the user's own key at launch time.
-    env = {k: v.replace("{api_key}", API_KEY) for k, v in spec.engine.env.items()}
+    env = {k: v.replace("{api_key}", EXPORT_API_KEY) for k, v in spec.engine.env.items()}
     env.update(settings.env)
     env.update(engine.patch_env(settings))
     command = engine.launch_command(settings, str(out))
@@ -191,7 +197,7 @@ def export_values(
     # needs no environment still gets its (empty) .env, so an older export's .env never
     # stands beside it as if it belonged to it.
     env_path = out.with_suffix(".env")
-    env_text = "".join(f"{k}={v.replace(API_KEY, '${API_KEY}')}\n" for k, v in env.items())
+    env_text = "".join(f"{k}={v.replace(EXPORT_API_KEY, '${API_KEY}')}\n" for k, v in env.items())
     write_files_atomically(
         {out: text, env_path: env_text or "# this configuration needs no environment variables\n"},
         option="--output",
@@ -265,3 +271,55 @@ def export_best(
         path = out.with_name(f"{out.stem}-trial{trial.number}{out.suffix or '.yaml'}")
         results.append(export_trial(spec, trial, path, baseline_metrics=base_metrics))
     return results
+
+
+def record_line(
+    *,
+    study: str,
+    spec_path: Path | str,
+    values: Mapping[str, Any],
+    metrics: Mapping[str, float],
+    baseline_metrics: Mapping[str, float] | None,
+    engine_version: str | None,
+    objective: Sequence[str],
+    trial: int,
+) -> str:
+    """The one header line ``autotune recheck`` reads back (one line of JSON, no newlines)."""
+    record = {
+        "version": RECORD_VERSION,
+        "study": study,
+        "spec": str(Path(spec_path).resolve()),
+        "trial": trial,
+        "values": dict(values),
+        "objective": list(objective),
+        "metrics": dict(metrics),
+        "baseline_metrics": dict(baseline_metrics) if baseline_metrics else None,
+        "engine_version": engine_version,
+    }
+    return RECORD_PREFIX + json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """The record of an exported YAML; a :class:`SpecError` (exit 2) naming the file otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror or exc}", file=str(path)) from None
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break  # the header ends where the YAML body starts
+        if line.startswith(RECORD_PREFIX):
+            try:
+                record = json.loads(line[len(RECORD_PREFIX) :])
+            except json.JSONDecodeError as exc:
+                raise SpecError(
+                    f"malformed autotune-record line: {exc.msg}", file=str(path)
+                ) from None
+            if not isinstance(record, dict) or not isinstance(record.get("values"), dict):
+                raise SpecError("autotune-record has no parameter values", file=str(path))
+            return record
+    raise SpecError(
+        "no '# autotune-record:' line in the header: not written by `autotune export` "
+        "(or exported before recheck existed; export it again)",
+        file=str(path),
+    )

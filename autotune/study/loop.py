@@ -195,7 +195,11 @@ def open_study(
     name = study_name or spec.name
 
     def make_sampler(chosen: str) -> optuna.samplers.BaseSampler:
-        sampler = build_sampler(spec, seed, chosen, risky=risky)
+        # trials of config faults carry a positive ``correct`` constraint: every strategy
+        # learns the regions that crash or print garbage as bad
+        sampler = strategy.build_sampler(
+            chosen, spec.space, seed, n_objectives=len(spec.objective.directions), risky=risky
+        )
         if dropped or neighbours:
             sampler = GuidedSampler(
                 sampler, spec.space, dropped=dropped, neighbours=neighbours, seed=seed
@@ -258,23 +262,6 @@ def build_pruner() -> optuna.pruners.BasePruner:
     """Stop a verified trial after its first benchmark repeat when it is in the bottom quarter
     of the trials measured so far at that repeat (never before 5 trials have finished)."""
     return optuna.pruners.PercentilePruner(75.0, n_startup_trials=5, n_warmup_steps=0)
-
-
-def build_sampler(
-    spec: StudySpec,
-    seed: int | None,
-    name: str = strategy.DEFAULT_SAMPLER,
-    *,
-    risky: Mapping[str, Sequence[Any]] | None = None,
-) -> optuna.samplers.BaseSampler:
-    """The search strategy ``name`` (``autotune/search/strategy.py``; default ``auto``).
-
-    Trials of config faults carry a positive ``correct`` constraint: every strategy learns the
-    regions that crash or print garbage as bad.
-    """
-    return strategy.build_sampler(
-        name, spec.space, seed, n_objectives=len(spec.objective.directions), risky=risky
-    )
 
 
 def run_study(

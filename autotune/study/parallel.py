@@ -36,8 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from rich.console import Console
-
 from autotune import names
 from autotune.engines import build_engine
 from autotune.engines.base import Engine
@@ -361,14 +359,24 @@ class _Worker:
     thread: threading.Thread | None = None
 
 
+#: how the run talks to its user: ``say(level, text)``, level one of "line" (a worker's own
+#: output, shown as is), "info", "notice", "warning", "error"; the CLI renders it
+Say = Callable[[str, str], None]
+
+
+def print_plain(level: str, text: str) -> None:
+    """The default ``say`` for callers without a terminal of their own: the text on stderr."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def run_parallel(
-    spec_path: Path, options: Any, *, workers: int, plan: DevicePlanSpec, console: Any = None
+    spec_path: Path, options: Any, *, workers: int, plan: DevicePlanSpec, say: Say = print_plain
 ) -> int:
     """Run ``options.trials`` trials of one study with ``workers`` worker processes.
 
     The trials are split exactly across the workers (each ``autotune run`` counts the trials it
     launched, the baseline included). The study is created here, before any worker starts, so
-    exactly one baseline is queued. Worker output is prefixed ``[wN]`` on the console (tables
+    exactly one baseline is queued. Worker output is handed to ``say`` prefixed ``[wN]`` (tables
     left out) and kept whole in ``<artifacts>/workers/worker-N.log``. Ctrl-C (or SIGTERM) sends
     SIGINT to every worker, which stops its trial cleanly, records it and exits 130.
 
@@ -376,7 +384,6 @@ def run_parallel(
     (2 or 3 when one had that, otherwise 1).
     """
 
-    console = console or Console()
     spec = load_spec(spec_path)
     engine = build_engine(spec)
     check_device_targets(spec, engine)
@@ -392,11 +399,11 @@ def run_parallel(
     )
     if options.warm_start:
         for line in warm_start_from(study, spec, url, options.warm_start):
-            console.print(line)
+            say("info", line)
 
     changed = check_workload(study, spec, allow_change=options.allow_workload_change)
     if changed:
-        console.print(f"[yellow]workload:[/] {changed}")
+        say("notice", f"workload: {changed}")
     name = study.study_name
     study.set_user_attr(
         names.PARALLEL_CONTENTION,
@@ -407,11 +414,9 @@ def run_parallel(
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         },
     )
-    console.print(f"[bold yellow]warning:[/] {CONTENTION_WARNING}")
+    say("warning", f"warning: {CONTENTION_WARNING}")
     if count < workers:
-        console.print(
-            f"[yellow]only {count} workers: --trials {options.trials} < --parallel {workers}[/]"
-        )
+        say("notice", f"only {count} workers: --trials {options.trials} < --parallel {workers}")
     log_dir = artifact_dir_for(url, name, options.artifact_dir) / "workers"
     log_dir.mkdir(parents=True, exist_ok=True)
     child_env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="160")
@@ -432,11 +437,7 @@ def run_parallel(
                     seed=seed,
                     artifact_dir=options.artifact_dir,
                 )
-                console.print(
-                    f"[w{device.index}] {share} trials, {device.describe()}",
-                    markup=False,
-                    highlight=False,
-                )
+                say("line", f"[w{device.index}] {share} trials, {device.describe()}")
                 log_path = log_dir / f"worker-{device.index}.log"
                 # Own process group: a terminal's Ctrl-C reaches this process only, which
                 # forwards exactly one SIGINT per worker.
@@ -451,17 +452,15 @@ def run_parallel(
                     process_group=0,
                 )
                 worker = _Worker(device.index, device, share, proc, log_path)
-                worker.thread = threading.Thread(target=_pump, args=(worker, console), daemon=True)
+                worker.thread = threading.Thread(target=_pump, args=(worker, say), daemon=True)
                 worker.thread.start()
                 running.append(worker)
             for worker in running:
                 worker.proc.wait()
         except KeyboardInterrupt:
             interrupted = True
-            console.print(
-                "[yellow]interrupted:[/] asking every worker to stop its trial cleanly (SIGINT)"
-            )
-            _stop_workers(running, console)
+            say("notice", "interrupted: asking every worker to stop its trial cleanly (SIGINT)")
+            _stop_workers(running, say)
     finally:
         _restore_sigterm(previous_term)
         for worker in running:
@@ -472,11 +471,7 @@ def run_parallel(
                 worker.thread.join(timeout=10)
     codes = {w.index: w.proc.returncode for w in running}
     for worker in running:
-        console.print(
-            f"[w{worker.index}] exit {worker.proc.returncode} (log: {worker.log_path})",
-            markup=False,
-            highlight=False,
-        )
+        say("line", f"[w{worker.index}] exit {worker.proc.returncode} (log: {worker.log_path})")
     if interrupted or 130 in codes.values():
         return 130
     failed = [c for c in codes.values() if c != 0]
@@ -504,8 +499,8 @@ def check_device_targets(spec: StudySpec, engine: Engine) -> None:
             )
 
 
-def _pump(worker: _Worker, console: Any) -> None:
-    """Copy a worker's output to its log file, and all but the tables to the console."""
+def _pump(worker: _Worker, say: Say) -> None:
+    """Copy a worker's output to its log file, and all but the tables to ``say``."""
     assert worker.proc.stdout is not None
     with open(worker.log_path, "a", encoding="utf-8") as log:
         stream: IO[str] = worker.proc.stdout
@@ -516,19 +511,17 @@ def _pump(worker: _Worker, console: Any) -> None:
             stripped = text.strip()
             if not stripped or stripped[0] in _TABLE_CHARS:
                 continue
-            console.print(f"[w{worker.index}] {text}", markup=False, highlight=False)
+            say("line", f"[w{worker.index}] {text}")
 
 
-def _stop_workers(workers: list[_Worker], console: Any) -> None:
+def _stop_workers(workers: list[_Worker], say: Say) -> None:
     for worker in workers:
         _signal(worker.proc, signal.SIGINT)
     deadline = time.monotonic() + INTERRUPT_GRACE_S
     while any(w.proc.poll() is None for w in workers):
         try:
             if time.monotonic() > deadline:
-                console.print(
-                    f"[red]workers still running after {INTERRUPT_GRACE_S:.0f} s: SIGTERM[/]"
-                )
+                say("error", f"workers still running after {INTERRUPT_GRACE_S:.0f} s: SIGTERM")
                 for worker in workers:
                     _signal(worker.proc, signal.SIGTERM)
                 for worker in workers:

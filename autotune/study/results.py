@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import names
+from autotune.errors import AutotuneError
+from autotune.spec.load import load_spec
 from autotune.storage import load_study
 
 
@@ -204,3 +207,33 @@ def report_of(study: optuna.Study) -> StudyReport:
         engine_version=attrs.get(names.ENGINE_VERSION),
         attrs=attrs,
     )
+
+
+@dataclass(frozen=True)
+class ReportSource:
+    """Where the study lives, to write the commands a reader can paste (password hidden)."""
+
+    storage_url: str
+    spec_path: str | None = None
+
+
+def objective_names(
+    study: optuna.Study, report: StudyReport, source: ReportSource
+) -> tuple[str, ...]:
+    """The objective's metric names: Optuna's own if set, else the spec's (a study records
+    its spec's path), else what the confirmation or ablation measured."""
+    if study.metric_names:
+        return tuple(study.metric_names)
+    path = source.spec_path or report.attrs.get(names.SPEC_PATH)
+    if path:
+        try:
+            metrics = tuple(load_spec(Path(path)).objective.metrics)
+        except (AutotuneError, OSError):
+            metrics = ()
+        if len(metrics) == len(report.directions):
+            return metrics
+    for key in (names.CONFIRMATION, names.ABLATION_REPORT):
+        data = report.attrs.get(key)
+        if data and len(report.directions) == 1:
+            return (data["metric"],)
+    return ()

@@ -28,12 +28,11 @@ from autotune import _proc, names
 from autotune._proc import free_port
 from autotune.bench.loadcurve import record_curve, run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
-from autotune.client.http import build_client
+from autotune.client.http import build_client, connections_for
 from autotune.client.stream import NoTokenWithin, StreamError
 from autotune.engines.base import Engine
-from autotune.engines.vllm import speculative
 from autotune.errors import CandidateError, InfrastructureError, TrialFailure, excerpt
-from autotune.gate.run import (
+from autotune.gate import (
     CheckResult,
     Reference,
     collect_outputs,
@@ -306,7 +305,7 @@ class TrialRunner:
             server.start()
             async with build_client(
                 launch,
-                max_connections=spec.workload.concurrency + 8,
+                max_connections=connections_for(spec.workload.concurrency),
                 timeout_s=spec.workload.request_timeout_s,
             ) as client:
                 started = await server.wait_ready(client)
@@ -324,12 +323,12 @@ class TrialRunner:
                 trial.set_user_attr(names.CHECK, trim(check.to_dict()))
                 if not check.passed:
                     evidence = {"first_divergence": asdict(check.first_divergence)}
-                    await speculative.record(client, trial, settings, evidence)
+                    evidence.update(await self._engine_evidence(client, trial, settings))
                     raise CandidateError("incorrect_output", check.problems[0], evidence=evidence)
 
                 self._phase(trial, "benchmarking")
                 bench = await self._benchmark(client, launch.served_model, server, trial)
-                await speculative.record(client, trial, settings)
+                await self._engine_evidence(client, trial, settings)
                 self._check_under_load(trial, reference, bench)
                 if not server.alive():
                     raise server.failure("server_crashed", "server died during the benchmark")
@@ -376,6 +375,16 @@ class TrialRunner:
                 server_attrs["stopped_cleanly"] = server.stopped_cleanly
                 trial.set_user_attr(names.SERVER, server_attrs)
                 upload_trial_files(self.ctx.artifacts, trial, log_path)
+
+    async def _engine_evidence(
+        self, client: Any, trial: optuna.Trial, settings: ServerSettings
+    ) -> dict[str, Any]:
+        """The engine's own evidence from the running server (its ``evidence`` hook), stored
+        on the trial; returned so that a failure's evidence can carry it too."""
+        found = await self.ctx.engine.evidence(client, settings)
+        for key, value in found.items():
+            trial.set_user_attr(key, value)
+        return found
 
     async def _reference(
         self, client: httpx.AsyncClient, model: str, role: str, server: ServerProcess

@@ -14,19 +14,20 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune import names
 from autotune.engines.base import (
     DroppedChoice,
     Engine,
     LaunchConfig,
+    MetricsMap,
     ValidationIssue,
 )
-from autotune.engines.vllm import logs, machine, validate
+from autotune.engines.vllm import logs, machine, speculative, validate
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.engines.vllm.metrics import VLLM_METRICS
 from autotune.engines.vllm.profile import VllmProfiler
 from autotune.engines.vllm.version import installed_vllm_version
 from autotune.patching import APPLIED_MARKER, PatchError, discover_patches
-from autotune.server.metrics import MetricsMap
 from autotune.space.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -159,6 +160,12 @@ class VllmEngine(Engine):
 
     def server_metrics_map(self) -> MetricsMap:
         return VLLM_METRICS
+
+    async def evidence(self, client: Any, settings: ServerSettings) -> dict[str, Any]:
+        """The speculative-decoding acceptance, when the trial speculates (one GET of
+        ``/metrics``; see ``speculative.py``); nothing otherwise."""
+        stats = await speculative.evidence(client, settings)
+        return {} if stats is None else {names.SPECULATIVE: stats}
 
 
 def _args_to_config(args: list[str]) -> dict[str, Any]:

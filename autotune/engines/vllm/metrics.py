@@ -1,4 +1,5 @@
-"""vLLM's Prometheus metric names, as ``server_metrics.MetricsMap`` (generic name -> families).
+"""vLLM's Prometheus metric names, as a :class:`~autotune.engines.base.MetricsMap` (generic
+name -> families).
 
 Family names as ``prometheus_client`` reports them: a counter's family has no ``_total``
 suffix (its sample does). Older vLLM releases called the KV-cache gauge and the prefix-cache
@@ -8,7 +9,7 @@ counters exist only when a draft method is configured.
 
 from __future__ import annotations
 
-from autotune.server.metrics import MetricsMap
+from autotune.engines.base import MetricsMap
 
 VLLM_METRICS = MetricsMap(
     gauges={

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from autotune.analysis.trace import TraceRecipe
+from autotune.engines.base import TraceRecipe
 
 PROFILER_FLAG = "--profiler-config"
 

@@ -18,25 +18,22 @@ drafts (tokens emitted per verification step, the bonus token included: vLLM's o
 ``vllm/v1/spec_decode/metrics.py``). Counters are summed over label sets (engines, models) and
 cover the server's whole life (checks and benchmark), since every trial starts its own server.
 
-:func:`record` is called by the trial after the benchmark, and before an ``incorrect_output``
-verdict is raised (the drafts that were accepted are evidence of that failure too). It never
-fails a trial: a scrape that does not work is recorded as ``{"error": ...}``. It only sends a
-request when the trial's settings carry ``--speculative-config``.
+The engine's :meth:`~autotune.engines.base.Engine.evidence` hook calls :func:`evidence` after
+the benchmark, and before an ``incorrect_output`` verdict is raised (the drafts that were
+accepted are evidence of that failure too). It never fails a trial: a scrape that does not
+work is recorded as ``{"error": ...}``. It only sends a request when the trial's settings
+carry ``--speculative-config``.
 """
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
 
-from autotune import names
+from autotune._prometheus import samples
 from autotune.space.settings import ServerSettings
-from autotune.storage import load_study
 
 #: the JSON flag that turns speculation on (absent = no speculation, nothing to scrape)
 FLAG = "--speculative-config"
@@ -47,8 +44,6 @@ _DRAFTS = "vllm:spec_decode_num_drafts_total"
 _DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 _ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-_POSITION = re.compile(r'position="(\d+)"')
 
 
 @dataclass(frozen=True)
@@ -78,30 +73,22 @@ class SpecDecodeStats:
 
 def parse_metrics(text: str) -> SpecDecodeStats | None:
     """The spec-decode counters of a Prometheus text exposition, or None when it has none
-    (speculation off, or an engine that does not count it)."""
+    (speculation off, an engine that does not count it, or text that is not the format)."""
     totals: dict[str, float] = {}
     per_pos: dict[int, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
+    try:
+        found = samples(text)
+    except ValueError:
+        return None
+    for sample in found:
+        if sample.name not in (_DRAFTS, _DRAFT_TOKENS, _ACCEPTED, _PER_POS):
             continue
-        match = _SAMPLE.match(line)
-        if match is None:
+        if sample.name == _PER_POS:
+            position = sample.labels.get("position", "")
+            if position.isdigit():
+                per_pos[int(position)] = per_pos.get(int(position), 0.0) + sample.value
             continue
-        name, labels, raw = match.groups()
-        if name not in (_DRAFTS, _DRAFT_TOKENS, _ACCEPTED, _PER_POS):
-            continue
-        try:
-            value = float(raw)
-        except ValueError:
-            continue
-        if not math.isfinite(value):
-            continue
-        if name == _PER_POS:
-            pos = _POSITION.search(labels or "")
-            if pos is not None:
-                per_pos[int(pos.group(1))] = per_pos.get(int(pos.group(1)), 0.0) + value
-            continue
-        totals[name] = totals.get(name, 0.0) + value
+        totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     if not {_DRAFTS, _DRAFT_TOKENS, _ACCEPTED} <= set(totals):
         return None
     positions = tuple(per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)) if per_pos else ()
@@ -130,57 +117,11 @@ async def scrape(client: httpx.AsyncClient) -> dict[str, Any]:
     return stats.to_dict()
 
 
-async def record(
-    client: httpx.AsyncClient,
-    trial: Any,
-    settings: ServerSettings,
-    evidence: dict[str, Any] | None = None,
-) -> dict[str, Any] | None:
-    """Scrape and store the acceptance on ``trial`` (and in ``evidence``) when the trial
-    speculates; None, without a request, when it does not."""
+async def evidence(client: httpx.AsyncClient, settings: ServerSettings) -> dict[str, Any] | None:
+    """The acceptance (with the trial's ``--speculative-config``) when the trial speculates;
+    None, without a request, when it does not."""
     if not in_use(settings):
         return None
     stats = await scrape(client)
     stats["config"] = dict(settings.json_flags[FLAG])
-    trial.set_user_attr(names.SPECULATIVE, stats)
-    if evidence is not None:
-        evidence[names.SPECULATIVE] = stats
     return stats
-
-
-def describe(stats: Mapping[str, Any] | None) -> str:
-    """One line for ``autotune show``: ``acceptance 62.0% (310/500 draft tokens), mean
-    accepted length 2.24``."""
-    if not stats:
-        return ""
-    if stats.get("error"):
-        return f"acceptance unknown: {stats['error']}"
-    rate, length = stats.get("acceptance_rate"), stats.get("mean_accepted_length")
-    if rate is None:
-        return "no drafts proposed"
-    return (
-        f"acceptance {rate:.1%} ({stats['accepted_tokens']:.0f}/{stats['draft_tokens']:.0f} "
-        f"draft tokens, {stats['drafts']:.0f} drafts), mean accepted length {length:.2f}"
-    )
-
-
-def show_lines(trials: Iterable[Any]) -> list[str]:
-    """``trial N (verdict): <describe>`` for every trial that speculated."""
-    lines = []
-    for trial in trials:
-        stats = trial.user_attrs.get(names.SPECULATIVE)
-        if not stats:
-            continue
-        config = stats.get("config") or {}
-        shown = ",".join(f"{k}={v}" for k, v in config.items())
-        verdict = trial.user_attrs.get(names.FAIL_REASON) or (
-            "correct" if trial.user_attrs.get(names.CORRECT) else trial.state.name.lower()
-        )
-        lines.append(f"trial {trial.number} ({verdict}; {shown}): {describe(stats)}")
-    return lines
-
-
-def study_lines(storage_url: str, study_name: str) -> list[str]:
-    """:func:`show_lines` for a stored study (``autotune show``)."""
-    study = load_study(storage_url, study_name)
-    return show_lines(study.get_trials(deepcopy=False))
