@@ -45,6 +45,7 @@ from autotune.bench.phase import (
     summarize,
 )
 from autotune.engines.dialect import RequestDialect
+from autotune.names import at_level, split_level
 from autotune.spec.model import SloSpec, WorkloadSpec
 
 #: a level is "claimed" (its SLOs hold beyond doubt), "fail" (an SLO is missed beyond doubt),
@@ -273,7 +274,7 @@ async def run_benchmark(
             str(level): {
                 base: v
                 for k, v in medians.items()
-                for base, at in [names.split_level(k)]
+                for base, at in [split_level(k)]
                 if at == str(level)
             }
             for level in levels
@@ -292,7 +293,7 @@ def _round_metrics(
         if level == main:
             metrics.update(summary)
         metrics.update(
-            {names.at_level(k, level): v for k, v in summary.items() if k != "decode_tokens_per_s"}
+            {at_level(k, level): v for k, v in summary.items() if k != "decode_tokens_per_s"}
         )
     return metrics
 

@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.engines.base import (
     EXPORT_API_KEY,
@@ -35,6 +35,9 @@ from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.engines.vllm.machine import CPU_BIND_ENV
 from autotune.engines.vllm.metrics import VLLM_METRICS
 from autotune.space.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from autotune.spec.model import EngineSpec, ModelSpec
 
 _PLACEHOLDERS = ("port", "host", "model", "served_name", "api_key", "python")
 KEY_ENV = "AUTOTUNE_API_KEY"
@@ -65,8 +68,8 @@ class CommandEngine(Engine):
             return "the template must contain {port}"
         return None
 
-    def __init__(self, spec) -> None:
-        super().__init__(spec)
+    def __init__(self, engine: EngineSpec, model: ModelSpec) -> None:
+        super().__init__(engine, model)
         self._version: str | None = None
 
     def version(self) -> str:
@@ -81,7 +84,7 @@ class CommandEngine(Engine):
         return self._version
 
     def _program_version(self) -> str:
-        command = self.spec.engine.command
+        command = self.engine_spec.command
         program = command[0].replace("{python}", sys.executable)
         found = shutil.which(program)
         if found is None:
@@ -100,7 +103,7 @@ class CommandEngine(Engine):
         return text
 
     def _version_command_answer(self) -> str:
-        argv = [p.replace("{python}", sys.executable) for p in self.spec.engine.version_command]
+        argv = [p.replace("{python}", sys.executable) for p in self.engine_spec.version_command]
         if not argv:
             return ""
         try:
@@ -131,20 +134,20 @@ class CommandEngine(Engine):
         values = {
             "port": str(port),
             "host": host,
-            "model": self.spec.model.path,
-            "served_name": self.spec.model.served_name,
+            "model": self.model_spec.path,
+            "served_name": self.model_spec.served_name,
             "api_key": api_key,
             "python": sys.executable,
         }
         # The key is filled into env values only; argv gets an empty string should a spec
         # built without the loader still name it there.
         argv_values = {**values, "api_key": ""}
-        argv = [self._fill(part, argv_values) for part in self.spec.engine.command]
-        argv += [self._fill(a, argv_values) for a in self.spec.engine.args]
+        argv = [self._fill(part, argv_values) for part in self.engine_spec.command]
+        argv += [self._fill(a, argv_values) for a in self.engine_spec.args]
         argv += settings.flag_argv()
-        env = {k: self._fill(v, values) for k, v in self.spec.engine.env.items()}
+        env = {k: self._fill(v, values) for k, v in self.engine_spec.env.items()}
         launch = self._launch(argv, env, settings, host=host, port=port, api_key=api_key)
-        secret = tuple(k for k, v in self.spec.engine.env.items() if "{api_key}" in v)
+        secret = tuple(k for k, v in self.engine_spec.env.items() if "{api_key}" in v)
         if secret:
             launch = dataclasses.replace(launch, secret_env=(*launch.secret_env, *secret))
         return launch
@@ -172,13 +175,13 @@ class CommandEngine(Engine):
         values = {
             "port": "8000",
             "host": "127.0.0.1",
-            "model": self.spec.model.path,
-            "served_name": self.spec.model.served_name,
+            "model": self.model_spec.path,
+            "served_name": self.model_spec.served_name,
             "api_key": EXPORT_API_KEY,
             "python": sys.executable,
         }
-        argv = [self._fill(p, values) for p in self.spec.engine.command]
-        argv += [self._fill(a, values) for a in self.spec.engine.args]
+        argv = [self._fill(p, values) for p in self.engine_spec.command]
+        argv += [self._fill(a, values) for a in self.engine_spec.args]
         return argv + settings.flag_argv()
 
     def server_metrics_map(self) -> MetricsMap:

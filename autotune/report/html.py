@@ -31,6 +31,7 @@ from optuna.trial import FrozenTrial
 from autotune import names
 from autotune._files import write_text_atomically
 from autotune.gate.reference import describe_checks
+from autotune.names import split_level
 from autotune.report.format import (
     OK_VERDICTS,
     colour,
@@ -367,7 +368,7 @@ def _evidence_html(row: TrialRow, trial: FrozenTrial) -> str:
 
 
 def _at_a_level(metric: str) -> bool:
-    return names.split_level(metric)[1] is not None
+    return split_level(metric)[1] is not None
 
 
 def _all_trials(report: StudyReport) -> str:

@@ -16,6 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune import names
+from autotune.names import split_level
 from autotune.report.format import colour, end_of, esc, iso, ramp, row_of, slug
 from autotune.study.results import StudyReport, best_trials, is_verified_feasible
 
@@ -282,7 +283,7 @@ def load_curves_section(report: StudyReport, figures: Figures) -> str:
     curves: dict[str, dict[int, list[tuple[float, float]]]] = {}
     for row in correct:
         for key, value in row.metrics.items():
-            name, level = names.split_level(key)
+            name, level = split_level(key)
             if level is None:
                 continue
             try:

@@ -54,9 +54,9 @@ class VllmEngine(Engine):
     def build_launch(
         self, settings: ServerSettings, *, host: str, port: int, api_key: str
     ) -> LaunchConfig:
-        model = self.spec.model
+        model = self.model_spec
         argv = [
-            *self.spec.engine.command,
+            *self.engine_spec.command,
             "--model",
             model.path,
             "--served-model-name",
@@ -68,11 +68,11 @@ class VllmEngine(Engine):
         ]
         if model.tokenizer:
             argv += ["--tokenizer", model.tokenizer]
-        argv += list(self.spec.engine.args)
+        argv += list(self.engine_spec.args)
         argv += settings.flag_argv()
         return self._launch(
             argv,
-            self.spec.engine.env,
+            self.engine_spec.env,
             settings,
             host=host,
             port=port,
@@ -103,13 +103,13 @@ class VllmEngine(Engine):
         if not settings.patches:
             return None
         try:
-            known = discover_patches(self.spec.engine.patch_dirs)
+            known = discover_patches(self.engine_spec.patch_dirs)
         except PatchError as exc:
             return str(exc)
         for name, value in settings.patches.items():
             patch = known.get(name)
             if patch is None:
-                return f"patch {name!r} not found in {list(self.spec.engine.patch_dirs)}"
+                return f"patch {name!r} not found in {list(self.engine_spec.patch_dirs)}"
             if value == patch.info.default:
                 continue
             if f"{APPLIED_MARKER} name={name} " not in log_text:
@@ -121,7 +121,7 @@ class VllmEngine(Engine):
         return None
 
     def validate_space(self, space: SearchSpace) -> list[ValidationIssue]:
-        return validate.validate_space(space, self.spec.engine.patch_dirs)
+        return validate.validate_space(space, self.engine_spec.patch_dirs)
 
     def machine_limits(self, space: SearchSpace) -> list[DroppedChoice]:
         """fp8 KV cache vs CPU flags, thread binding vs usable cores, attention backends and
@@ -138,12 +138,12 @@ class VllmEngine(Engine):
         The fixed ``engine.args`` of the spec are included so the exported file is complete.
         """
         config: dict[str, Any] = {
-            "model": self.spec.model.path,
-            "served-model-name": self.spec.model.served_name,
+            "model": self.model_spec.path,
+            "served-model-name": self.model_spec.served_name,
         }
-        if self.spec.model.tokenizer:
-            config["tokenizer"] = self.spec.model.tokenizer
-        config.update(_args_to_config(list(self.spec.engine.args)))
+        if self.model_spec.tokenizer:
+            config["tokenizer"] = self.model_spec.tokenizer
+        config.update(_args_to_config(list(self.engine_spec.args)))
         for flag, value in settings.flags.items():
             if value is None or value is False:
                 continue
