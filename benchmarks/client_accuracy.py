@@ -16,8 +16,7 @@ streaming, concurrency 16, ``--num-requests`` per round. Arms:
 * ``autotune``: autotune's client, ``autotune.bench.phase.run_phase`` (the load phase of
   ``run_benchmark``) through ``autotune.client.http.build_client``, in this process; metrics from
   ``autotune.bench.phase.summarize``. It sends ``return_token_ids: true`` (autotune needs the ids
-  for
-  its correctness-under-load check).
+  for its correctness-under-load check).
 * ``vllm``: ``vllm bench serve`` (``--backend vllm`` on ``/v1/completions``, a custom JSONL dataset
   of the same prompts, ``--disable-shuffle --skip-chat-template --ignore-eos --temperature 0
   --max-concurrency 16 --request-rate inf``), run by a long-lived worker process

@@ -19,8 +19,8 @@ Each round measures, in an order that alternates between rounds:
 * ``solo_2cores``: C alone.
 
 A measurement is ``autotune.bench.loadcurve.run_benchmark`` with the demo's workload (exactly
-what a trial
-measures), run in its own process per server, as each parallel worker runs its own client.
+what a trial measures), run in its own process per server, as each parallel worker runs its own
+client.
 Reported: medians over rounds of decode tok/s (the demo's objective), output tok/s, TTFT p50 and
 ITL p50; the slowdown of each pinned server beside its twin vs. alone on the same core; and the
 pair's summed output vs. one server on both cores. Only OpenMP compute threads are pinned: the
