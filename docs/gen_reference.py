@@ -704,9 +704,9 @@ def render_attributes() -> str:
     out.append(
         "## Failure reasons\n\n"
         "The value of a trial's `fail_reason`. A candidate reason is the configuration's fault: "
-        "the trial is PRUNED and never best (which reasons count towards `--trials`, and "
-        "each one's evidence: the guide). An infrastructure reason is not held against the "
-        "configuration: the trial is FAIL and retried once.\n\n"
+        "the trial is PRUNED and never best (each reason's state, evidence and what to do: "
+        "[when things go wrong](../guide/failures.md)). An infrastructure reason is not held "
+        "against the configuration: the trial is FAIL and retried once.\n\n"
         "| reason | kind | meaning |\n|---|---|---|\n"
     )
     for kind, table in (
