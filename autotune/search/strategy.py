@@ -1,56 +1,15 @@
 """The search strategy: which configuration to launch next, when every launch costs minutes.
 
-``autotune run`` uses :class:`AutoSampler` (``--sampler auto``, the default); ``tpe``, ``random``
-and ``gp`` stay available (:func:`build_sampler`). The study records which one it ran with
-(study attribute ``sampler``).
+:func:`build_sampler` returns the sampler ``--sampler`` names: ``auto`` (:class:`AutoSampler`,
+the default), ``tpe``, ``random`` or ``gp``; the study records it (study attribute
+``sampler``). ``auto`` proposes a balanced first design of :data:`N_DESIGN` trials without the
+risky choices (:func:`risky_choices`), then asks the Bayesian speed and feasibility models of
+:mod:`autotune.search.model`: mostly a sweep of :data:`SWEEP_GROUP` dimensions around the
+incumbent (the best posterior mean), a :data:`GLOBAL_SHARE` of global steps, never an exact
+repeat or a config that breaks a constraint. Enqueued trials pass through untouched;
+multi-objective studies get TPE.
 
-Why not plain TPE: a tuning study gets 20-60 launches, noise of 5-20 % per measurement, whole
-regions that crash (OOM) or print garbage, and a few dimensions that decide most of the speed.
-Measured on two simulated landscapes (``benchmarks/search_efficiency.py``), TPE was no better
-than random there. ``auto`` is a small Bayesian model-based search shaped for that:
-
-* **a space-filling first design** (after the baseline): every choice of every categorical
-  dimension appears about equally often in the first :data:`N_DESIGN` trials (a random balanced
-  design; numeric dimensions stratified), instead of independent random start-up. Choices
-  known to be **risky** before anything is measured (:func:`risky_choices`: a ``fault`` or
-  ``experimental`` patch, a choice the engine calls lossy such as an fp8 KV cache) are left
-  out of it: a wrong launch in a design that changes everything at once teaches little, and
-  on the CPU demo the old design spent 5 of 9 launches on them;
-* **a Bayesian model of log(objective) with main effects and pairwise interactions**
-  (:class:`autotune.search.model.Model`, closed form, milliseconds per ask), plus a local
-  term over the numeric dimensions where the measurements' evidence asks for it (a peak or a
-  cliff in a numeric value: :func:`autotune.search.model.fit_speed`); risky choices
-  start :data:`RISK_PRIOR` lower in its prior mean, which measurements can overturn;
-* **failure and wrong-output regions learned by a model of their own**
-  (:class:`autotune.search.model.Feasibility`, the same regression on works / does not work):
-  a launch that crashed, did not start or failed the gate has no speed, and entering it into
-  the speed model as "very slow" blamed every one of its settings (an fp8 KV cache that is
-  wrong only with one backend and block size became slow everywhere). Proposals are scored by
-  the speed model's bound plus log P(works); an exact repeat of any launched config is never
-  proposed;
-* **a coordinate sweep around the incumbent** (most asks): the incumbent is the config with
-  the best posterior mean (not the luckiest noisy draw) among those that set every active
-  dimension; each round visits every dimension once, most promising first by upper confidence
-  bound, and changes :data:`SWEEP_GROUP` dimensions per launch (group testing: the model tells
-  their effects apart later); a dimension none of whose untried values could beat the
-  incumbent is skipped. Tuning problems are nearly separable, so one-change moves from the
-  best config find most of the gain, and no dimension is left untested while launches go to
-  the same few;
-* **a global step** (:data:`GLOBAL_SHARE` of the asks): the best UCB among fresh draws and one
-  to three changes of the best configs, for the interactions a sweep cannot see;
-* candidates that break the space's constraints are never asked.
-
-Measured on simulated landscapes (``benchmarks/search_efficiency.py``, README, the
-confirmation ``autotune run`` ends with included): fewer launches than random on GLM-5 (under a
-tenth of random's) and on the interactions landscape (0.31-0.68x), significant on every seed set
-of both; not on the third landscape; not the issue's target anywhere (it misses in 3-8 runs of
-30 where the target allows 1).
-
-Enqueued trials (the baseline, retries, warm-start configs, confirmation and ablation variants)
-pass through untouched. Multi-objective studies fall back to TPE (the model is single-objective).
-
-``--warm-start STUDY`` seeds a study from another one's best verified configs
-(:mod:`autotune.study.warm_start`).
+Why it is built this way, and how well it works: ``docs/design/search-strategy.md``.
 """
 
 from __future__ import annotations
