@@ -50,6 +50,6 @@ def test_inspect_errors_exit_2(tmp_path):
 def test_glm5_spec_roofline_matches_the_worked_example():
     spec = load_spec(ROOT / "studies" / "glm5-8gpu.yaml")
     roofline = roofline_from_spec(spec.roofline, spec.model.path)
-    # 40e9 x 4.8 bits = 24 GB/token over 8 x 1,792 GB/s -> 597 tok/s (docs/roofline.md)
+    # 40e9 x 4.8 bits = 24 GB/token over 8 x 1,792 GB/s -> 597 tok/s (docs/guide/glm5.md)
     assert roofline.tokens_per_s == pytest.approx(597.3, rel=0.01)
     assert roofline.tp == 8

@@ -149,7 +149,7 @@ def test_makefile_setup_installs_the_extras_the_tests_need():
 def test_every_python_m_module_the_makefile_and_docs_name_exists():
     """``python -m X`` lines in the Makefile, README and docs name importable modules (the demo
     model's builder and the roofline CLI moved; a stale name would fail only when run)."""
-    texts = [ROOT / "Makefile", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    texts = [ROOT / "Makefile", ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     texts += [ROOT / "models" / "demo" / "README.md"]
     named = set()
     for path in texts:

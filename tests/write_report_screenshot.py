@@ -1,4 +1,4 @@
-"""Rewrite docs/report-screenshot.png (a tool, not a test; pytest does not collect it).
+"""Rewrite docs/assets/report-screenshot.png (a tool, not a test; pytest does not collect it).
 
     .venv/bin/python -m tests.write_report_screenshot [NAME@URL]
 
@@ -41,7 +41,7 @@ def main(source: str | None) -> None:
             raise SystemExit(f"page errors: {seen.console_errors} {seen.outside_requests}")
         with Image.open(full) as image:
             image.crop((0, 0, image.width, min(image.height, 2600))).save(
-                ROOT / "docs" / "report-screenshot.png", optimize=True
+                ROOT / "docs" / "assets" / "report-screenshot.png", optimize=True
             )
 
 

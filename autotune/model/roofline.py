@@ -5,10 +5,10 @@ sequence is a matrix-*vector* product per weight: every weight the token touches
 memory once and used for two flops, so the step time is bounded below by bytes / bandwidth, and
 the tokens per second by its inverse. ``autotune inspect`` supplies the bytes
 (:attr:`autotune.model.facts.ModelFacts.active_bytes_per_token` and the KV cache per token); this
-module supplies the bandwidth and does the division. ``docs/roofline.md`` works the GLM-5 case.
+module supplies the bandwidth and does the division. ``docs/guide/glm5.md`` works the GLM-5 case.
 
 ``autotune inspect MODEL --device D`` prints it for a model; :mod:`autotune.model.roofline_cli`
-computes it from parameter counts alone (no model file), as ``docs/roofline.md`` does.
+computes it from parameter counts alone (no model file), as ``docs/guide/glm5.md`` does.
 """
 
 from __future__ import annotations

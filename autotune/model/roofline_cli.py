@@ -2,7 +2,7 @@
 
 ``autotune inspect MODEL --device D`` covers a model on disk; this also takes bare parameter
 counts (``--active-params 40e9 --bits 4.8``), a KV cache size, an efficiency factor and the
-device table, which is how ``docs/roofline.md`` works the GLM-5 case before any file exists::
+device table, which is how ``docs/guide/glm5.md`` works the GLM-5 case before any file exists::
 
     python -m autotune.model.roofline_cli --active-params 40e9 --bits 4.8 --device h200 --tp 8
     python -m autotune.model.roofline_cli path/to/model.gguf --device h100-sxm --tp 2 --context 4096

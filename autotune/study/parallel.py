@@ -303,7 +303,7 @@ def check_storage(url: str) -> None:
             "--parallel needs a storage that serves concurrent writers safely, and SQLite does "
             "not (it ignores the row locks Optuna uses to hand a queued trial to one worker, "
             "so two workers can run the same trial). Use PostgreSQL, e.g. --storage "
-            "postgresql+psycopg2://USER:PASSWORD@HOST/DB (see docs/scale-out.md)",
+            "postgresql+psycopg2://USER:PASSWORD@HOST/DB (see docs/guide/scale-out.md)",
             key="--storage",
         )
 

@@ -1,6 +1,6 @@
 """Benchmark OF THE SEARCH on SIMULATED landscapes (cost models; no server, no GPU).
 
-Rerun (the README's figures; about 15 minutes on 2 shared cores)::
+Rerun (the figures of benchmarks/README.md; about 15 minutes on 2 shared cores)::
 
     .venv/bin/python -m benchmarks.search                         # GLM-5 landscape
     .venv/bin/python -m benchmarks.search --space search_spaces/interactions-sim.yaml \\
@@ -253,7 +253,7 @@ def _measure(
 
 
 def shown(path: Path) -> str:
-    """A path as the README's command line spells it (relative to the repository)."""
+    """A path as benchmarks/README.md's command lines spell it (relative to the repository)."""
     try:
         return str(path.resolve().relative_to(ROOT))
     except ValueError:
