@@ -148,3 +148,36 @@ def test_a_benchmark_stores_only_non_negative_intervals_and_the_shape() -> None:
     assert result.shape["itl"] == "bursty"
     assert not any(k.startswith("itl_") for k in result.metrics)
     assert result.shape["single"]["responses"] == 3
+
+
+def test_show_says_bursty_and_suspect_never_zero(tmp_path, monkeypatch) -> None:
+    import optuna
+    from rich.console import Console
+
+    from autotune import names
+    from autotune.bench.loadcurve import STREAM_SHAPE
+    from autotune.bench.tokens import MEASUREMENT_SUSPECT
+    from autotune.cli import render
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=url, direction="maximize")
+    trial = study.ask()
+    trial.set_user_attr(names.ROLE, names.SEARCH)
+    trial.set_user_attr(names.CORRECT, True)
+    trial.set_user_attr(names.METRICS, {"decode_tokens_per_s": 50.0, "ttft_p95_ms": 12.0})
+    trial.set_user_attr(
+        STREAM_SHAPE,
+        {"bursty": 3, "responses": 8, "itl": "bursty", "single": {"tokens_per_s": 40.0}},
+    )
+    suspect = {"autotune": 96, "usage": 384, "metrics": None, "disagree": ["usage"]}
+    trial.set_user_attr(MEASUREMENT_SUSPECT, suspect)
+    study.tell(trial, 50.0)
+    out = Console(width=250, record=True)
+    monkeypatch.setattr(render, "console", out)
+    render.print_report(url, "s")
+    text = out.export_text()
+    row = next(line for line in text.splitlines() if "search" in line)
+    cells = [c.strip() for c in row.split("│")]
+    assert cells[8] == "bursty"  # the ITL p95 cell: not 0.0, not blank
+    assert "measurement suspect: autotune counted 96, the server's usage 384" in text
+    assert "3 of 8 answers arrived in bursts" in text
