@@ -159,3 +159,27 @@ def test_the_servers_metrics_counter_is_compared_per_phase(url: str) -> None:
     suspect = cross_check(result.counts, server_metrics)
     assert suspect is not None and suspect["disagree"] == ["usage", "metrics"]
     assert suspect["metrics"] == 4 * suspect["autotune"]
+
+
+def test_bench_url_json_carries_the_shape_and_the_suspect_count(tmp_path, url) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from autotune.cli.app import app
+    from tests.builders import write_fake_spec
+
+    space = (
+        "parameters:\n  max_num_seqs:\n    type: categorical\n    choices: [2, 8]\n"
+        "    baseline: 8\n    target: {flag: --max-num-seqs}\n"
+    )
+    spec = write_fake_spec(tmp_path, space, name="remote")
+    out = tmp_path / "bench.json"
+    args = ["bench", "--spec", str(spec), "--url", url, "--model", "usage4x", "--json", str(out)]
+    result = CliRunner().invoke(app, args, env={"AUTOTUNE_API_KEY": ""})
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    suspect = data[MEASUREMENT_SUSPECT]
+    assert suspect["usage"] == 4 * suspect["autotune"] and "usage" in suspect["disagree"]
+    assert data["stream_shape"]["single"]["tokens_per_s"] > 0
+    assert any("measurement suspect" in n for n in data["notices"])
