@@ -118,3 +118,25 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval
     sd = statistics.stdev(values)
     half = t_quantile(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n)
+
+
+def positive_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
+    """An interval for a quantity that cannot be negative (a rate, a latency): the t interval
+    of the mean of the logs, exponentiated, so it never goes below zero and is as asymmetric as
+    the spread of positive figures is (the plain t interval once printed an e2e p50 of
+    -1,206 .. 3,573 ms). ``mean`` is the geometric mean. A zero among the values (a log is not
+    defined) leaves the plain interval, cut at zero."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("no samples")
+    if any(v <= 0 for v in values):
+        plain = mean_interval(values, confidence)
+        if all(v >= 0 for v in values):
+            return Interval(plain.mean, max(0.0, plain.low), plain.high, n)
+        return plain
+    logs = [math.log(v) for v in values]
+    centre = statistics.fmean(logs)
+    if n < 2:
+        return Interval(math.exp(centre), 0.0, math.inf, n)
+    half = t_quantile(0.5 + confidence / 2.0, n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    return Interval(math.exp(centre), math.exp(centre - half), math.exp(centre + half), n)

@@ -28,6 +28,7 @@ minutes at GLM-5 scale). So after one warm-up, one launch answers:
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -35,18 +36,28 @@ from typing import Any
 import httpx
 
 from autotune import names
-from autotune._stats import Interval, mean_interval
+from autotune._stats import Interval, positive_interval
 from autotune.bench.phase import (
     BenchResult,
     PhaseResult,
     RequestRecord,
     combine,
+    phase_counts,
     run_phase,
+    stream_shape,
     summarize,
 )
+from autotune.bench.tokens import MEASUREMENT_SUSPECT, NO_TOKENIZER, TokenCounter, cross_check
 from autotune.engines.dialect import RequestDialect
 from autotune.names import at_level, split_level
 from autotune.spec.model import SloSpec, WorkloadSpec
+
+#: user_attr: how the answers arrived (phase.stream_shape): the single-request headline (tokens /
+#: e2e, TTFT, TPOT), tokens per chunk, bursty responses, figures bursts made meaningless
+STREAM_SHAPE = "stream_shape"
+#: phase names (the server_metrics recorder keys its per-phase deltas by them)
+SINGLE_PHASE = "single-request"
+LOAD_PHASE = "load at"
 
 #: a level is "claimed" (its SLOs hold beyond doubt), "fail" (an SLO is missed beyond doubt),
 #: "straddle" (an interval contains a bound: not claimed) or "errors" (requests failed)
@@ -133,7 +144,7 @@ def intervals_of(rounds: Sequence[dict[str, float]], names: Sequence[str]) -> di
     for name in names:
         values = [r[name] for r in rounds if name in r]
         if values:
-            out[name] = mean_interval(values)
+            out[name] = positive_interval(values)  # every metric is >= 0: never below 0
     return out
 
 
@@ -181,6 +192,7 @@ async def run_benchmark(
     hang_timeout_s: float | None = None,
     focus: Sequence[str] = ("output_tokens_per_s",),
     phase_hook: Callable[[str, str], Awaitable[None]] | None = None,
+    counter: TokenCounter = NO_TOKENIZER,
 ) -> BenchResult:
     """Warm up once, then rounds of (single-request decode, load at every level) until
     ``focus``'s interval is precise enough (see the module docstring), then the goodput search.
@@ -194,6 +206,9 @@ async def run_benchmark(
     main = workload.concurrency
     names = [f for f in focus if f != "goodput"] or ["output_tokens_per_s"]
     all_records: list[RequestRecord] = []
+    single_records: list[RequestRecord] = []
+    load_records: list[RequestRecord] = []
+    phase_counts_: dict[str, dict[str, Any]] = {}
     rounds: list[dict[str, float]] = []
     samples: list[RequestRecord] = []
 
@@ -210,11 +225,19 @@ async def run_benchmark(
             dialect=dialect,
             read_timeout_s=read_timeout,
             phase=name,
+            counter=counter,
         )
         if phase_hook is not None:
             await phase_hook(name, "end")
+        counted = phase_counts(result.records)
+        if counted is not None:
+            phase_counts_[name] = counted
         if keep:
             all_records.extend(result.records)
+            if name.startswith(SINGLE_PHASE):
+                single_records.extend(result.records)
+            elif name.startswith(LOAD_PHASE):
+                load_records.extend(result.records)
         if result.hang:
             raise _Hung(result.hang)
         return result
@@ -227,11 +250,11 @@ async def run_benchmark(
         start = time.perf_counter()
         while stopped_by is None:
             index = len(rounds)
-            single = await phase(workload.single_requests, 1, f"single-request (round {index + 1})")
+            single = await phase(workload.single_requests, 1, f"{SINGLE_PHASE} (round {index + 1})")
             loads: dict[int, PhaseResult] = {}
             for level in levels:
                 loads[level] = await phase(
-                    workload.num_requests, level, f"load at {level} (round {index + 1})"
+                    workload.num_requests, level, f"{LOAD_PHASE} {level} (round {index + 1})"
                 )
             metrics = _round_metrics(single, loads, main)
             samples += [r for r in loads[main].records if r.ok]
@@ -259,6 +282,7 @@ async def run_benchmark(
     if goodput is not None:
         medians["goodput"] = float(goodput.value)
     failed = [r for r in all_records if not r.ok]
+    counted_by = Counter(r.count_source or "given" for r in all_records if r.ok)
     return BenchResult(
         metrics=medians,
         spread=spread,
@@ -280,6 +304,12 @@ async def run_benchmark(
             for level in levels
         },
         goodput=None if goodput is None else goodput.to_dict(),
+        counts={
+            "phases": phase_counts_,
+            "counted_by": dict(sorted(counted_by.items())),
+            "tokenizer": counter.describe(),
+        },
+        shape=stream_shape(single_records, load_records),
     )
 
 
@@ -343,7 +373,16 @@ async def _probe(
 
 
 def record_curve(trial: Any, bench: BenchResult) -> None:
-    """Store a trial's intervals, load curve and goodput search (``optuna.Trial``)."""
+    """Store a trial's intervals, load curve, goodput search, stream shape and count
+    cross-check (``optuna.Trial``; the cross-check reads its ``server_metrics``, so call this
+    after that is stored)."""
+    if bench.shape:
+        trial.set_user_attr(STREAM_SHAPE, bench.shape)
+    if bench.counts:
+        server_metrics = (getattr(trial, "user_attrs", None) or {}).get(names.SERVER_METRICS)
+        suspect = cross_check(bench.counts, server_metrics)
+        if suspect is not None:
+            trial.set_user_attr(MEASUREMENT_SUSPECT, suspect)
     if bench.ci:
         trial.set_user_attr(names.METRICS_CI, bench.ci)
     if len(bench.load_curve) > 1:

@@ -8,11 +8,21 @@ timestamps are kept; nothing is averaged away and a failed request is counted, n
 
 Measurements, per repeat:
 
-* **single-request decode** (the motivating case's headline): ``single_requests`` requests one
-  after another; decode tok/s of one request = (tokens - 1) / (last token time - first token
-  time), i.e. steady-state decoding without the prefill.
+* **single-request** (the motivating case's headline): ``single_requests`` requests one after
+  another. A user's tok/s is output tokens / end-to-end time; beside it TTFT and TPOT =
+  (e2e - TTFT) / (tokens - 1), as ``vllm bench serve`` defines them. Decode tok/s (1 / TPOT:
+  decoding without the prefill) falls back to tokens / e2e for a bursty response, so no shape
+  of stream reads faster than its end-to-end time allows.
 * **load**: ``num_requests`` requests with ``concurrency`` in flight; output tok/s = tokens /
-  wall time, requests/s, TTFT, inter-token latency (ITL) and end-to-end percentiles.
+  wall time, requests/s, TTFT, inter-token latency (ITL, one per received chunk, as vLLM's
+  benchmark has it) and end-to-end percentiles.
+
+Tokens are counted by autotune (``bench/tokens.py``): by ids, else by the model's tokenizer,
+never by events; the server's ``usage`` is kept as a cross-check. A response is **bursty** when
+:data:`BURST_SHARE` of its tokens arrive within :data:`BURST_WINDOW` of its end-to-end time (a
+held answer flushed at once, an API server starved of CPU): its per-chunk gaps then measure the
+flush, not decoding, so a phase with a bursty response records no ITL percentiles (absent, and
+``stream_shape`` says ``bursty``), never 0.0.
 
 Metrics are the median over repeats; the spread ((max - min) / median) is recorded beside them.
 """
@@ -22,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -31,6 +42,14 @@ from typing import Any
 import httpx
 
 from autotune import names
+from autotune.bench.tokens import (
+    BY_EVENTS,
+    BY_IDS,
+    BY_TOKENIZER,
+    BY_USAGE,
+    NO_TOKENIZER,
+    TokenCounter,
+)
 from autotune.client.stream import (
     CUT_SHORT,
     DONE,
@@ -48,8 +67,11 @@ from autotune.client.stream import (
 from autotune.engines.dialect import RequestDialect
 from autotune.errors import excerpt
 
-#: inter-token gaps below this are "arrived together" rather than measured decode steps
-BUNCHED_GAP_S = 0.0001
+#: a response is bursty when this share of its tokens arrives within BURST_WINDOW of its e2e
+BURST_SHARE = 0.9
+BURST_WINDOW = 0.1
+#: fewer tokens than this are never called bursty (two tokens are always "together")
+BURST_MIN_TOKENS = 4
 
 
 @dataclass(frozen=True)
@@ -64,35 +86,73 @@ class RequestRecord:
     token_times_s: tuple[float, ...] = ()  # arrival of each token, relative to the send
     token_ids: tuple[int, ...] = ()
     text: str = ""
+    #: autotune's count (see ``count_source``); the server's usage is ``usage_tokens``
     output_tokens: int = 0
     #: no token arrived within the deadline (the request was given up, the phase ended)
     hung: bool = False
+    #: arrival of each received chunk with content, and the tokens each carried
+    chunk_times_s: tuple[float, ...] = ()
+    chunk_tokens: tuple[int, ...] = ()
+    #: the server's ``usage.completion_tokens`` (a cross-check, never the count), if sent
+    usage_tokens: int | None = None
+    #: how ``output_tokens`` was counted: bench/tokens.py's BY_* (None: given by the caller)
+    count_source: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.output_tokens or len(self.token_times_s)
 
     @property
     def itls_s(self) -> list[float]:
-        t = self.token_times_s
+        """Inter-token latency per received chunk (``vllm bench serve``'s ITL)."""
+        t = self.chunk_times_s or self.token_times_s
         return [b - a for a, b in zip(t, t[1:], strict=False)]
 
     @property
-    def bunched(self) -> bool:
-        """Tokens delivered in bursts (a starved API server process, or an engine that batches
-        its stream output): per-token timing then says nothing about decode speed."""
-        gaps = self.itls_s
-        return len(gaps) >= 4 and sum(g < BUNCHED_GAP_S for g in gaps) > len(gaps) / 2
+    def tokens_per_chunk(self) -> float | None:
+        chunks = len(self.chunk_times_s or self.token_times_s)
+        return self.tokens / chunks if chunks else None
+
+    @property
+    def bursty(self) -> bool:
+        """:data:`BURST_SHARE` of the tokens arrived within :data:`BURST_WINDOW` of the
+        end-to-end time: the per-chunk clock measured a flush, not decoding."""
+        t = self.token_times_s
+        n = len(t)
+        if n < BURST_MIN_TOKENS or not self.e2e_s:
+            return False
+        k = max(2, math.ceil(n * BURST_SHARE - 1e-9))  # tokens that must arrive together
+        window = min(t[i + k - 1] - t[i] for i in range(n - k + 1))
+        return window < BURST_WINDOW * self.e2e_s
+
+    bunched = bursty  # the old name
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first, (e2e - TTFT) / (tokens - 1)."""
+        n = self.tokens
+        if n < 2 or self.e2e_s is None or self.ttft_s is None or self.e2e_s <= self.ttft_s:
+            return None
+        return (self.e2e_s - self.ttft_s) / (n - 1)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """A user's tok/s: output tokens over end-to-end time (immune to the stream's shape)."""
+        return self.tokens / self.e2e_s if self.e2e_s and self.token_times_s else None
 
     @property
     def decode_tokens_per_s(self) -> float | None:
-        """Steady-state decode rate of this request, excluding the prefill.
+        """Decode rate of this request, excluding the prefill: 1 / TPOT.
 
-        When delivery was bunched the per-token clock is meaningless, so the rate falls back to
-        tokens / end-to-end time, a lower bound that cannot be inflated by bursts.
+        A bursty response (or one whose tokens all came at once) falls back to tokens /
+        end-to-end time, a lower bound no burst can inflate.
         """
-        t = self.token_times_s
-        if not t:
+        if not self.token_times_s:
             return None
-        if (len(t) < 2 or t[-1] <= t[0] or self.bunched) and self.e2e_s:
-            return len(t) / self.e2e_s  # all tokens in one burst: the clock says nothing
-        return (len(t) - 1) / (t[-1] - t[0])
+        tpot = self.tpot_s
+        if tpot is None or self.bursty:
+            return self.tokens_per_s
+        return 1.0 / tpot
 
 
 @dataclass(frozen=True)
@@ -125,6 +185,11 @@ class BenchResult:
     load_curve: dict[str, dict[str, float]] = field(default_factory=dict)
     #: the goodput search (loadcurve.GoodputResult.to_dict()), when workload.slo is given
     goodput: dict[str, Any] | None = None
+    #: token counts: per phase autotune's and the server's usage, how responses were counted,
+    #: the tokenizer (bench/tokens.py cross_check reads it)
+    counts: dict[str, Any] = field(default_factory=dict)
+    #: how the answers arrived (phase.stream_shape)
+    shape: dict[str, Any] = field(default_factory=dict)
 
 
 async def stream_request(
@@ -135,11 +200,13 @@ async def stream_request(
     *,
     dialect: RequestDialect,
     read_timeout_s: float | None = 30.0,
+    counter: TokenCounter = NO_TOKENIZER,
 ) -> RequestRecord:
-    """Send one streaming completion and time every token. Never raises for server faults.
+    """Send one streaming completion and time every chunk. Never raises for server faults.
 
     ``read_timeout_s`` is the longest wait for any token (the first included): a request that
-    waits longer is recorded ``hung``; a slow request that keeps streaming never is.
+    waits longer is recorded ``hung``; a slow request that keeps streaming never is. Tokens are
+    counted by ids, else by ``counter`` on the text (see ``bench/tokens.py``).
     """
     body = completion_body(
         dialect,
@@ -192,36 +259,49 @@ async def stream_request(
     except StreamError as exc:
         return _failed(prompt, str(exc), start, times)
     e2e = time.perf_counter() - start
-    n_tokens = tokens.usage if tokens.usage is not None else len(times)
-    if not times:
+    if not tokens.chunk_times:
         error = "stream ended without tokens"
         if "text/event-stream" not in stream.content_type:
             # a server that ignores "stream": true answers one JSON body: say so, each time
             kind = stream.content_type or "no content type"
             error += f": the answer was not a server-sent event stream ({kind})"
         return RequestRecord(prompt=prompt, ok=False, error=error, e2e_s=e2e)
+    per_chunk, source = tokens.count(counter)
+    if source in (BY_IDS, BY_TOKENIZER):
+        pairs = zip(tokens.chunk_times, per_chunk, strict=True)
+        token_times = [t for t, k in pairs for _ in range(k)]
+        n_tokens = len(token_times)
+    else:  # no tokenizer: one time per chunk, the count the server's word (flagged suspect)
+        token_times = list(tokens.chunk_times)
+        n_tokens = tokens.usage if source == BY_USAGE else len(token_times)
     return RequestRecord(
         prompt=prompt,
         ok=True,
-        ttft_s=times[0],
+        ttft_s=tokens.chunk_times[0],
         e2e_s=e2e,
-        token_times_s=tuple(times),
+        token_times_s=tuple(token_times),
         token_ids=tuple(tokens.ids),
         text="".join(tokens.text),
-        output_tokens=int(n_tokens),
+        output_tokens=int(n_tokens or 0),
+        chunk_times_s=tuple(tokens.chunk_times),
+        chunk_tokens=tuple(per_chunk),
+        usage_tokens=tokens.usage,
+        count_source=source,
     )
 
 
 class _Tokens:
-    """What one streamed answer delivered so far: token times, ids, text, the usage count."""
+    """What one streamed answer delivered so far: chunk times, ids, text, the usage count."""
 
-    __slots__ = ("dialect", "ids", "reader", "text", "times", "usage")
+    __slots__ = ("chunk_ids", "chunk_times", "dialect", "ids", "reader", "text", "times", "usage")
 
     def __init__(self, dialect: RequestDialect) -> None:
         self.dialect = dialect  # where a chunk carries its token ids (if it does)
-        self.times: list[float] = []
+        self.times: list[float] = []  # one per id, else one per chunk (deadline messages)
+        self.chunk_times: list[float] = []  # one per chunk with content
+        self.chunk_ids: list[int] = []  # ids each of those chunks carried
         self.ids: list[int] = []
-        self.text: list[str] = []
+        self.text: list[str] = []  # one piece per chunk with content ("" for ids only)
         self.usage: int | None = None
         #: the stream's events (the gate reads its answers by the same rules)
         self.reader = SseReader()
@@ -252,11 +332,20 @@ class _Tokens:
         if payload is not None:
             self._take(payload, now)
 
+    def count(self, counter: TokenCounter) -> tuple[list[int], str]:
+        """Tokens per chunk and how they were counted: ids, else the tokenizer on the text,
+        else (no tokenizer) the server's usage or, lacking that, one per event."""
+        if self.ids:
+            return list(self.chunk_ids), BY_IDS
+        if counter.available:
+            return counter.per_chunk(self.text), BY_TOKENIZER
+        return [1] * len(self.chunk_times), BY_USAGE if self.usage is not None else BY_EVENTS
+
     def _take(self, payload: bytes, now: float) -> bool:
-        """Count one event's tokens; True at ``[DONE]``.
+        """Record one event's content and time; True at ``[DONE]``.
 
         A chunk of k token ids is k tokens at one time; a chunk with text and no ids (a
-        dialect without them) one token.
+        dialect without them) is counted later, by the tokenizer (:meth:`count`).
         """
         if payload == DONE:
             return True
@@ -274,10 +363,12 @@ class _Tokens:
             for choice in chunk.get("choices") or ():
                 new_ids = self.dialect.token_ids(choice)
                 piece = choice.get("text")
-                if piece:
-                    if piece.__class__ is not str:
-                        raise TypeError("text is not a string")
-                    self.text.append(piece)
+                if piece and piece.__class__ is not str:
+                    raise TypeError("text is not a string")
+                if new_ids or piece:
+                    self.text.append(piece or "")
+                    self.chunk_times.append(now)
+                    self.chunk_ids.append(len(new_ids))
                 if new_ids:
                     self.ids += new_ids
                     self.times += [now] * len(new_ids)
@@ -322,6 +413,7 @@ async def run_phase(
     dialect: RequestDialect,
     read_timeout_s: float | None,
     phase: str = "load",
+    counter: TokenCounter = NO_TOKENIZER,
 ) -> PhaseResult:
     """``num_requests`` requests, prompts taken round-robin, at most ``concurrency`` at once.
     ``max_tokens`` is one length for all, or one per prompt (``WorkloadSpec.output_tokens``).
@@ -341,6 +433,7 @@ async def run_phase(
                 max_tokens if isinstance(max_tokens, int) else max_tokens[index % len(prompts)],
                 dialect=dialect,
                 read_timeout_s=read_timeout_s,
+                counter=counter,
             )
 
     start = time.perf_counter()
@@ -388,13 +481,51 @@ def summarize(single: PhaseResult, load: PhaseResult) -> dict[str, float]:
         metrics["output_tokens_per_s"] = tokens / load.wall_s
         metrics["requests_per_s"] = len(ok) / load.wall_s
     ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
-    itls = [x * 1000 for r in ok for x in r.itls_s]
+    # a bursty response's chunk gaps time a flush: ITL percentiles then mean nothing (absent)
+    bursty = any(r.bursty for r in ok)
+    itls = [] if bursty else [x * 1000 for r in ok for x in r.itls_s]
     e2es = [r.e2e_s * 1000 for r in ok if r.e2e_s is not None]
     for kind, values in zip(names.LATENCY_KINDS, (ttfts, itls, e2es), strict=True):
         if values:
             for q in names.PERCENTILES:
                 metrics[names.latency_metric(kind, q)] = percentile(values, q)
     return metrics
+
+
+def _median(values: Sequence[float | None], scale: float = 1.0) -> float | None:
+    known = [v * scale for v in values if v is not None]
+    return round(statistics.median(known), 4) if known else None
+
+
+def stream_shape(single: Sequence[RequestRecord], load: Sequence[RequestRecord]) -> dict[str, Any]:
+    """How the answers arrived (the ``stream_shape`` record): the single-request headline (a
+    user's tok/s = tokens / e2e, TTFT and TPOT beside it, medians), tokens per chunk, bursty
+    responses, and which figures bursts made meaningless. A figure never measured is None."""
+    single_ok = [r for r in single if r.ok]
+    load_ok = [r for r in load if r.ok]
+    every = single_ok + load_ok
+    bursty_load = sum(r.bursty for r in load_ok)
+    tpots = [r.tpot_s * 1000 for r in load_ok if r.tpot_s is not None and not r.bursty]
+    shape: dict[str, Any] = {
+        "single": {
+            "tokens_per_s": _median([r.tokens_per_s for r in single_ok]),
+            "ttft_ms": _median([r.ttft_s for r in single_ok], 1000),
+            "tpot_ms": _median([r.tpot_s for r in single_ok if not r.bursty], 1000),
+            "bursty": sum(r.bursty for r in single_ok),
+            "responses": len(single_ok),
+        },
+        "tokens_per_chunk": _median([r.tokens_per_chunk for r in every]),
+        "bursty": sum(r.bursty for r in every),
+        "responses": len(every),
+        "tpot_ms": {
+            f"p{q}": round(percentile(tpots, q), 4) if tpots else None for q in names.PERCENTILES
+        },
+    }
+    if bursty_load:
+        shape["itl"] = "bursty"  # the ITL percentiles are absent, not 0.0
+    if shape["single"]["bursty"]:
+        shape["decode"] = "bursty: tokens / end-to-end time for the bursty responses"
+    return shape
 
 
 def combine(repeats: Sequence[dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
@@ -419,4 +550,18 @@ def bench_summary(result: BenchResult) -> dict[str, Any]:
         "repeats": list(result.repeats),
         "hang": result.hang,
         "stopped_by": result.stopped_by,
+        "counted_by": result.counts.get("counted_by", {}),
+        "tokenizer": result.counts.get("tokenizer"),
+    }
+
+
+def phase_counts(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    """autotune's and the server's token totals of one phase; None when a request failed (its
+    tokens were generated but not counted, so no cross-check would be fair)."""
+    if not records or any(not r.ok for r in records):
+        return None
+    usage = [r.usage_tokens for r in records]
+    return {
+        "autotune": sum(r.output_tokens for r in records),
+        "usage": None if any(u is None for u in usage) else sum(u for u in usage if u is not None),
     }

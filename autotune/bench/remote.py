@@ -22,8 +22,9 @@ from urllib.parse import urlparse
 import httpx
 
 from autotune import names
-from autotune.bench.loadcurve import run_benchmark
+from autotune.bench.loadcurve import STREAM_SHAPE, run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
+from autotune.bench.tokens import MEASUREMENT_SUSPECT, TokenCounter, cross_check, suspect_line
 from autotune.client.http import StreamingClient, connect, connections_for
 from autotune.client.stream import NoTokenWithin, StreamError
 from autotune.engines.dialect import RequestDialect
@@ -64,6 +65,9 @@ class RemoteResult:
     #: why the run failed (gate, hang, failed requests), or None
     failure: str | None = None
     notices: list[str] = field(default_factory=list)
+    #: how the answers arrived (loadcurve.STREAM_SHAPE) and the count cross-check, as a trial
+    stream_shape: dict[str, Any] = field(default_factory=dict)
+    measurement_suspect: dict[str, Any] | None = None
 
     def to_json(self, spec: StudySpec) -> dict[str, Any]:
         """Metric names as top-level keys (``output_tokens_per_s``, ...), evidence beside."""
@@ -78,6 +82,8 @@ class RemoteResult:
             "bench": self.bench,
             "server_metrics": self.server_metrics,
             "notices": self.notices,
+            STREAM_SHAPE: self.stream_shape,
+            MEASUREMENT_SUSPECT: self.measurement_suspect,
         }
 
 
@@ -231,12 +237,21 @@ async def bench_remote(
         await evidence.start()
         try:
             bench = await run_benchmark(
-                client, served, workload, dialect=dialect, phase_hook=evidence.phase
+                client,
+                served,
+                workload,
+                dialect=dialect,
+                phase_hook=evidence.phase,
+                counter=TokenCounter.for_model(spec.model.path, spec.model.tokenizer),
             )
         finally:
             result.server_metrics = await evidence.stop()
         result.metrics = dict(bench.metrics)
         result.bench = bench_summary(bench)
+        result.stream_shape = bench.shape
+        result.measurement_suspect = cross_check(bench.counts, result.server_metrics)
+        if result.measurement_suspect is not None:
+            result.notices.append(suspect_line(result.measurement_suspect))
         if bench.hang:
             result.failure = f"hang: {bench.hang}"
         elif bench.failed_requests > MAX_FAILED_FRACTION * max(1, bench.total_requests):

@@ -18,6 +18,8 @@ from rich.table import Table
 
 from autotune import names
 from autotune.analysis.profile import COVERAGE_BAND, sort_profiles, table_rows
+from autotune.bench.loadcurve import STREAM_SHAPE
+from autotune.bench.tokens import MEASUREMENT_SUSPECT, suspect_line
 from autotune.errors import PreflightError
 from autotune.gate.reference import Capabilities, describe_checks
 from autotune.server.metrics import preemption_notes
@@ -154,6 +156,8 @@ def gate_notices(capabilities: dict | None) -> list[str]:
 
 def print_report(storage_url: str, study_name: str, *, limit: int | None = None) -> None:
     report = load_report(storage_url, study_name)
+    trials = load_study(storage_url, study_name).get_trials(deepcopy=False)
+    shapes = {t.number: t.user_attrs.get(STREAM_SHAPE) or {} for t in trials}
     metric_cols = {
         "decode_tokens_per_s": "decode tok/s",
         "output_tokens_per_s": "out tok/s",
@@ -179,7 +183,7 @@ def print_report(storage_url: str, study_name: str, *, limit: int | None = None)
             row.role,
             row.verdict,
             params,
-            *[f"{row.metrics[c]:.1f}" if c in row.metrics else "" for c in metric_cols],
+            *[metric_cell(row.metrics, c, shapes.get(row.number) or {}) for c in metric_cols],
             interval_cell(row.ci.get(objective or ""), row.metrics.get(objective or "")),
             f"{row.startup_s:.1f}" if row.startup_s else "",
             row.detail[:80],
@@ -192,8 +196,10 @@ def print_report(storage_url: str, study_name: str, *, limit: int | None = None)
             + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
         )
         print_failure_details(rows)
-    for line in study_speculation_lines(storage_url, study_name):  # speculative trials: acceptance
+    for line in speculation_lines(trials):  # speculative trials: acceptance
         console.print(f"speculative decoding: {escape(line)}", soft_wrap=True)
+    for line in measurement_lines(trials, report.best):
+        console.print(f"[yellow]measurement:[/] {escape(line)}", soft_wrap=True)
     for note in preemption_notes(rows):
         console.print(f"[yellow]preemptions:[/] {escape(note)}")
     if report.reference:
@@ -227,6 +233,50 @@ def print_report(storage_url: str, study_name: str, *, limit: int | None = None)
             console.print(f"  trial {number} passed: {describe_checks(checks)}")
     else:
         console.print("no verified correct trial yet")
+
+
+def metric_cell(metrics: Mapping[str, float], name: str, shape: Mapping[str, Any]) -> str:
+    """A metric's cell: its value, "bursty" for an ITL figure bursts made meaningless (never
+    0.0), empty when never measured."""
+    if name in metrics:
+        return f"{metrics[name]:.1f}"
+    if name.startswith("itl_") and shape.get("itl") == "bursty":
+        return "bursty"
+    return ""
+
+
+def measurement_lines(trials: Iterable[Any], best: Iterable[int] = ()) -> list[str]:
+    """What ``show`` says about how trials were measured: a count the server's figures
+    disagree with (``measurement_suspect``), answers that arrived in bursts, and the best
+    trial's single-request headline (tokens / end-to-end time, TTFT and TPOT beside it)."""
+    lines = []
+    best = set(best)
+    for trial in trials:
+        suspect = trial.user_attrs.get(MEASUREMENT_SUSPECT)
+        if suspect:
+            lines.append(f"trial {trial.number}: {suspect_line(suspect)}")
+        shape = trial.user_attrs.get(STREAM_SHAPE) or {}
+        if shape.get("bursty"):
+            lines.append(
+                f"trial {trial.number}: {shape['bursty']} of {shape.get('responses')} answers "
+                "arrived in bursts: ITL percentiles not measurable (bursty); decode tok/s is "
+                "tokens / end-to-end time for those answers"
+            )
+        single = shape.get("single") or {}
+        if trial.number in best and single.get("tokens_per_s") is not None:
+            beside = [
+                f"{label} {single[key]:.1f} ms"
+                for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"))
+                if single.get(key) is not None
+            ]
+            per_chunk = shape.get("tokens_per_chunk")
+            if per_chunk is not None:
+                beside.append(f"{per_chunk:.2g} tokens per chunk")
+            lines.append(
+                f"trial {trial.number}: single request {single['tokens_per_s']:.1f} tok/s "
+                f"end to end ({', '.join(beside) or 'no TTFT/TPOT measured'})"
+            )
+    return lines
 
 
 def interval_cell(ci: list[float] | None, value: float | None) -> str:
