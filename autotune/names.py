@@ -92,6 +92,7 @@ CANDIDATE_REASONS: dict[str, str] = {
     "server_crashed": "the server died during verification or benchmark",
     "hang": "no token arrived within the request deadline",
     "request_errors": "too many requests failed during the benchmark",
+    "protocol_violation": "the stream broke the protocol (more tokens than max_tokens allows)",
     "incorrect_output": "the output diverged from the pinned reference",
     "unverifiable": "the server's answers carry nothing the gate can check (e.g. no text)",
     "patch_failed": "a selected patch could not be applied",

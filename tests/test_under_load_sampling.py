@@ -10,8 +10,6 @@ change lands, so that the marker is removed.
 
 from __future__ import annotations
 
-import pytest
-
 from autotune.bench.phase import RequestRecord
 from autotune.gate.judge import comparable_answers, compare_under_load
 from autotune.gate.reference import Completion, Reference, ReferenceEntry
@@ -56,7 +54,6 @@ def test_a_server_right_throughout_passes_and_the_count_is_the_limit() -> None:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="needs item 3: comparable_answers samples every round")
 def test_a_server_wrong_after_its_first_12_benchmark_answers_is_caught() -> None:
     sample = _sample(_answers(right_for=12))
     divergent = [
@@ -65,7 +62,6 @@ def test_a_server_wrong_after_its_first_12_benchmark_answers_is_caught() -> None
     assert divergent, "every sampled answer came from before the server turned wrong"
 
 
-@pytest.mark.xfail(strict=True, reason="needs item 3: stratified over rounds and prompts")
 def test_the_sample_is_stratified_over_rounds_and_prompts_and_deterministic() -> None:
     answers = _answers(right_for=0)
     sample = _sample(answers)

@@ -192,6 +192,16 @@ class BenchResult:
     shape: dict[str, Any] = field(default_factory=dict)
 
 
+#: the start of a benchmark error that is the config's protocol failure, not a fault
+PROTOCOL_VIOLATION = "protocol violation"
+
+
+def runaway_cap(max_tokens: int) -> int:
+    """The most tokens a stream may send for ``max_tokens`` before it is ended as a protocol
+    violation: ``max_tokens`` plus a slack of max(8, 10%)."""
+    return max_tokens + max(8, max_tokens // 10)
+
+
 async def stream_request(
     client: httpx.AsyncClient,
     model: str,
@@ -239,12 +249,21 @@ async def stream_request(
                     e2e_s=time.perf_counter() - start,
                 )
             buffer = b""
+            cap = runaway_cap(max_tokens)
             async for data in stream.chunks:
                 now = clock() - start
-                deadline.last = now
+                count = len(times)
                 *lines, buffer = (buffer + data if buffer else data).split(b"\n")
                 if tokens.add(lines, now):
                     break
+                if len(times) != count:  # only a token resets the deadline, not any byte
+                    deadline.last = now
+                    if len(times) > cap:
+                        error = (
+                            f"{PROTOCOL_VIOLATION}: {len(times)} tokens streamed for "
+                            f"max_tokens={max_tokens} (more than {cap})"
+                        )
+                        return _failed(prompt, error, start, times)
             else:  # the body ended: a last event without its newline still counts
                 tokens.end(buffer, clock() - start)
     except TimeoutError:  # our own no-token deadline (protocol.TokenDeadline)

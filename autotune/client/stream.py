@@ -100,25 +100,68 @@ async def sse_payloads(
     :class:`SseReader` (which raises :class:`StreamError` for an error the stream reports
     outside its data's JSON).
 
-    With ``token_deadline_s``, raises ``TimeoutError`` when no bytes arrive for that long (the
-    caller turns it into :class:`NoTokenWithin` with its own names).
+    With ``token_deadline_s``, raises ``TimeoutError`` when no data payload arrives for that
+    long (the caller turns it into :class:`NoTokenWithin` with its own names). Only a payload
+    that carries part of the answer restarts that clock (:func:`carries_answer`): SSE comments
+    (``: keepalive``), empty events and chunks without text keep a stream open but prove
+    nothing, and a server sending only those is hung.
     """
     reader = SseReader()
-    async for lines, now in _sse_lines(response, start, token_deadline_s):
+    quiet = _Quiet()
+    async for lines, now in _sse_lines(response, start, token_deadline_s, quiet):
         for line in lines:
             payload = reader.feed(line)
             if payload is not None:
+                quiet.last = now if carries_answer(payload) else quiet.last
                 yield payload, now
         payload = reader.pause()
         if payload is not None:
+            quiet.last = now if carries_answer(payload) else quiet.last
             yield payload, now
     payload = reader.close()
     if payload is not None:
         yield payload, time.perf_counter() - start
 
 
+def carries_answer(payload: bytes) -> bool:
+    """Whether a data payload moves the answer on: a chunk with text, token ids or a chat delta's
+    content, an error, or the end (``[DONE]``). An empty chunk, a ping or a usage-only chunk
+    does not."""
+    if payload.strip() == b"[DONE]":
+        return True
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        return bool(payload.strip())  # not JSON: the reader's caller reports it
+    if not isinstance(chunk, dict):
+        return False
+    if "error" in chunk or chunk.get("object") == "error":
+        return True
+    for choice in chunk.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        if choice.get("text") or choice.get("token_ids") or delta.get("content"):
+            return True
+        if choice.get("finish_reason"):
+            return True
+    return False
+
+
+class _Quiet:
+    """When the last data payload arrived (seconds since the request's start)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+
 async def _sse_lines(
-    response: httpx.Response, start: float, token_deadline_s: float | None
+    response: httpx.Response,
+    start: float,
+    token_deadline_s: float | None,
+    quiet: _Quiet | None = None,
 ) -> AsyncIterator[tuple[list[bytes], float]]:
     """The body's lines as they complete, with their arrival time; at the end, the last line
     even without its newline.
@@ -134,7 +177,13 @@ async def _sse_lines(
         try:
             # One deadline per chunk, never spanning a ``yield``: a timeout that fired while the
             # consumer held the event would cancel the consumer instead of raising here.
-            async with asyncio.timeout(token_deadline_s):
+            # the time left counts from the last data payload, not from the last byte
+            left = token_deadline_s
+            if token_deadline_s is not None and quiet is not None:
+                left = token_deadline_s - (time.perf_counter() - start - quiet.last)
+                if left <= 0:
+                    raise TimeoutError
+            async with asyncio.timeout(left):
                 data = await anext(chunks)
         except StopAsyncIteration:
             break

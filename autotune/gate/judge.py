@@ -269,12 +269,31 @@ def comparable_answers(
     to it is not a divergence. ``asked`` is the workload's length per prompt
     (``workload.reference_requests``).
     """
-    return [
+    eligible = [
         a
         for a in answers
         if a.prompt in reference.entries
         and reference.max_tokens.get(a.prompt) == asked.get(a.prompt)
-    ][:limit]
+    ]
+    if len(eligible) <= limit:
+        return eligible
+    return stratified(eligible, limit)
+
+
+def stratified(answers: Sequence[Any], limit: int) -> list[Any]:
+    """``limit`` of ``answers`` (in benchmark order, round after round), deterministically: the
+    answers cut into ``limit`` consecutive windows of equal length (so every round has its
+    share), and from each window the first answer to the prompt picked least so far (so the
+    prompts share the sample). In benchmark order."""
+    picked: list[Any] = []
+    used: dict[str, int] = {}
+    n = len(answers)
+    for i in range(limit):
+        window = answers[(i * n) // limit : ((i + 1) * n) // limit]
+        choice = min(window, key=lambda a: used.get(a.prompt, 0))
+        used[choice.prompt] = used.get(choice.prompt, 0) + 1
+        picked.append(choice)
+    return picked
 
 
 def compare_under_load(

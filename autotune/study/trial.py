@@ -27,7 +27,7 @@ import optuna
 from autotune import _proc, names
 from autotune._proc import free_port
 from autotune.bench.loadcurve import record_curve, run_benchmark
-from autotune.bench.phase import BenchResult, bench_summary
+from autotune.bench.phase import PROTOCOL_VIOLATION, BenchResult, bench_summary
 from autotune.client.http import build_client, connections_for
 from autotune.client.stream import NoTokenWithin, StreamError
 from autotune.engines.base import Engine
@@ -478,6 +478,15 @@ class TrialRunner:
                 raise server.failure(
                     "server_crashed",
                     f"server died during the benchmark ({bench.failed_requests} requests failed)",
+                )
+            # one stream past max_tokens is the config's fault whatever the fraction: the
+            # server does not do what it was asked, and its figures count tokens never asked for
+            broken = [e for e in bench.errors if (e or "").startswith(PROTOCOL_VIOLATION)]
+            if broken:
+                raise CandidateError(
+                    "protocol_violation",
+                    f"{len(broken)} of {bench.total_requests} requests: {broken[0]}",
+                    evidence={"log_tail": server.log_tail(), "errors": broken[:5]},
                 )
             if fraction > MAX_FAILED_FRACTION:
                 hung = all((e or "").startswith("hang") for e in bench.errors)
