@@ -196,6 +196,18 @@ class BenchResult:
 PROTOCOL_VIOLATION = "protocol violation"
 
 
+def _streamed(tokens: _Tokens, counter: TokenCounter) -> int:
+    """How many tokens a stream has sent so far: its ids, else its text by the tokenizer (a
+    text-only server may split one token over several events), else its events over 4 (no
+    tokenizer: only a stream far past the limit is cut). Counted only once the events already
+    outnumber the cap, so the hot path pays nothing."""
+    if tokens.ids:
+        return len(tokens.ids)
+    if counter.available:
+        return counter.count("".join(tokens.text))
+    return len(tokens.times) // 4
+
+
 def runaway_cap(max_tokens: int) -> int:
     """The most tokens a stream may send for ``max_tokens`` before it is ended as a protocol
     violation: ``max_tokens`` plus a slack of max(8, 10%)."""
@@ -258,9 +270,9 @@ async def stream_request(
                     break
                 if len(times) != count:  # only a token resets the deadline, not any byte
                     deadline.last = now
-                    if len(times) > cap:
+                    if len(times) > cap and (streamed := _streamed(tokens, counter)) > cap:
                         error = (
-                            f"{PROTOCOL_VIOLATION}: {len(times)} tokens streamed for "
+                            f"{PROTOCOL_VIOLATION}: {streamed} tokens streamed for "
                             f"max_tokens={max_tokens} (more than {cap})"
                         )
                         return _failed(prompt, error, start, times)

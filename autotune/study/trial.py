@@ -12,6 +12,7 @@ holder's liveness through ``cleanup.py`` on every poll.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import secrets
 import socket
@@ -28,6 +29,7 @@ from autotune import _proc, names
 from autotune._proc import free_port
 from autotune.bench.loadcurve import record_curve, run_benchmark
 from autotune.bench.phase import PROTOCOL_VIOLATION, BenchResult, bench_summary
+from autotune.bench.tokens import TokenCounter
 from autotune.client.http import build_client, connections_for
 from autotune.client.stream import NoTokenWithin, StreamError
 from autotune.engines.base import Engine
@@ -85,6 +87,12 @@ class TrialContext:
     study: optuna.Study | None = None
     #: early pruning on intermediate values (off when re-measuring chosen configs)
     allow_pruning: bool = True
+
+    @functools.cached_property
+    def token_counter(self) -> TokenCounter:
+        """The model's tokenizer, loaded once per run: autotune counts the tokens of streams
+        that carry no ids itself, never by the server's word (``bench/tokens.py``)."""
+        return TokenCounter.for_model(self.spec.model.path, self.spec.model.tokenizer)
 
 
 class EarlyStop(Exception):
@@ -463,6 +471,7 @@ class TrialRunner:
                 on_repeat=on_repeat,
                 focus=self.ctx.spec.objective.metrics,
                 phase_hook=evidence.phase,
+                counter=self.ctx.token_counter,
             )
         finally:  # stored whatever the benchmark's outcome; never fails the trial
             trial.set_user_attr(names.SERVER_METRICS, await evidence.stop())
