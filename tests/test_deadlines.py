@@ -108,3 +108,30 @@ def test_the_gates_reader_is_not_kept_alive_by_comments_either(server: str) -> N
     assert how == "deadline"
     # the one token's event, then empty chunks that carry nothing of the answer
     assert [carries_answer(p) for p in payloads].count(True) == 1
+
+
+@pytest.mark.parametrize("server", ["runaway"], indirect=True)
+def test_a_request_has_a_total_bound_beside_the_no_token_deadline(server: str) -> None:
+    """Tokens that keep coming, each well inside the no-token deadline and far from the
+    max_tokens cap, still end at the request's total bound (a trial takes it from the
+    baseline's own end-to-end time)."""
+
+    async def go():
+        async with httpx.AsyncClient(base_url=server) as client:
+            return await asyncio.wait_for(
+                stream_request(
+                    client,
+                    "m",
+                    "p",
+                    100_000,
+                    dialect=VLLM_DIALECT,
+                    read_timeout_s=TIMEOUT_S,
+                    total_timeout_s=1.0,
+                ),
+                ENDED_AT_ALL_S,
+            )
+
+    record = asyncio.run(go())
+    assert not record.ok and record.hung
+    assert "total bound of 1 s" in (record.error or "")
+    assert 0 < len(record.token_times_s) < 100_000

@@ -193,12 +193,15 @@ async def run_benchmark(
     focus: Sequence[str] = ("output_tokens_per_s",),
     phase_hook: Callable[[str, str], Awaitable[None]] | None = None,
     counter: TokenCounter = NO_TOKENIZER,
+    request_bound_s: float | None = None,
 ) -> BenchResult:
     """Warm up once, then rounds of (single-request decode, load at every level) until
     ``focus``'s interval is precise enough (see the module docstring), then the goodput search.
 
     A hung request ends the benchmark at once (``BenchResult.hang``): a trial whose server went
-    silent costs one ``request_timeout_s``, not one per phase and wave.
+    silent costs one ``request_timeout_s``, not one per phase and wave. ``request_bound_s``
+    bounds each request's whole time as well (a stream that trickles a token just inside
+    every deadline still ends).
     """
     read_timeout = hang_timeout_s or workload.request_timeout_s
     prompts = list(workload.prompts)
@@ -226,6 +229,7 @@ async def run_benchmark(
             read_timeout_s=read_timeout,
             phase=name,
             counter=counter,
+            total_timeout_s=request_bound_s,
         )
         if phase_hook is not None:
             await phase_hook(name, "end")

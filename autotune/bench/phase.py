@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 
 from autotune import names
+from autotune.bench.limits import PROTOCOL_VIOLATION, runaway_cap, streamed_tokens
 from autotune.bench.tokens import (
     BY_EVENTS,
     BY_IDS,
@@ -192,28 +193,6 @@ class BenchResult:
     shape: dict[str, Any] = field(default_factory=dict)
 
 
-#: the start of a benchmark error that is the config's protocol failure, not a fault
-PROTOCOL_VIOLATION = "protocol violation"
-
-
-def _streamed(tokens: _Tokens, counter: TokenCounter) -> int:
-    """How many tokens a stream has sent so far: its ids, else its text by the tokenizer (a
-    text-only server may split one token over several events), else its events over 4 (no
-    tokenizer: only a stream far past the limit is cut). Counted only once the events already
-    outnumber the cap, so the hot path pays nothing."""
-    if tokens.ids:
-        return len(tokens.ids)
-    if counter.available:
-        return counter.count("".join(tokens.text))
-    return len(tokens.times) // 4
-
-
-def runaway_cap(max_tokens: int) -> int:
-    """The most tokens a stream may send for ``max_tokens`` before it is ended as a protocol
-    violation: ``max_tokens`` plus a slack of max(8, 10%)."""
-    return max_tokens + max(8, max_tokens // 10)
-
-
 async def stream_request(
     client: httpx.AsyncClient,
     model: str,
@@ -223,6 +202,7 @@ async def stream_request(
     dialect: RequestDialect,
     read_timeout_s: float | None = 30.0,
     counter: TokenCounter = NO_TOKENIZER,
+    total_timeout_s: float | None = None,
 ) -> RequestRecord:
     """Send one streaming completion and time every chunk. Never raises for server faults.
 
@@ -249,7 +229,7 @@ async def stream_request(
         # test needs): one clock read per chunk, one json.loads per event, the deadline a stored
         # number (protocol.TokenDeadline), no per-chunk timer, no httpx objects per chunk.
         async with (
-            TokenDeadline(read_timeout_s, start) as deadline,
+            TokenDeadline(read_timeout_s, start, total_s=total_timeout_s) as deadline,
             open_raw_stream(client, "/v1/completions", body) as stream,
         ):
             if stream.status != 200:
@@ -270,7 +250,15 @@ async def stream_request(
                     break
                 if len(times) != count:  # only a token resets the deadline, not any byte
                     deadline.last = now
-                    if len(times) > cap and (streamed := _streamed(tokens, counter)) > cap:
+                    if (
+                        len(times) > cap
+                        and (
+                            streamed := streamed_tokens(
+                                tokens.ids, tokens.text, tokens.times, counter
+                            )
+                        )
+                        > cap
+                    ):
                         error = (
                             f"{PROTOCOL_VIOLATION}: {streamed} tokens streamed for "
                             f"max_tokens={max_tokens} (more than {cap})"
@@ -281,6 +269,11 @@ async def stream_request(
     except TimeoutError:  # our own no-token deadline (protocol.TokenDeadline)
         waited = "the first token" if not times else f"token {len(times) + 1}"
         error = f"hang: no token within {read_timeout_s:g} s (waiting for {waited})"
+        if deadline.total_expired:
+            error = (
+                f"hang: the request ran past its total bound of {total_timeout_s:g} s "
+                f"({len(times)} tokens by then)"
+            )
         record = _failed(prompt, error, start, times)
         return dataclasses.replace(record, hung=True)
     except TRANSPORT_ERRORS as exc:
@@ -445,6 +438,7 @@ async def run_phase(
     read_timeout_s: float | None,
     phase: str = "load",
     counter: TokenCounter = NO_TOKENIZER,
+    total_timeout_s: float | None = None,
 ) -> PhaseResult:
     """``num_requests`` requests, prompts taken round-robin, at most ``concurrency`` at once.
     ``max_tokens`` is one length for all, or one per prompt (``WorkloadSpec.output_tokens``).
@@ -465,6 +459,7 @@ async def run_phase(
                 dialect=dialect,
                 read_timeout_s=read_timeout_s,
                 counter=counter,
+                total_timeout_s=total_timeout_s,
             )
 
     start = time.perf_counter()

@@ -549,8 +549,13 @@ class TokenDeadline:
         origin: float,
         *,
         clock: Callable[[], float] = time.perf_counter,
+        total_s: float | None = None,
     ) -> None:
         self.deadline_s = deadline_s
+        #: the request's whole time, tokens or not (None: no such bound)
+        self.total_s = total_s
+        #: whether it was ``total_s``, not the no-token deadline, that ended the request
+        self.total_expired = False
         self.origin = origin
         self._clock = clock  # the reader's clock (``last`` is on it); tests pass their own
         #: the last arrival, seconds after ``origin`` (0: the send)
@@ -560,7 +565,7 @@ class TokenDeadline:
 
     async def __aenter__(self) -> TokenDeadline:
         await self._scope.__aenter__()
-        if self.deadline_s is not None:
+        if self.deadline_s is not None or self.total_s is not None:
             self._arm()
         return self
 
@@ -571,11 +576,17 @@ class TokenDeadline:
         return await self._scope.__aexit__(*exc_info)
 
     def _arm(self) -> None:
-        assert self.deadline_s is not None
-        idle = self._clock() - self.origin - self.last
+        elapsed = self._clock() - self.origin
+        idle = elapsed - self.last
         loop = asyncio.get_running_loop()
-        if idle >= self.deadline_s:
+        waits = []
+        if self.deadline_s is not None:
+            waits.append(self.deadline_s - idle)
+        if self.total_s is not None:
+            waits.append(self.total_s - elapsed)
+            self.total_expired = elapsed >= self.total_s
+        if min(waits) <= 0:
             self._timer = None
             self._scope.reschedule(loop.time())  # expire now: cancels the reader's await
         else:
-            self._timer = loop.call_later(self.deadline_s - idle, self._arm)
+            self._timer = loop.call_later(min(waits), self._arm)

@@ -27,8 +27,9 @@ import optuna
 
 from autotune import _proc, names
 from autotune._proc import free_port
+from autotune.bench.limits import PROTOCOL_VIOLATION, request_bound_s
 from autotune.bench.loadcurve import record_curve, run_benchmark
-from autotune.bench.phase import PROTOCOL_VIOLATION, BenchResult, bench_summary
+from autotune.bench.phase import BenchResult, bench_summary
 from autotune.bench.tokens import TokenCounter
 from autotune.client.http import build_client, connections_for
 from autotune.client.stream import NoTokenWithin, StreamError
@@ -63,6 +64,7 @@ from autotune.study.record import (
     trim,
     upload_trial_files,
 )
+from autotune.study.results import verified_baseline
 
 HOST = "127.0.0.1"
 #: a benchmark with more failed requests than this fraction fails the trial
@@ -472,6 +474,10 @@ class TrialRunner:
                 focus=self.ctx.spec.objective.metrics,
                 phase_hook=evidence.phase,
                 counter=self.ctx.token_counter,
+                request_bound_s=request_bound_s(
+                    self.ctx.study and verified_baseline(self.ctx.study),
+                    self.ctx.spec.workload.request_timeout_s,
+                ),
             )
         finally:  # stored whatever the benchmark's outcome; never fails the trial
             trial.set_user_attr(names.SERVER_METRICS, await evidence.stop())
