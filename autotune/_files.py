@@ -10,10 +10,82 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
 from autotune.errors import SpecError
+
+#: The largest study spec or search-space file read (a YAML file a person writes is a few KiB).
+MAX_YAML_BYTES = 1 << 20
+#: The largest workload (prompt) file read: 64 MiB of JSONL, far more prompts than a study sends.
+MAX_WORKLOAD_BYTES = 64 << 20
+
+
+def read_bounded(path: Path, *, what: str, limit: int, key: str | None = None) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes, or one SpecError.
+
+    Devices (``/dev/zero``), FIFOs, sockets and folders are refused without reading: the file
+    is opened non-blocking (a FIFO with no writer would otherwise block the open for ever) and
+    its kind checked on the open descriptor; a file growing past ``limit`` while it is read is
+    refused as well (only ``limit + 1`` bytes are ever read).
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        # the kind first, by name (a socket cannot even be opened), then again on the open
+        # descriptor (the name may have been swapped for a FIFO in between)
+        _check_regular(os.stat(path).st_mode, path, what, key)
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise SpecError(f"{what} file not found", file=str(path), key=key) from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise SpecError(f"cannot read {what} file: {reason}", file=str(path), key=key) from None
+    try:
+        _check_regular(os.fstat(fd).st_mode, path, what, key)
+        if os.fstat(fd).st_size > limit:
+            raise SpecError(
+                f"{what} file is larger than the {_size(limit)} limit", file=str(path), key=key
+            )
+        os.set_blocking(fd, True)
+        chunks: list[bytes] = []
+        total = 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:
+            raise SpecError(
+                f"{what} file is larger than the {_size(limit)} limit", file=str(path), key=key
+            )
+        return b"".join(chunks)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise SpecError(f"cannot read {what} file: {reason}", file=str(path), key=key) from None
+    finally:
+        os.close(fd)
+
+
+def _check_regular(mode: int, path: Path, what: str, key: str | None) -> None:
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        kind = "a folder"
+    elif stat.S_ISFIFO(mode):
+        kind = "a FIFO"
+    elif stat.S_ISSOCK(mode):
+        kind = "a socket"
+    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        kind = "a device"
+    else:
+        kind = "not a regular file"
+    raise SpecError(f"{what} file must be a regular file, this is {kind}", file=str(path), key=key)
+
+
+def _size(limit: int) -> str:
+    return f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
 
 
 def write_text_atomically(out: Path, text: str, *, option: str) -> Path:

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from autotune._files import MAX_YAML_BYTES, read_bounded
 from autotune.errors import SpecError
 
 
@@ -164,12 +165,7 @@ def _collect_lines(
 def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
     """Read ``path`` as YAML; any problem becomes one SpecError naming the file."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise SpecError(f"{what} file not found", file=str(path)) from None
-    except OSError as exc:
-        raise SpecError(f"cannot read {what} file: {exc.strerror}", file=str(path)) from None
+    raw = read_bounded(path, what=what, limit=MAX_YAML_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

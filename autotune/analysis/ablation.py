@@ -182,13 +182,12 @@ def run_ablation(
 
 
 def _pick_trial(study: optuna.Study, number: int | None) -> optuna.trial.FrozenTrial:
-    best = best_trials(study)
+    trials = study.get_trials(deepcopy=False)  # one read, passed down
     if number is None:
+        best = best_trials(study, trials=trials)
         if not best:
             raise SpecError("the study has no verified correct trial to ablate", key="--study")
         return best[0]
-
-    trials = study.get_trials(deepcopy=False)
     if number < 0 or number >= len(trials) or not is_verified_feasible(trials[number]):
         raise SpecError(f"trial {number} is not a verified correct trial", key="--trial")
     return trials[number]

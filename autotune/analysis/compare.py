@@ -40,6 +40,7 @@ from autotune.study.results import (
     is_verified_feasible,
     objective_names,
     report_of,
+    snapshot,
 )
 
 
@@ -178,11 +179,12 @@ def compare_studies(a: str, b: str) -> StudyComparison:
 
 def _side(ref: StudyRef) -> StudySide:
     study = load_study(ref.url, ref.name)
-    report = report_of(study)
+    trials = snapshot(study)  # one read: a live study's next trial cannot split the answer
+    report = report_of(study, trials=trials)
     objective = tuple(study.metric_names or ())
     if not objective:
         objective = objective_names(study, report, ReportSource(ref.url))
-    best = best_trials(study)
+    best = best_trials(study, trials=trials)
     verdicts = dict(
         sorted(
             {
@@ -197,7 +199,7 @@ def _side(ref: StudyRef) -> StudySide:
     params = dict(winner.user_attrs.get(names.PARAMS_RESOLVED) or winner.params)
     same = [
         t
-        for t in study.get_trials(deepcopy=False)
+        for t in trials
         if is_verified_feasible(t)
         and dict(t.user_attrs.get(names.PARAMS_RESOLVED) or t.params) == params
     ]

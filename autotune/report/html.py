@@ -60,6 +60,7 @@ from autotune.study.results import (
     baseline_reason,
     objective_names,
     report_of,
+    snapshot,
     verified_baseline,
 )
 
@@ -104,9 +105,9 @@ def write_report(
 
 def build_report(study: optuna.Study, source: ReportSource) -> str:
     """The whole page as one string."""
-    report = report_of(study)
+    trials = snapshot(study)  # one read for the whole page: a live study may add trials meanwhile
+    report = report_of(study, trials=trials)
     report = dataclasses.replace(report, metric_names=objective_names(study, report, source))
-    trials = study.get_trials(deepcopy=False)
     figures = Figures()
     sections = [
         _header(study, report, trials, source),
@@ -203,9 +204,9 @@ def _winner(
             f"{len(finished)} finished): there is nothing to deploy. The failures below say "
             "why each one was rejected.</div></section>"
         )
-    baseline = verified_baseline(study)
+    baseline = verified_baseline(study, trials=trials)
     base_params = dict((baseline.user_attrs.get(names.PARAMS_RESOLVED) or {}) if baseline else {})
-    reason = baseline_reason(study)
+    reason = baseline_reason(study, trials=trials)
     parts = [head]
     if reason is not None:
         parts.append(
@@ -224,7 +225,7 @@ def _winner(
         parts.append(_metrics_line(report, row, baseline))
         parts.append(f"<p><b>checks passed</b>: {esc(describe_checks(row.checks))}</p>")
     parts.append(_confirmation_html(report.attrs.get(names.CONFIRMATION)))
-    parts.append(_export_html(study, report, source))
+    parts.append(_export_html(study, report, trials, source))
     parts.append("</section>")
     return "".join(parts)
 
@@ -283,7 +284,9 @@ def _confirmation_html(data: dict | None) -> str:
     return f"<h3>Confirmation</h3>{verdict}{table}"
 
 
-def _export_html(study: optuna.Study, report: StudyReport, source: ReportSource) -> str:
+def _export_html(
+    study: optuna.Study, report: StudyReport, trials: list[FrozenTrial], source: ReportSource
+) -> str:
     spec = source.spec_path or report.attrs.get(names.SPEC_PATH) or "SPEC.yaml"
     words = ["autotune", "export", "--spec", spec]
     if source.spec_path is None:
@@ -291,7 +294,10 @@ def _export_html(study: optuna.Study, report: StudyReport, source: ReportSource)
     words += ["-o", "best.yaml"]
     if len(report.best) > 1:
         words.append("--pareto")
-    elif report.attrs.get(names.CONFIRMATION) is None and baseline_reason(study) is None:
+    elif (
+        report.attrs.get(names.CONFIRMATION) is None
+        and baseline_reason(study, trials=trials) is None
+    ):
         words.append("--allow-unconfirmed")
     return (
         "<h3>Deploy it</h3><pre id='export-command'>"

@@ -341,7 +341,7 @@ def pareto_section(
     go = _go()
     names = report.metric_names or ("objective 1", "objective 2")
     correct = [t for t in trials if is_verified_feasible(t) and t.values]
-    front = {t.number for t in best_trials(study)}
+    front = {t.number for t in best_trials(study, trials=trials)}
     fig = go.Figure()
     for on_front in (False, True):
         chosen = [t for t in correct if (t.number in front) == on_front]

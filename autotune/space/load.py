@@ -60,6 +60,11 @@ _RESERVED_FLAGS = {
 }
 
 
+#: The most parameters a search space may hold (a real one has a dozen; each is checked against
+#: every other, so ten thousand took minutes to refuse).
+MAX_PARAMETERS = 256
+
+
 def load_space(
     path: str | Path,
     *,
@@ -77,6 +82,11 @@ def load_space(
     raw_params = doc.data["parameters"]
     if not isinstance(raw_params, dict) or not raw_params:
         raise doc.error("parameters", "must be a non-empty mapping of parameter names")
+    if len(raw_params) > MAX_PARAMETERS:
+        raise doc.error(
+            "parameters",
+            f"has {len(raw_params)} parameters; a search space holds at most {MAX_PARAMETERS}",
+        )
     params: list[Parameter] = []
     for name, raw in raw_params.items():
         params.append(

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import names
+from autotune._files import MAX_WORKLOAD_BYTES, read_bounded
 from autotune._yaml import MAX_COUNT
 from autotune._yaml import SURROGATE as _SURROGATE
 from autotune.errors import SpecError
@@ -173,7 +174,7 @@ def _from_file(doc: Any, raw: dict[str, Any], base: Path, tokenizer: _Tokenizer)
     if not isinstance(rel, str) or not rel:
         raise doc.error("workload.file", "must be a path to a JSONL file")
     path = (base / rel).resolve()
-    if not path.is_file():
+    if not path.exists():
         raise doc.error("workload.file", f"file not found: {path}")
     limit = raw.get("limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
@@ -195,6 +196,11 @@ def _from_file(doc: Any, raw: dict[str, Any], base: Path, tokenizer: _Tokenizer)
     )
 
 
+#: The most records (lines, or array items) a workload file may hold; with the file's size bound
+#: (``_files.MAX_WORKLOAD_BYTES``, 64 MiB) this bounds what reading one costs.
+MAX_WORKLOAD_RECORDS = 1_000_000
+
+
 def read_prompt_file(
     path: Path, tokenizer: _Tokenizer | None = None, *, limit: int | None = None
 ) -> tuple[list[str], list[int | None], int, str | None]:
@@ -204,18 +210,33 @@ def read_prompt_file(
     record.
     """
     tokenizer = tokenizer or _Tokenizer(None)
+    raw = read_bounded(path, what="workload", limit=MAX_WORKLOAD_BYTES, key="workload.file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise SpecError(f"cannot read: {exc}", file=str(path), key="workload.file") from None
     records: list[tuple[int, str, Any]] = []  # (line, where, parsed)
     if text.lstrip().startswith("["):
         items = _json(text, path, 0)
+        if isinstance(items, list) and len(items) > MAX_WORKLOAD_RECORDS:
+            raise SpecError(
+                f"more than {MAX_WORKLOAD_RECORDS} records; a workload file holds no more",
+                file=str(path),
+                key="workload.file",
+            )
         records = [(0, f"item {i}", item) for i, item in enumerate(items)]
     else:
         for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
+            if len(records) >= MAX_WORKLOAD_RECORDS:
+                raise SpecError(
+                    f"more than {MAX_WORKLOAD_RECORDS} records; a workload file holds at most "
+                    "that many (use workload.limit on a smaller file)",
+                    file=str(path),
+                    line=number,
+                    key="workload.file",
+                )
             records.append((number, "", _json(line, path, number)))
     prompts: list[str] = []
     lengths: list[int | None] = []

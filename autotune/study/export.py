@@ -26,7 +26,7 @@ from autotune.engines.base import EXPORT_API_KEY
 from autotune.errors import SpecError
 from autotune.gate.reference import describe_checks
 from autotune.spec.model import StudySpec
-from autotune.study.results import baseline_reason, best_trials, verified_baseline
+from autotune.study.results import baseline_reason, best_trials, snapshot, verified_baseline
 
 #: where the API key goes in an exported launch: the user's shell expands it
 #: the header line of every exported file that ``autotune recheck`` reads back
@@ -221,9 +221,10 @@ def export_best(
     config is exported with a header saying so: it is verified by definition, and a study whose
     search found nothing better ran correctly. A study whose baseline failed exports nothing.
     """
-    reason = baseline_reason(study)
+    trials = snapshot(study)  # one read: a live study's next trial cannot split the answer
+    reason = baseline_reason(study, trials=trials)
     if reason is not None and not pareto:
-        base = verified_baseline(study)
+        base = verified_baseline(study, trials=trials)
         return [
             export_trial(
                 spec,
@@ -233,7 +234,7 @@ def export_best(
                 baseline_metrics=base.user_attrs.get(names.METRICS) or None,
             )
         ]
-    best = best_trials(study)
+    best = best_trials(study, trials=trials)
     if not best:
         raise SpecError(
             f"study {study.study_name!r} has no verified correct trial to export", key="--study"
@@ -258,7 +259,7 @@ def export_best(
             "use --pareto to export every config on it",
             key="--pareto",
         )
-    base = verified_baseline(study)
+    base = verified_baseline(study, trials=trials)
     base_metrics = (base.user_attrs.get(names.METRICS) or None) if base is not None else None
     if not pareto:
         return [

@@ -10,6 +10,7 @@ the baseline is the best: it is the verified reference, and `export` writes it s
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,20 +65,31 @@ def is_verified_feasible(trial: FrozenTrial) -> bool:
     return all(v <= 0.0 for v in trial.constraints.values())
 
 
-def verified_baseline(study: optuna.Study) -> FrozenTrial | None:
+def snapshot(study: optuna.Study) -> list[FrozenTrial]:
+    """The study's trials, read once: a reader passes this list down (``trials=``) so that a
+    trial a live study adds between two reads cannot make them disagree."""
+    return study.get_trials(deepcopy=False)
+
+
+def verified_baseline(
+    study: optuna.Study, *, trials: Sequence[FrozenTrial] | None = None
+) -> FrozenTrial | None:
     """The baseline trial that recorded the reference (verified by definition), if it ran."""
-    for trial in study.get_trials(deepcopy=False):
+    for trial in snapshot(study) if trials is None else trials:
         if trial.user_attrs.get(names.ROLE) == names.BASELINE and is_verified_feasible(trial):
             return trial
     return None
 
 
-def baseline_reason(study: optuna.Study) -> str | None:
+def baseline_reason(
+    study: optuna.Study, *, trials: Sequence[FrozenTrial] | None = None
+) -> str | None:
     """Why the baseline is the best config of a single-objective study, or None when a search
     trial beat it: no correct trial measured better, or the confirmation found no real gain."""
     if len(study.directions) != 1:
         return None
-    baseline = verified_baseline(study)
+    trials = snapshot(study) if trials is None else trials
+    baseline = verified_baseline(study, trials=trials)
     if baseline is None:
         return None
     confirmation = study.user_attrs.get(names.CONFIRMATION)
@@ -91,7 +103,6 @@ def baseline_reason(study: optuna.Study) -> str | None:
                 f"measured {gain:+.1%} against the baseline)"
             )
         return None
-    trials = study.get_trials(deepcopy=False)
     searched = [
         t
         for t in trials
@@ -105,14 +116,18 @@ def baseline_reason(study: optuna.Study) -> str | None:
     return None
 
 
-def best_trials(study: optuna.Study) -> list[FrozenTrial]:
+def best_trials(
+    study: optuna.Study, *, trials: Sequence[FrozenTrial] | None = None
+) -> list[FrozenTrial]:
     """Single objective: the best verified trial (or the confirmed winner, or the baseline when
     nothing beat it, see ``baseline_reason``); multi: the front."""
-    candidates = [t for t in study.get_trials(deepcopy=False) if is_verified_feasible(t)]
+    trials = snapshot(study) if trials is None else trials
+    candidates = [t for t in trials if is_verified_feasible(t)]
     if not candidates:
         return []
-    if baseline_reason(study) is not None:
-        return [verified_baseline(study)]
+    if baseline_reason(study, trials=trials) is not None:
+        baseline = verified_baseline(study, trials=trials)
+        return [baseline] if baseline is not None else []
     confirmed = (study.user_attrs.get(names.CONFIRMATION) or {}).get("winner")
     if confirmed is not None:
         by_number = {t.number: t for t in candidates}
@@ -181,9 +196,9 @@ def load_report(storage_url: str, study_name: str) -> StudyReport:
     return report_of(load_study(storage_url, study_name))
 
 
-def report_of(study: optuna.Study) -> StudyReport:
-    trials = study.get_trials(deepcopy=False)
-    best = {t.number for t in best_trials(study)}
+def report_of(study: optuna.Study, *, trials: Sequence[FrozenTrial] | None = None) -> StudyReport:
+    trials = snapshot(study) if trials is None else trials
+    best = {t.number for t in best_trials(study, trials=trials)}
     rows = tuple(row_of(t, best) for t in trials)
     reasons = Counter(r.verdict for r in rows if r.verdict not in ("correct", "running", "waiting"))
     metric_names = tuple(study.metric_names or []) if study.metric_names else ()
