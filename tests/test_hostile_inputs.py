@@ -406,14 +406,23 @@ def test_values_no_launch_or_export_can_carry(
     )
 
 
+class _Aliasing(yaml.SafeDumper):
+    """Dumps a long string once and aliases its repeats."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return not isinstance(data, str) or len(data) < 1000
+
+
 def test_a_space_whose_longest_launch_is_over_arg_max(tmp_path: Path) -> None:
     """Every value fits one argv word, but together they pass the kernel's limit on a launch:
     each trial that drew them failed to start with E2BIG, blamed on the configuration."""
     limit = arg_max()
     assert limit is not None
     count = limit // 120_000 + 1
+    # one 120 kB value named once and aliased: the file stays under the 1 MiB bound on specs
+    big = "x" * 120_000
     text = "parameters:\n" + "".join(
-        f"  p{i}: {{type: categorical, choices: [a, {'x' * 120_000}], "
+        f"  p{i}: {{type: categorical, choices: [a, {'&big ' + big if i == 0 else '*big'}], "
         f"target: {{{'env: P' if i % 2 else 'flag: --p'}{i}}}}}\n"
         for i in range(count)
     )
@@ -425,7 +434,13 @@ def test_a_space_whose_longest_launch_is_over_arg_max(tmp_path: Path) -> None:
 def test_an_engine_launch_over_arg_max(tmp_path: Path) -> None:
     """The spec's own words can pass the limit together too: named in the spec."""
     words = ["x" * 120_000] * (arg_max() // 120_000 + 1)
-    line = run_with_spec(tmp_path, with_(SPEC, "engine.args", words), "engine:", "too long")
+    path = write(tmp_path)
+    # the word written once and aliased: the file stays under the 1 MiB bound on specs
+    text = yaml.dump(with_(SPEC, "engine.args", words), Dumper=_Aliasing, sort_keys=False)
+    path.write_text(text)
+    line = assert_bad_input(
+        invoke("run", "--spec", str(path)), tmp_path, f"{path}:", "engine:", "too long"
+    )
     assert "with no parameter set" in line
 
 

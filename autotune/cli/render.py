@@ -24,7 +24,12 @@ from autotune.errors import PreflightError
 from autotune.gate.reference import Capabilities, describe_checks
 from autotune.server.metrics import preemption_notes
 from autotune.storage import load_study
-from autotune.study.results import baseline_reason, best_trials, load_report
+from autotune.study.results import (
+    baseline_reason,
+    best_trials,
+    report_of,
+    snapshot,
+)
 
 # Wide tables when the output is a file or a pipe (CI logs, `| less`), not 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 180)
@@ -155,8 +160,9 @@ def gate_notices(capabilities: dict | None) -> list[str]:
 
 
 def print_report(storage_url: str, study_name: str, *, limit: int | None = None) -> None:
-    report = load_report(storage_url, study_name)
-    trials = load_study(storage_url, study_name).get_trials(deepcopy=False)
+    study = load_study(storage_url, study_name)
+    trials = snapshot(study)  # one read: a live study's new trial cannot make two disagree
+    report = report_of(study, trials=trials)
     shapes = {t.number: t.user_attrs.get(STREAM_SHAPE) or {} for t in trials}
     metric_cols = {
         "decode_tokens_per_s": "decode tok/s",
