@@ -1,0 +1,120 @@
+"""The host sampler: another process burning CPU makes a measurement noisy, quiet does not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from autotune.bench.host import (
+    OTHERS_CPU_SHARE_LIMIT,
+    HostReport,
+    HostSampler,
+    judge_interval_noise,
+)
+
+BURN = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass\n"
+
+
+def _trial_like(sampler: HostSampler, seconds: float = 2.0) -> HostReport:
+    with sampler.measure() as host:
+        time.sleep(seconds)  # the "benchmark": the client waits on the server
+    assert host.report is not None
+    return host.report
+
+
+def test_cpu_burners_outside_the_tree_make_it_noisy() -> None:
+    burners = [
+        subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(psutil.cpu_count() or 1)
+    ]
+    try:
+        # the burners are our children: exclude nothing, so the sampler excludes only
+        # its own process (the client), not its tree
+        report = _trial_like(HostSampler(set()))
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait()
+    d = report.to_dict()
+    assert d["noisy"] is True
+    assert d["others_cpu_share"] > OTHERS_CPU_SHARE_LIMIT
+    assert any("other processes took" in r for r in d["reasons"])
+    assert d["cpus"] == psutil.cpu_count()
+    assert d["samples"] >= 2
+
+
+def test_burners_inside_the_excluded_tree_do_not_count() -> None:
+    burners = [
+        subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(psutil.cpu_count() or 1)
+    ]
+    try:
+        pids = {p.pid for p in burners}
+        excluded = _trial_like(HostSampler(lambda: pids | {os.getpid()}))
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait()
+    # the burners are the "server": their CPU is not others' (the rest of the machine may be busy)
+    assert excluded.others_cpu_share is not None
+    assert excluded.others_cpu_share < 0.9
+
+
+def test_quiet_machine_is_not_noisy() -> None:
+    probe = _trial_like(HostSampler(lambda: {os.getpid()}), seconds=1.0)
+    if probe.noisy:
+        pytest.skip(f"machine already noisy before the test, cannot check quiet: {probe.reasons}")
+    report = _trial_like(HostSampler(lambda: {os.getpid()}))
+    if report.noisy:
+        pytest.skip(f"other load started during the quiet check: {report.reasons}")
+    d = report.to_dict()
+    assert d["noisy"] is False and d["reasons"] == []
+    assert d["others_cpu_share"] <= OTHERS_CPU_SHARE_LIMIT
+
+
+def test_no_gpus_named_is_absent_and_said_so() -> None:
+    d = _trial_like(HostSampler(set(), gpus=()), seconds=0.1).to_dict()
+    assert d["gpu"] == {"available": False, "why": "no GPUs named for this trial"}
+
+
+def test_gpu_without_nvidia_smi_is_said_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("autotune.bench.host.shutil.which", lambda _name: None)
+    d = _trial_like(HostSampler(set(), gpus=(0,)), seconds=0.1).to_dict()
+    assert d["gpu"]["available"] is False
+    assert "nvidia-smi" in d["gpu"]["why"]
+
+
+def test_judge_interval_noise() -> None:
+    quiet = {"noisy": False, "reasons": []}
+    loud = {"noisy": True, "reasons": ["other processes took 80% of 2 CPUs (limit 25%)"]}
+    assert judge_interval_noise([]) is None
+    assert judge_interval_noise([None, None]) is None
+    assert judge_interval_noise([quiet, quiet, loud]) is None
+    verdict = judge_interval_noise([loud, loud, quiet])
+    assert verdict is not None and "2 of 3" in verdict and "80%" in verdict
+
+
+def test_gpu_other_process_throttle_and_pcie_are_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_smi(args: list[str]) -> list[list[str]]:
+        if args[0].startswith("--query-gpu"):
+            return [
+                ["0", "GPU-a", "1200", "1980", "0x0000000000000004", "3", "4", "8", "16"],
+                ["1", "GPU-b", "1980", "1980", "0x0000000000000000", "4", "4", "16", "16"],
+            ]
+        return [["GPU-a", "4242"], ["GPU-a", "7"], ["GPU-b", "99"]]
+
+    monkeypatch.setattr("autotune.bench.host._smi", fake_smi)
+    d = _trial_like(HostSampler({7}, gpus=(0,)), seconds=0.1).to_dict()
+    assert d["noisy"] is True
+    dev = d["gpu"]["devices"]["0"]
+    assert set(d["gpu"]["devices"]) == {"0"}
+    assert dev["other_pids"] == [4242]
+    assert dev["sm_clock_min"] == 1200 and dev["sm_clock_max"] == 1980
+    assert any("other processes [4242]" in r for r in d["reasons"])
+    assert any("throttle" in r for r in d["reasons"])
+    assert any("PCIe x8 of x16" in r for r in d["reasons"])
+    quiet = _trial_like(HostSampler({7}, gpus=(1,)), seconds=0.1).to_dict()
+    assert quiet["gpu"]["devices"]["1"]["other_pids"] == [99]
