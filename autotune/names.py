@@ -18,6 +18,7 @@ FAIL_DETAIL = "fail_detail"
 EVIDENCE = "evidence"  # log tail, exit code, signal, first divergence ...
 METRICS = "metrics"
 BENCH = "bench"  # spread, repeats, request counts
+HOST = "host"  # what else used the machine while it was measured (bench/host.py): noisy, reasons
 SERVER = "server"  # argv, env (redacted), startup_s, engine_version, pid/pgid, host, worker
 CHECK = "check"
 PARAMS_RESOLVED = "params_resolved"  # values as the engine got them (int_list as lists)

@@ -118,3 +118,50 @@ def test_gpu_other_process_throttle_and_pcie_are_reasons(monkeypatch: pytest.Mon
     assert any("PCIe x8 of x16" in r for r in d["reasons"])
     quiet = _trial_like(HostSampler({7}, gpus=(1,)), seconds=0.1).to_dict()
     assert quiet["gpu"]["devices"]["1"]["other_pids"] == [99]
+
+
+def _baseline_host(tmp_path, name: str) -> dict:
+    """Run a study's baseline on the fake server; its stored ``host`` record."""
+    from autotune import names
+    from autotune.spec.load import load_spec
+    from autotune.storage import load_study
+    from autotune.study.loop import RunOptions, run_study
+    from tests.builders import write_fake_spec
+
+    space = "parameters:\n  n:\n    type: categorical\n    choices: [2, 8]\n    baseline: 8\n"
+    space += "    target: {flag: --max-num-seqs}\n"
+    spec = load_spec(write_fake_spec(tmp_path, space, name=name, args=("--decode-ms", "20")))
+    summary = run_study(spec, RunOptions(trials=1, seed=0))
+    study = load_study(summary.storage_url, summary.study_name)
+    (trial,) = study.get_trials(deepcopy=False)
+    return trial.user_attrs[names.HOST]
+
+
+def test_a_trial_measured_beside_cpu_burners_is_recorded_noisy(tmp_path) -> None:
+    """The trial's own record says the host was busy, with the evidence; the burners are not
+    the server's tree, so their CPU counts as others'."""
+    burners = [
+        subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(psutil.cpu_count() or 1)
+    ]
+    try:
+        host = _baseline_host(tmp_path, "burned")
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait()
+    assert host["noisy"] is True
+    assert host["others_cpu_share"] > OTHERS_CPU_SHARE_LIMIT
+    assert any("other processes took" in r for r in host["reasons"])
+
+
+def test_the_same_trial_on_a_quiet_machine_is_not_noisy(tmp_path) -> None:
+    probe = _trial_like(HostSampler(lambda: {os.getpid()}), seconds=1.0)
+    if probe.noisy:
+        pytest.skip(f"machine already noisy before the test, cannot check quiet: {probe.reasons}")
+    host = _baseline_host(tmp_path, "quiet")
+    if host["noisy"] and not _trial_like(HostSampler(lambda: {os.getpid()}), 1.0).noisy:
+        # the trial's own client counts as the test's process tree here, never as others'
+        assert host["noisy"] is False, host
+    if host["noisy"]:
+        pytest.skip(f"other load started during the quiet check: {host['reasons']}")
+    assert host["reasons"] == [] and "others_cpu_share" in host

@@ -28,6 +28,7 @@ import optuna
 from autotune import names
 from autotune._stats import t_quantile
 from autotune.analysis.remeasure import Variant, measure_variants
+from autotune.bench.host import judge_interval_noise
 from autotune.errors import SpecError
 from autotune.search.model import rank_by_posterior
 from autotune.space.model import SearchSpace
@@ -53,6 +54,9 @@ class Confirmation:
     gain: float | None  # winner median / baseline median - 1, in the "better" direction
     gain_ci: tuple[float, float] | None
     candidates: tuple[CandidateResult, ...]
+    #: "host noise, not the configs, decides this interval: ..." when most rounds were
+    #: measured on a busy host (bench/host.py), else None
+    host_noise: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,6 +198,12 @@ def run_confirmation(
     gain, ci = None, None
     if winner is not None and base.median:
         gain, ci = gain_with_ci(winner.samples, base.samples, sign)
+    rounds_host = [
+        t.user_attrs.get(names.HOST)
+        for t in study.get_trials(deepcopy=False)
+        if t.user_attrs.get(names.ROLE) == names.CONFIRM
+        and t.user_attrs.get(names.VARIANT) in {r.label for r in results}
+    ]
     confirmation = Confirmation(
         metric=metric,
         repeats=rounds,
@@ -201,6 +211,7 @@ def run_confirmation(
         gain=gain,
         gain_ci=ci,
         candidates=tuple(results),
+        host_noise=judge_interval_noise([h for h in rounds_host if h]),
     )
     study.set_user_attr(names.CONFIRMATION, confirmation.to_dict())
     return confirmation

@@ -26,11 +26,13 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
+
+from autotune import names
 
 OTHERS_CPU_SHARE_LIMIT = 0.25
 STEAL_SHARE_LIMIT = 0.05
@@ -38,7 +40,7 @@ NOISY_ROUNDS_SHARE = 0.5
 SAMPLE_INTERVAL_S = 0.5
 
 # user_attr name for the wiring (not in names.py: not this module's file).
-HOST_ATTR = "host"
+HOST_ATTR = names.HOST
 
 _IDLE_THROTTLE = {"0x0000000000000000", "0x0000000000000001"}  # none / GPU idle
 
@@ -337,3 +339,11 @@ def judge_interval_noise(
         f"host noise, not the configs, decides this interval: {len(noisy)} of "
         f"{len(dicts)} rounds were noisy ({first})"
     )
+
+
+def visible_gpus(env: Mapping[str, str]) -> tuple[int, ...]:
+    """The GPU indices a launch may use, from its ``CUDA_VISIBLE_DEVICES`` (a parallel
+    worker's device set, or the user's); none when it is unset or names devices by UUID."""
+    value = env.get("CUDA_VISIBLE_DEVICES", "")
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else ()

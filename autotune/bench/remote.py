@@ -14,6 +14,7 @@ what both have, saying which checks were skipped, never claiming one it could no
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from urllib.parse import urlparse
 import httpx
 
 from autotune import names
+from autotune.bench.host import HostSampler
 from autotune.bench.loadcurve import STREAM_SHAPE, run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
 from autotune.bench.tokens import MEASUREMENT_SUSPECT, TokenCounter, cross_check, suspect_line
@@ -68,6 +70,9 @@ class RemoteResult:
     #: how the answers arrived (loadcurve.STREAM_SHAPE) and the count cross-check, as a trial
     stream_shape: dict[str, Any] = field(default_factory=dict)
     measurement_suspect: dict[str, Any] | None = None
+    #: what else used this machine while it measured (bench/host.py); the server may be
+    #: elsewhere, so nothing is left out of the count
+    host: dict[str, Any] | None = None
 
     def to_json(self, spec: StudySpec) -> dict[str, Any]:
         """Metric names as top-level keys (``output_tokens_per_s``, ...), evidence beside."""
@@ -84,6 +89,7 @@ class RemoteResult:
             "notices": self.notices,
             STREAM_SHAPE: self.stream_shape,
             MEASUREMENT_SUSPECT: self.measurement_suspect,
+            names.HOST: self.host,
         }
 
 
@@ -235,6 +241,8 @@ async def bench_remote(
                 return result
         evidence = ServerMetricsRecorder(client, metrics_map)
         await evidence.start()
+        host = HostSampler(set())
+        host.start()
         try:
             bench = await run_benchmark(
                 client,
@@ -246,6 +254,7 @@ async def bench_remote(
             )
         finally:
             result.server_metrics = await evidence.stop()
+            result.host = (await asyncio.to_thread(host.stop)).to_dict()
         result.metrics = dict(bench.metrics)
         result.bench = bench_summary(bench)
         result.stream_shape = bench.shape

@@ -83,6 +83,8 @@ def print_confirmation(data: dict) -> None:
             f"{label}: trial {data['winner']}, {data['gain']:+.1%} over the baseline "
             f"(95% CI {low:+.1%} .. {high:+.1%})"
         )
+    if data.get("host_noise"):
+        console.print(f"[yellow]{escape(data['host_noise'])}[/]")
 
 
 class LiveView:
@@ -202,6 +204,8 @@ def print_report(storage_url: str, study_name: str, *, limit: int | None = None)
             + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
         )
         print_failure_details(rows)
+    for line in noisy_host_lines(trials):
+        console.print(f"[yellow]noisy host:[/] {escape(line)}", soft_wrap=True)
     for line in speculation_lines(trials):  # speculative trials: acceptance
         console.print(f"speculative decoding: {escape(line)}", soft_wrap=True)
     for line in measurement_lines(trials, report.best):
@@ -496,3 +500,15 @@ def study_speculation_lines(storage_url: str, study_name: str) -> list[str]:
     """:func:`speculation_lines` for a stored study (``autotune show``)."""
     study = load_study(storage_url, study_name)
     return speculation_lines(study.get_trials(deepcopy=False))
+
+
+def noisy_host_lines(trials: Iterable[Any]) -> list[str]:
+    """``trial N: <reasons>`` for every trial measured while other work took the machine
+    (user attr ``host``, bench/host.py): its figures say as much about the host as the config."""
+    lines = []
+    for trial in trials:
+        host = trial.user_attrs.get(names.HOST) or {}
+        if host.get("noisy"):
+            reasons = "; ".join(host.get("reasons") or ()) or "no reason recorded"
+            lines.append(f"trial {trial.number}: {reasons}")
+    return lines

@@ -27,6 +27,7 @@ import optuna
 
 from autotune import _proc, names
 from autotune._proc import free_port
+from autotune.bench.host import HostSampler, visible_gpus
 from autotune.bench.limits import PROTOCOL_VIOLATION, request_bound_s
 from autotune.bench.loadcurve import record_curve, run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
@@ -464,6 +465,10 @@ class TrialRunner:
 
         evidence = ServerMetricsRecorder(client, self.ctx.engine.server_metrics_map())
         await evidence.start()
+        # what else used the machine meanwhile (bench/host.py): the server's tree is left out
+        gpus = visible_gpus({**os.environ, **self.ctx.extra_env})
+        host = HostSampler(lambda: {server.pid}, gpus=gpus)
+        host.start()
         try:
             bench = await run_benchmark(
                 client,
@@ -481,6 +486,7 @@ class TrialRunner:
             )
         finally:  # stored whatever the benchmark's outcome; never fails the trial
             trial.set_user_attr(names.SERVER_METRICS, await evidence.stop())
+            trial.set_user_attr(names.HOST, (await asyncio.to_thread(host.stop)).to_dict())
         trial.set_user_attr(names.BENCH, bench_summary(bench))
         record_curve(trial, bench)
         if bench.hang:
