@@ -83,8 +83,8 @@ SEARCH_ROLES: tuple[Role, ...] = (SEARCH, RETRY, BASELINE)
 #: the verdict of a trial that was verified correct and measured
 CORRECT_VERDICT = "correct"
 
-#: Reasons a trial can fail, with what each means. The README's "When things go wrong"
-#: table explains each one; keep them in step.
+#: Reasons a trial can fail, with what each means. docs/guide/failures.md explains each one
+#: (tests/test_docs.py checks that every reason has its row).
 CANDIDATE_REASONS: dict[str, str] = {
     "invalid_config": "the engine rejected its arguments",
     "startup_failed": "the server exited before it was ready",

@@ -216,7 +216,7 @@ async def run_benchmark(
     samples: list[RequestRecord] = []
 
     async def phase(requests: int, concurrency: int, name: str, *, keep: bool = True):
-        if phase_hook is not None:  # server-side evidence around each phase (server_metrics.py)
+        if phase_hook is not None:  # server-side evidence around each phase (server/metrics.py)
             await phase_hook(name, "start")
         result = await run_phase(
             client,

@@ -162,7 +162,8 @@ def run(
 def confirm_phase(
     spec, url: str, name: str, *, top: int, repeats: int, artifact_dir=None, quiet=False
 ) -> None:
-    """The confirmation phase (confirm.py); ``run`` is ``quiet`` (it says it at its end)."""
+    """The confirmation phase (``analysis/confirm.py``); ``run`` is ``quiet`` (it says it at
+    its end)."""
     done = confirm_study(
         spec,
         url,

@@ -1,6 +1,6 @@
 """The one place a client for a server is built: httpx for every call, aiohttp's session beneath.
 
-The client speaks httpx everywhere (tests hand ``bench.py`` and ``gate.py`` a client on an
+The client speaks httpx everywhere (tests hand ``bench/phase.py`` and ``gate/run.py`` a client on an
 ``httpx.MockTransport``), but its transport to a real server is aiohttp's, through
 ``httpx-aiohttp``: httpx's own pure-Python HTTP/1.1 stack (h11) spent about 55 us of client CPU
 per streamed token against 18 us for aiohttp's C parser. On a machine where the client and the

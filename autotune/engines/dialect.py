@@ -8,7 +8,7 @@ every engine spells its own way, or not at all. Each engine declares its dialect
 answers through it, so neither ever names an engine's fields.
 
 A dialect says what to *ask*; what a server really *gives* is still learned from its answers at
-the baseline (``gate_reference.Capabilities``): a server that ignores a field answers with less,
+the baseline (``gate.reference.Capabilities``): a server that ignores a field answers with less,
 and the gate compares with what every answer carries.
 """
 

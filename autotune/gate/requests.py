@@ -3,7 +3,7 @@
 Every request is built by ``protocol.completion_body`` from the engine's
 :class:`~autotune.engines.dialect.RequestDialect` and every answer read through it, so the gate
 never names an engine's fields. What an answer lacks is not an error here: the baseline records
-what the answers carry (``gate_reference.Capabilities``) and the gate judges with that.
+what the answers carry (``gate.reference.Capabilities``) and the gate judges with that.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ async def complete_greedy(
     the request (HTTP 400/422: a field it does not know, or a server refusing a runner-up
     logprob of -inf) is asked again with top-1 logprobs, then with a plain OpenAI body; what the
     answer then lacks is what :class:`Capabilities` records at the baseline. Streamed so that the
-    deadline is time without a token (``protocol.py``): a long answer from a slow config is not
+    deadline is time without a token (``client/stream.py``): a long answer from a slow config is not
     a hang.
     """
 

@@ -1,6 +1,6 @@
 """The correctness gate: a trial's output against the pinned reference, before any scoring.
 
-Policy (also in the README, "The correctness gate"):
+Policy (also in docs/guide/gate.md):
 
 * The baseline (engine defaults, no patches) records the **reference**: for every check prompt
   and every workload prompt, the greedy continuation with its token ids, each token's logprob
@@ -25,8 +25,8 @@ Policy (also in the README, "The correctness gate"):
 
 This module is the gate's entry (:func:`record_reference` at the baseline, :func:`collect_outputs`
 then :func:`compare` for a trial) and re-exports the gate's names; the parts live beside it:
-``gate_reference.py`` (the reference and verdict types), ``gate_client.py`` (the requests, in the
-engine's dialect) and ``gate_compare.py`` (the judgement, pure).
+``reference.py`` (the reference and verdict types), ``requests.py`` (the requests, in the
+engine's dialect) and ``judge.py`` (the judgement, pure).
 """
 
 from __future__ import annotations

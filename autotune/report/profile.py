@@ -1,6 +1,6 @@
 """The report's "where the step time goes" section, from the study's stored profiles.
 
-Kept apart from ``report_html`` (page assembly) because it reads one attribute with its own
+Kept apart from ``html.py`` (page assembly) because it reads one attribute with its own
 shape (``autotune.analysis.profile``): baseline and winner as stacked bars of ms per output token by
 category, and the table ``autotune show`` prints, so the page and the terminal agree.
 """

@@ -3,7 +3,7 @@
 Every problem is one :class:`~autotune.errors.SpecError` naming the file and the key (and the
 line), raised before anything runs: unknown keys, empty domains, a ``when`` on a later
 parameter, a constraint that cannot be evaluated on some values or that nothing satisfies. The
-format is documented in the README and in ``docs/ARCHITECTURE.md``.
+format is documented in ``docs/guide/search-space.md``.
 """
 
 from __future__ import annotations

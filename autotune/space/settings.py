@@ -1,7 +1,7 @@
 """What a trial asks of a server, before any engine spells it: ``ServerSettings``.
 
 Engine-neutral on purpose: the search space resolves parameter values into these settings
-(``space.py``) and every engine turns them into its own argv, env and config file
+(``space/model.py``) and every engine turns them into its own argv, env and config file
 (``engines/``), so neither side has to import the other.
 """
 

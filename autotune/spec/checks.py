@@ -73,7 +73,7 @@ def exec_bytes(argv: Iterable[str], env: Mapping[str, str]) -> int:
 def check_launch_size(doc: YamlDoc, space: SearchSpace, engine: Engine) -> None:
     """The longest launch the engine can make from ``space`` fits the kernel's ARG_MAX.
 
-    Each word is checked on its own (``launch_word``, ``space_yaml._unlaunchable``), but the
+    Each word is checked on its own (``launch_word``, ``space.load._unlaunchable``), but the
     kernel limits their total: over it, every launch failed with E2BIG ("Argument list too
     long"), each trial recorded as a failed start and blamed on the configuration. The worst
     case is built by the engine itself (``build_launch``) from the longest value of every

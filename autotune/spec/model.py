@@ -44,7 +44,7 @@ class KnownAnswer:
 
 @dataclass(frozen=True)
 class CheckSpec:
-    """The correctness gate's inputs. See ``gate.py`` for the tolerance policy."""
+    """The correctness gate's inputs. See ``gate/run.py`` for the tolerance policy."""
 
     prompts: tuple[str, ...]
     max_tokens: int = 32

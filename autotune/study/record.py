@@ -1,6 +1,6 @@
 """A trial's verdict written into Optuna: attributes, constraints, state, artifacts.
 
-The verdict policy (see ``docs/ARCHITECTURE.md``):
+The verdict policy (see ``docs/design/architecture.md``):
 
 * correct and measured -> COMPLETE with the objective value(s), constraint ``correct`` = 0
   (and one constraint per SLO, positive when violated);

@@ -39,7 +39,7 @@ class TrialRow:
     is_best: bool = False
     #: the stored gate record (``check`` attribute): which checks ran and passed
     checks: dict[str, Any] = field(default_factory=dict)
-    #: the engine's own counters around the benchmark (``server_metrics.py``)
+    #: the engine's own counters around the benchmark (``server/metrics.py``)
     server_metrics: dict[str, Any] = field(default_factory=dict)
     #: 95% interval of each metric over the trial's rounds: name -> [low, high, n]
     ci: dict[str, list[float]] = field(default_factory=dict)

@@ -1,9 +1,9 @@
 """One trial's life, top to bottom: suggest, launch, gate, bench, verdict.
 
 Read :meth:`TrialRunner.__call__` then :meth:`TrialRunner._run_server_trial` to follow a trial:
-the space suggests values (``space.py``), they resolve to ``ServerSettings``, the engine builds
-the launch, ``server.py`` starts it and proves it ready, the gate (``check.py``) compares its
-answers with the pinned reference, ``bench.py`` measures, and ``record.py`` writes the verdict
+the space suggests values (``space/``), they resolve to ``ServerSettings``, the engine builds
+the launch, ``server/process.py`` starts it and proves it ready, the gate (``gate/``) compares
+its answers with the pinned reference, ``bench/`` measures, and ``record.py`` writes the verdict
 (COMPLETE, PRUNED for a configuration fault, FAIL for an infrastructure fault). Waiting for a
 trial another worker holds (the baseline's reference, a duplicate's parameters) checks the
 holder's liveness through ``cleanup.py`` on every poll.
@@ -107,7 +107,7 @@ class EarlyStop(Exception):
 
 
 class TrialRunner:
-    """The Optuna objective. Holds the last outcome for the loop in ``study.py``."""
+    """The Optuna objective. Holds the last outcome for the loop in ``study/loop.py``."""
 
     def __init__(self, ctx: TrialContext) -> None:
         self.ctx = ctx
