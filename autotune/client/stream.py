@@ -5,11 +5,12 @@ One builder, :func:`completion_body`, writes every request the gate and the benc
 send, in the engine's dialect (``engines/dialect.py``): neither names an engine's fields.
 
 Both the gate (``gate/``) and the benchmark client (``bench/phase.py``) stream their requests,
-so one rule bounds every request autotune sends: a request is hung when **no token** arrived
-for ``request_timeout_s`` (comments, pings and empty events are no token). A slow server
-that keeps producing tokens is never called hung, however long its answer; a server that accepted the request and went silent
-is found after exactly one deadline, whatever transport carries the bytes (the rule is enforced
-with ``asyncio.timeout``'s machinery, not by the HTTP library's read timeout).
+so one rule bounds every request autotune sends: a request is hung when **no token** arrived for
+``request_timeout_s`` (comments, pings and empty events are no token). A slow server that keeps
+producing tokens is never called hung, however long its answer; a server that accepted the
+request and went silent is found after exactly one deadline, whatever transport carries the
+bytes (the rule is enforced with ``asyncio.timeout``'s machinery, not by the HTTP library's read
+timeout).
 
 The benchmark client's requests are the hot path (``bench.stream_request``: one per token, on
 a machine whose cores the server under test needs): :func:`open_raw_stream` reads aiohttp's
