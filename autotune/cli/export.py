@@ -34,7 +34,9 @@ def export(
         bool,
         typer.Option(
             "--allow-unconfirmed",
-            help="Export the best verified trial even if the confirmation phase has not run.",
+            help="Export the best measured verified trial even if it is not a confirmed gain "
+            "(no confirmation ran, or its interval includes no change); the file's first "
+            "line then says so.",
         ),
     ] = False,
 ) -> None:

@@ -133,3 +133,31 @@ def slug(text: str) -> str:
 
 def esc(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
+
+
+#: the study's user attribute with the machine it ran on (``autotune.study.hardware.MACHINE``:
+#: report/ may not import that module, only the study's results)
+MACHINE_ATTR = "machine"
+
+
+def machine_text(machine: dict[str, Any]) -> str:
+    """``study.hardware.describe_machine``'s dict in words: CPU model, logical cores, memory,
+    GPUs (identical ones counted); a figure it lacks is left out, never written as 0."""
+    parts = []
+    if machine.get("cpu_model"):
+        parts.append(str(machine["cpu_model"]))
+    if machine.get("logical_cores"):
+        parts.append(f"{machine['logical_cores']} logical cores")
+    if machine.get("memory_gib"):
+        parts.append(f"{machine['memory_gib']:g} GiB memory")
+    gpus = machine.get("gpus")
+    if gpus:
+        counts: dict[str, int] = {}
+        for gpu in gpus:
+            memory = gpu.get("memory_mib")
+            label = f"{gpu.get('name', 'GPU')}" + (f" ({memory} MiB)" if memory else "")
+            counts[label] = counts.get(label, 0) + 1
+        parts.append("GPUs: " + ", ".join(f"{n} x {label}" for label, n in counts.items()))
+    elif "gpus" not in machine:
+        parts.append("no NVIDIA GPU seen")
+    return ", ".join(parts) or "not recorded"

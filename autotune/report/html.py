@@ -33,11 +33,13 @@ from autotune._files import write_text_atomically
 from autotune.gate.reference import describe_checks
 from autotune.names import split_level
 from autotune.report.format import (
+    MACHINE_ATTR,
     OK_VERDICTS,
     colour,
     diff_table,
     engine_of,
     esc,
+    machine_text,
     model_of,
     row_of,
     timestamp,
@@ -57,6 +59,7 @@ from autotune.study.results import (
     ReportSource,
     StudyReport,
     TrialRow,
+    baseline_headline,
     baseline_reason,
     objective_names,
     report_of,
@@ -149,7 +152,13 @@ def _header(
         }
     )
     roofline = report.attrs.get(names.ROOFLINE) or {}
-    hardware = ", ".join(hosts) or "unknown"
+    machine = report.attrs.get(MACHINE_ATTR)
+    if isinstance(machine, dict) and machine:
+        hardware = machine_text(machine)
+    else:  # a study from before the machine was recorded: what its trials say
+        hardware = (
+            f"host {', '.join(hosts)}" if hosts else "host unknown"
+        ) + " (the machine's CPU, memory and GPUs were not recorded in this study)"
     if devices:
         hardware += f"; devices {'; '.join(devices)}"
     if roofline.get("device"):
@@ -209,9 +218,10 @@ def _winner(
     reason = baseline_reason(study, trials=trials)
     parts = [head]
     if reason is not None:
+        headline = baseline_headline(reason)
         parts.append(
-            f"<div class='note'><b>No configuration beat the baseline</b>: {esc(reason)}. "
-            "The baseline is the verified reference, and `export` writes it.</div>"
+            f"<div class='note' id='baseline-stands'><b>{esc(headline[:1].upper() + headline[1:])}"
+            "</b>. The baseline is the verified reference, and `export` writes it.</div>"
         )
     if len(report.best) > 1:
         parts.append(

@@ -48,6 +48,45 @@ def _go():
     return go
 
 
+#: what a re-measurement round is called on the progress figure (not progress: the same configs)
+_ROUND_LABELS = {
+    names.CONFIRM: "confirmation round (re-measured, not progress)",
+    names.ABLATION: "ablation round (not progress)",
+    names.COMPARE: "comparison round (not progress)",
+}
+
+
+def is_search_launch(trial: FrozenTrial) -> bool:
+    """A trial the search launched (baseline, search, retry; a trial from before roles were
+    recorded counts as one): the only trials "best so far" counts. Confirmation, ablation and
+    comparison rounds re-measure configs already seen: plotted as progress, their noise climbs."""
+    role = trial.user_attrs.get(names.ROLE)
+    return not role or role in names.SEARCH_ROLES
+
+
+def best_so_far(
+    trials: list[FrozenTrial], order: list[int], sign: float
+) -> list[tuple[int, float]]:
+    """(index into ``trials``, best so far) at each verified search launch, in ``order``."""
+    best, points = None, []
+    for i in order:
+        t = trials[i]
+        if is_search_launch(t) and is_verified_feasible(t) and t.values:
+            value = t.values[0]
+            if best is None or sign * value > sign * best:
+                best = value
+            points.append((i, best))
+    return points
+
+
+def _series(trial: FrozenTrial, verdict: str) -> str:
+    """The legend entry of one trial's marker: its verdict, or what its round is."""
+    role = trial.user_attrs.get(names.ROLE)
+    if verdict == "correct" and not is_search_launch(trial):
+        return _ROUND_LABELS.get(role, f"{role} round (not progress)")
+    return verdict
+
+
 def progress_section(
     study: optuna.Study, report: StudyReport, trials: list[FrozenTrial], figures: Figures
 ) -> str:
@@ -60,33 +99,31 @@ def progress_section(
     metric = (report.metric_names or ("objective",))[0]
     out = ["<section id='progress'><h2>Best so far</h2>"]
     verdicts = [row_of(report, t.number).verdict for t in trials]
+    series = [_series(t, v) for t, v in zip(trials, verdicts, strict=True)]
     for axis in ("launch", "wall clock"):
         xs = [t.number if axis == "launch" else iso(end_of(t)) for t in trials]
         fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25])
-        best, line_x, line_y = None, [], []
         order = sorted(range(len(trials)), key=lambda i: end_of(trials[i]) or dt.datetime.max)
         if axis == "launch":
             order = list(range(len(trials)))
-        for i in order:
-            t = trials[i]
-            if is_verified_feasible(t) and t.values:
-                value = t.values[0]
-                if best is None or sign * value > sign * best:
-                    best = value
-                line_x.append(xs[i])
-                line_y.append(best)
-        for verdict in dict.fromkeys(verdicts):
-            idx = [i for i, v in enumerate(verdicts) if v == verdict]
-            measured = [i for i in idx if trials[i].values and verdict == "correct"]
+        points = best_so_far(trials, order, sign)
+        line_x, line_y = [xs[i] for i, _ in points], [b for _, b in points]
+        for name in dict.fromkeys(series):
+            idx = [i for i, v in enumerate(series) if v == name]
+            measured = [i for i in idx if trials[i].values and verdicts[i] == "correct"]
             if measured:
                 fig.add_trace(
                     go.Scatter(
                         x=[xs[i] for i in measured],
                         y=[trials[i].values[0] for i in measured],
                         mode="markers",
-                        marker={"color": colour(verdict), "size": 9},
-                        name=verdict,
-                        legendgroup=verdict,
+                        marker={
+                            "color": colour(verdicts[measured[0]]),
+                            "size": 9,
+                            "symbol": "circle" if name == "correct" else "circle-open",
+                        },
+                        name=name,
+                        legendgroup=name,
                         text=[f"trial {trials[i].number}" for i in measured],
                     ),
                     row=1,
@@ -95,11 +132,11 @@ def progress_section(
             fig.add_trace(
                 go.Scatter(
                     x=[xs[i] for i in idx],
-                    y=[verdict] * len(idx),
+                    y=[verdicts[i] for i in idx],
                     mode="markers",
-                    marker={"color": colour(verdict), "size": 10, "symbol": "square"},
-                    name=verdict,
-                    legendgroup=verdict,
+                    marker={"color": colour(verdicts[idx[0]]), "size": 10, "symbol": "square"},
+                    name=name,
+                    legendgroup=name,
                     showlegend=not measured,
                     text=[f"trial {trials[i].number}" for i in idx],
                 ),
@@ -113,7 +150,7 @@ def progress_section(
                     y=line_y,
                     mode="lines",
                     line={"shape": "hv", "color": "#1d2330"},
-                    name="best so far",
+                    name="best so far (search launches)",
                 ),
                 row=1,
                 col=1,
@@ -126,6 +163,12 @@ def progress_section(
         out.append(figures.html(fig, f"best-so-far-{axis.replace(' ', '-')}", height=420))
     if not any(v == "correct" for v in verdicts):
         out.append("<p class='muted'>No trial was verified correct: nothing to track yet.</p>")
+    elif any(not is_search_launch(t) for t in trials):
+        out.append(
+            "<p class='muted'>The line counts search launches only; confirmation, ablation and "
+            "comparison rounds re-measure configs already seen and are drawn as open markers, "
+            "not as progress.</p>"
+        )
     out.append("</section>")
     return "".join(out)
 

@@ -26,7 +26,15 @@ from autotune.engines.base import EXPORT_API_KEY
 from autotune.errors import SpecError
 from autotune.gate.reference import describe_checks
 from autotune.spec.model import StudySpec
-from autotune.study.results import baseline_reason, best_trials, snapshot, verified_baseline
+from autotune.study.results import (
+    NO_CONFIRMED_WINNER,
+    baseline_reason,
+    best_trials,
+    is_verified_feasible,
+    snapshot,
+    unconfirmed_gain,
+    verified_baseline,
+)
 
 #: where the API key goes in an exported launch: the user's shell expands it
 #: the header line of every exported file that ``autotune recheck`` reads back
@@ -77,6 +85,9 @@ class ExportResult:
     env_path: Path
     #: why the baseline was exported (no configuration beat it), None for a winner
     baseline_reason: str | None = None
+    #: why the exported trial is NOT a confirmed gain (``--allow-unconfirmed``: the best
+    #: measured config), None for the baseline and for a confirmed winner
+    not_confirmed: str | None = None
 
 
 def export_trial(
@@ -87,18 +98,31 @@ def export_trial(
     baseline_reason: str | None = None,
     baseline_metrics: dict[str, float] | None = None,
     confirmation: dict[str, Any] | None = None,
+    not_confirmed: str | None = None,
 ) -> ExportResult:
+    """Export one trial. ``not_confirmed`` (why it is not a confirmed gain) makes the header's
+    first line say so: the best measured config is then not presented as a win."""
     values = {}
     for name, value in (trial.user_attrs.get(names.PARAMS_RESOLVED) or trial.params).items():
         values[name] = spec.space.parameter(name).from_optuna(value)
     metrics = trial.user_attrs.get(names.METRICS) or {}
     if baseline_reason is not None:
-        title = f"the BASELINE (trial {trial.number}): no configuration beat it"
+        title = (
+            f"the BASELINE (trial {trial.number}): {NO_CONFIRMED_WINNER}"
+            if baseline_reason.startswith(NO_CONFIRMED_WINNER)
+            else f"the BASELINE (trial {trial.number}): no configuration beat it"
+        )
         notes = (
             f"# Why the baseline: {baseline_reason}.",
             "# It is the reference every trial was verified against (engine defaults plus the",
             "# space's baseline values); the tuner found no correct config that is faster.",
         )
+    elif not_confirmed is not None:
+        title = (
+            f"trial {trial.number}, the best MEASURED config, NOT a confirmed gain: "
+            f"{not_confirmed} (verified correct against the baseline's reference)"
+        )
+        notes = confirmation_notes(confirmation, trial.number)
     else:
         title = f"trial {trial.number} (verified correct against the baseline's reference)"
         notes = confirmation_notes(confirmation, trial.number)
@@ -114,7 +138,7 @@ def export_trial(
         baseline_metrics=baseline_metrics,
         engine_version=(trial.user_attrs.get(names.SERVER) or {}).get("engine_version"),
     )
-    return dataclasses.replace(result, baseline_reason=baseline_reason)
+    return dataclasses.replace(result, baseline_reason=baseline_reason, not_confirmed=not_confirmed)
 
 
 def confirmation_notes(confirmation: dict[str, Any] | None, number: int) -> tuple[str, ...]:
@@ -217,12 +241,39 @@ def export_best(
 ) -> list[ExportResult]:
     """Export the confirmed winner (single objective) or the Pareto front (``pareto``).
 
-    When no configuration beat the baseline (``report.baseline_reason``), the baseline's own
-    config is exported with a header saying so: it is verified by definition, and a study whose
-    search found nothing better ran correctly. A study whose baseline failed exports nothing.
+    When no configuration beat the baseline (``report.baseline_reason``, which includes a
+    confirmation whose interval includes no change), the baseline's own config is exported with
+    a header saying so: it is verified by definition, and a study whose search found nothing
+    better ran correctly. A study whose baseline failed exports nothing.
+
+    ``require_confirmed=False`` (``--allow-unconfirmed``) asks for the best measured config: the
+    confirmation's winner whose interval includes no change, or the best search trial of a
+    study never confirmed; its header's first line then says it is NOT a confirmed gain.
     """
     trials = snapshot(study)  # one read: a live study's next trial cannot split the answer
     reason = baseline_reason(study, trials=trials)
+    confirmation = study.user_attrs.get(names.CONFIRMATION)
+    if not require_confirmed and not pareto and unconfirmed_gain(confirmation) is not None:
+        winner = next(
+            (t for t in trials if t.number == confirmation["winner"] and is_verified_feasible(t)),
+            None,
+        )
+        if winner is not None:
+            low, high = confirmation["gain_ci"]
+            base = verified_baseline(study, trials=trials)
+            return [
+                export_trial(
+                    spec,
+                    winner,
+                    out,
+                    baseline_metrics=(base.user_attrs.get(names.METRICS) or None) if base else None,
+                    confirmation=confirmation,
+                    not_confirmed=(
+                        f"the confirmation measured {confirmation['gain']:+.1%}, 95% CI "
+                        f"{low:+.1%} .. {high:+.1%}, which includes no change"
+                    ),
+                )
+            ]
     if reason is not None and not pareto:
         base = verified_baseline(study, trials=trials)
         return [
@@ -239,7 +290,6 @@ def export_best(
         raise SpecError(
             f"study {study.study_name!r} has no verified correct trial to export", key="--study"
         )
-    confirmation = study.user_attrs.get(names.CONFIRMATION)
     if len(study.directions) == 1 and require_confirmed:
         if confirmation is None:
             raise SpecError(
@@ -262,9 +312,20 @@ def export_best(
     base = verified_baseline(study, trials=trials)
     base_metrics = (base.user_attrs.get(names.METRICS) or None) if base is not None else None
     if not pareto:
+        not_confirmed = None
+        if confirmation is None and len(study.directions) == 1:
+            not_confirmed = (
+                "no confirmation ran (`autotune confirm`): its single measurement may be the "
+                "luckiest one"
+            )
         return [
             export_trial(
-                spec, best[0], out, baseline_metrics=base_metrics, confirmation=confirmation
+                spec,
+                best[0],
+                out,
+                baseline_metrics=base_metrics,
+                confirmation=confirmation,
+                not_confirmed=not_confirmed,
             )
         ]
     results = []

@@ -23,6 +23,9 @@ from autotune.errors import AutotuneError
 from autotune.spec.load import load_spec
 from autotune.storage import load_study
 
+#: what `show`, the report and `export` say when the confirmation's interval includes no change
+NO_CONFIRMED_WINNER = "no confirmed winner: the baseline stands"
+
 
 @dataclass(frozen=True)
 class TrialRow:
@@ -102,7 +105,7 @@ def baseline_reason(
                 f"the confirmation found no real gain (trial {confirmation['winner']} "
                 f"measured {gain:+.1%} against the baseline)"
             )
-        return None
+        return unconfirmed_gain(confirmation)
     searched = [
         t
         for t in trials
@@ -114,6 +117,29 @@ def baseline_reason(
     if all(sign * t.values[0] <= sign * baseline.values[0] for t in searched):
         return f"none of the {len(searched)} correct search trials measured better"
     return None
+
+
+def unconfirmed_gain(confirmation: dict[str, Any] | None) -> str | None:
+    """``NO_CONFIRMED_WINNER`` and why, when the confirmation's winner measured a gain whose 95%
+    interval includes no change (a +33% whose interval spans -57% .. +314% is not a win); None
+    when there is no such winner or its interval excludes zero."""
+    if not confirmation or confirmation.get("winner") is None:
+        return None
+    gain, ci = confirmation.get("gain"), confirmation.get("gain_ci")
+    if gain is None or not ci or ci[0] > 0:
+        return None
+    low, high = ci
+    return (
+        f"{NO_CONFIRMED_WINNER} (trial {confirmation['winner']} measured {gain:+.1%} against "
+        f"it, but the 95% CI {low:+.1%} .. {high:+.1%} includes no change)"
+    )
+
+
+def baseline_headline(reason: str) -> str:
+    """The one line `show` and the report lead with when ``baseline_reason`` is ``reason``."""
+    if reason.startswith(NO_CONFIRMED_WINNER):
+        return reason
+    return f"no configuration beat the baseline ({reason})"
 
 
 def best_trials(

@@ -1,0 +1,205 @@
+"""Honest presentation (issue #31 item 12).
+
+A confirmation whose gain interval includes zero is no winner: `show`, the report and `export`
+say "no confirmed winner: the baseline stands", and export writes the baseline; asked for the
+best measured config (``--allow-unconfirmed``) it writes that one, with a first line saying it
+is not a confirmed gain. The "best so far" curve counts search launches only; the report's
+hardware names the machine; a figure never measured is absent, never 0.0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotune import names
+from autotune.report.html import build_report
+from autotune.spec.load import load_spec
+from autotune.study.export import export_best
+from autotune.study.results import (
+    NO_CONFIRMED_WINNER,
+    ReportSource,
+    baseline_reason,
+    best_trials,
+)
+from tests.builders import write_fake_spec
+
+SPACE = """
+parameters:
+  decode_ms:
+    type: categorical
+    choices: [2, 20, 40]
+    baseline: 40
+    target: {flag: --decode-ms}
+"""
+DIST = {"decode_ms": optuna.distributions.CategoricalDistribution([2, 20, 40])}
+
+
+def _trial(role: str, decode_ms: int, tps: float, **attrs) -> optuna.trial.FrozenTrial:
+    return optuna.trial.create_trial(
+        params={"decode_ms": decode_ms},
+        distributions=DIST,
+        value=tps,
+        user_attrs={
+            names.CORRECT: True,
+            names.ROLE: role,
+            names.PARAMS_RESOLVED: {"decode_ms": decode_ms},
+            names.METRICS: {"decode_tokens_per_s": tps},
+            names.CHECK: {"passed": True},
+            **attrs,
+        },
+        system_attrs={f"constraints:{names.CORRECTNESS_CONSTRAINT}": 0.0},
+    )
+
+
+def _confirmation(low: float, high: float, gain: float = 0.3) -> dict:
+    return {
+        "metric": "decode_tokens_per_s",
+        "repeats": 3,
+        "winner": 1,
+        "gain": gain,
+        "gain_ci": [low, high],
+        "candidates": [
+            {"trial_number": None, "label": "baseline", "samples": [100.0, 90.0, 110.0],
+             "failures": [], "median": 100.0},
+            {"trial_number": 1, "label": "trial 1", "samples": [130.0, 80.0, 170.0],
+             "failures": [], "median": 130.0},
+        ],
+    }  # fmt: skip
+
+
+@pytest.fixture
+def study_setup(tmp_path: Path):
+    spec_path = write_fake_spec(tmp_path, SPACE, name="honest")
+    spec = load_spec(spec_path)
+    url = spec.default_storage()
+    # not open_study: it enqueues a baseline of its own as trial 0
+    study = optuna.create_study(storage=url, study_name="honest", direction="maximize")
+    study.add_trial(_trial(names.BASELINE, 40, 100.0))
+    study.add_trial(_trial(names.SEARCH, 2, 150.0))
+    return spec, url, study
+
+
+def _first_line(path: Path) -> str:
+    return path.read_text().splitlines()[0]
+
+
+def test_an_interval_that_includes_zero_leaves_the_baseline_standing(study_setup, tmp_path):
+    spec, url, study = study_setup
+    study.set_user_attr(names.CONFIRMATION, _confirmation(-0.1, 0.8))
+    reason = baseline_reason(study)
+    assert reason is not None and reason.startswith(NO_CONFIRMED_WINNER)
+    assert "-10.0% .. +80.0%" in reason
+    assert [t.number for t in best_trials(study)] == [0]
+
+    out = tmp_path / "best.yaml"
+    (result,) = export_best(spec, study, out)
+    assert result.trial_number == 0 and result.baseline_reason == reason
+    assert NO_CONFIRMED_WINNER in _first_line(out) and "BASELINE" in _first_line(out)
+    assert yaml.safe_load(out.read_text())["decode-ms"] == 40
+
+    page = build_report(study, ReportSource(url))
+    assert "No confirmed winner: the baseline stands" in page
+
+
+def test_asked_for_the_best_measured_config_export_says_it_is_not_a_confirmed_gain(
+    study_setup, tmp_path
+):
+    spec, _, study = study_setup
+    study.set_user_attr(names.CONFIRMATION, _confirmation(-0.1, 0.8))
+    out = tmp_path / "best.yaml"
+    (result,) = export_best(spec, study, out, require_confirmed=False)
+    assert result.trial_number == 1 and result.baseline_reason is None
+    first = _first_line(out)
+    assert "NOT a confirmed gain" in first and "includes no change" in first
+    assert result.not_confirmed and "-10.0% .. +80.0%" in result.not_confirmed
+    assert yaml.safe_load(out.read_text())["decode-ms"] == 2
+
+
+def test_an_unconfirmed_study_exported_anyway_says_so_in_its_first_line(study_setup, tmp_path):
+    spec, _, study = study_setup
+    out = tmp_path / "best.yaml"
+    (result,) = export_best(spec, study, out, require_confirmed=False)
+    assert result.trial_number == 1
+    assert "NOT a confirmed gain" in _first_line(out) and "no confirmation ran" in _first_line(out)
+
+
+def test_a_confirmed_gain_is_exported_as_the_winner(study_setup, tmp_path):
+    spec, url, study = study_setup
+    study.set_user_attr(names.CONFIRMATION, _confirmation(0.1, 0.8))
+    assert baseline_reason(study) is None
+    out = tmp_path / "best.yaml"
+    (result,) = export_best(spec, study, out)
+    assert result.trial_number == 1 and result.not_confirmed is None
+    assert "NOT" not in _first_line(out) and NO_CONFIRMED_WINNER not in _first_line(out)
+    assert NO_CONFIRMED_WINNER not in build_report(study, ReportSource(url)).lower()
+
+
+def test_best_so_far_counts_search_launches_only(study_setup):
+    """The confirmation's re-measurements of the same configs (one lucky 400 tok/s round) are
+    noise, not progress: the line stays at the search's best, and the rounds are labelled."""
+    from autotune.report.plots import best_so_far
+
+    _, url, study = study_setup
+    study.add_trial(_trial(names.CONFIRM, 2, 400.0))
+    study.add_trial(_trial(names.SEARCH, 20, 120.0))
+    study.add_trial(_trial(names.ABLATION, 40, 300.0))
+    trials = study.get_trials()
+    points = best_so_far(trials, list(range(len(trials))), 1.0)
+    assert [trials[i].number for i, _ in points] == [0, 1, 3]
+    assert [b for _, b in points] == [100.0, 150.0, 150.0]
+    page = build_report(study, ReportSource(url))
+    assert "confirmation round (re-measured, not progress)" in page
+    assert "ablation round (not progress)" in page
+    assert "best so far (search launches)" in page
+
+
+def test_the_machine_is_described_by_its_hardware_not_its_hostname(tmp_path):
+    from autotune.report.format import MACHINE_ATTR, machine_text
+    from autotune.study.hardware import (
+        MACHINE,
+        cpu_model_from_cpuinfo,
+        describe_machine,
+        parse_gpus,
+    )
+
+    assert MACHINE == MACHINE_ATTR == "machine"
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel\t\t: 1\n"
+        "model name\t: AMD EPYC 7763 64-Core Processor\nprocessor\t: 1\n"
+    )
+    assert cpu_model_from_cpuinfo(cpuinfo.read_text()) == "AMD EPYC 7763 64-Core Processor"
+    smi = "NVIDIA H200, 143771\nNVIDIA H200, 143771\n"
+    machine = describe_machine(cpuinfo=cpuinfo, smi=lambda: smi)
+    assert machine["cpu_model"] == "AMD EPYC 7763 64-Core Processor"
+    assert machine["logical_cores"] >= 1 and machine["memory_gib"] > 0
+    assert machine["gpus"] == [{"name": "NVIDIA H200", "memory_mib": 143771}] * 2
+    text = machine_text(machine)
+    assert "AMD EPYC 7763" in text and "logical cores" in text and "GiB memory" in text
+    assert "2 x NVIDIA H200 (143771 MiB)" in text
+    # no nvidia-smi: no GPUs key (absent, not an empty list or a 0)
+    assert "gpus" not in describe_machine(cpuinfo=cpuinfo, smi=lambda: None)
+    # the units form, and a memory that is not a number (left out, not 0)
+    assert parse_gpus("Tesla T4, 15360 MiB\nOdd GPU, [N/A]\n") == [
+        {"name": "Tesla T4", "memory_mib": 15360},
+        {"name": "Odd GPU"},
+    ]
+
+
+def test_the_report_names_the_recorded_machine_or_says_it_was_not_recorded(study_setup):
+    _, url, study = study_setup
+    page = build_report(study, ReportSource(url))
+    assert "were not recorded in this study" in page
+    study.set_user_attr(
+        "machine",
+        {"cpu_model": "Intel Xeon Platinum 8480+", "logical_cores": 224, "memory_gib": 2015.6,
+         "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}] * 8},
+    )  # fmt: skip
+    page = build_report(study, ReportSource(url))
+    assert "Intel Xeon Platinum 8480+, 224 logical cores, 2015.6 GiB memory" in page
+    assert "8 x NVIDIA H100 80GB HBM3 (81559 MiB)" in page
+    assert "were not recorded" not in page
