@@ -203,3 +203,33 @@ def test_the_report_names_the_recorded_machine_or_says_it_was_not_recorded(study
     assert "Intel Xeon Platinum 8480+, 224 logical cores, 2015.6 GiB memory" in page
     assert "8 x NVIDIA H100 80GB HBM3 (81559 MiB)" in page
     assert "were not recorded" not in page
+
+
+def test_a_figure_never_measured_is_absent_from_the_report_not_zero(study_setup):
+    """A trial whose answers arrived in bursts has no ITL percentiles (bench/phase.py leaves
+    them out): the report says "bursty (not measurable)", never 0.0; a metric stored as None
+    (never measured) is an empty cell, not 0.0 and not a crash."""
+    import re
+
+    _, url, study = study_setup
+    study.add_trial(
+        _trial(
+            names.SEARCH,
+            20,
+            90.0,
+            **{
+                names.METRICS: {"decode_tokens_per_s": 90.0, "ttft_p95_ms": None},
+                "stream_shape": {"itl": "bursty", "bursty": 8, "responses": 8},
+            },
+        )
+    )
+    page = build_report(study, ReportSource(url))
+    trials_table = page[page.index("<section id='trials'>") :]
+    row = re.search(r"<tr><td>2</td>.*?</tr>", trials_table).group(0)
+    assert row.endswith("<td>90.0</td><td></td></tr>") and ">0.0<" not in row
+    # the winner section of a bursty best: ITL said to be not measurable
+    study.set_user_attr(names.CONFIRMATION, {**_confirmation(0.1, 0.5), "winner": 2})
+    page = build_report(study, ReportSource(url))
+    winner = page[page.index("<section id='winner'>") : page.index("<section id='progress'>")]
+    assert "itl_p95_ms</td><td>bursty (not measurable)" in winner
+    assert ">0.0<" not in winner

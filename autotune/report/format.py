@@ -161,3 +161,19 @@ def machine_text(machine: dict[str, Any]) -> str:
     elif "gpus" not in machine:
         parts.append("no NVIDIA GPU seen")
     return ", ".join(parts) or "not recorded"
+
+
+#: the trial's user attribute with how its answers streamed (``bench.loadcurve.STREAM_SHAPE``,
+#: which report/ may not import)
+STREAM_SHAPE_ATTR = "stream_shape"
+
+
+def metric_html(metrics: dict[str, Any], name: str, shape: dict[str, Any] | None) -> str:
+    """One metric's figure: its value; "bursty (not measurable)" for an ITL percentile that
+    bursts made meaningless; empty when it was never measured (never 0.0)."""
+    value = metrics.get(name)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:,.1f}"
+    if name.startswith("itl_") and (shape or {}).get("itl") == "bursty":
+        return "bursty (not measurable)"
+    return ""

@@ -35,11 +35,13 @@ from autotune.names import split_level
 from autotune.report.format import (
     MACHINE_ATTR,
     OK_VERDICTS,
+    STREAM_SHAPE_ATTR,
     colour,
     diff_table,
     engine_of,
     esc,
     machine_text,
+    metric_html,
     model_of,
     row_of,
     timestamp,
@@ -123,7 +125,7 @@ def build_report(study: optuna.Study, source: ReportSource) -> str:
         ablation_section(report, figures),
         step_time_section(report.attrs, figures.html),
         roofline_section(report, figures),
-        _all_trials(report),
+        _all_trials(report, trials),
     ]
     body = "\n".join(s for s in sections if s)
     title = f"autotune report: {esc(report.name)}"
@@ -217,6 +219,7 @@ def _winner(
     base_params = dict((baseline.user_attrs.get(names.PARAMS_RESOLVED) or {}) if baseline else {})
     reason = baseline_reason(study, trials=trials)
     parts = [head]
+    by_number = {t.number: t for t in trials}
     if reason is not None:
         headline = baseline_headline(reason)
         parts.append(
@@ -232,7 +235,8 @@ def _winner(
         row = row_of(report, number)
         parts.append(f"<h3>trial {number} ({esc(row.role)})</h3>")
         parts.append(diff_table(base_params, row.params, ("baseline", f"trial {number}")))
-        parts.append(_metrics_line(report, row, baseline))
+        shape = by_number[number].user_attrs.get(STREAM_SHAPE_ATTR) if number in by_number else None
+        parts.append(_metrics_line(report, row, baseline, shape))
         parts.append(f"<p><b>checks passed</b>: {esc(describe_checks(row.checks))}</p>")
     parts.append(_confirmation_html(report.attrs.get(names.CONFIRMATION)))
     parts.append(_export_html(study, report, trials, source))
@@ -240,20 +244,28 @@ def _winner(
     return "".join(parts)
 
 
-def _metrics_line(report: StudyReport, row: TrialRow, baseline: FrozenTrial | None) -> str:
+def _metrics_line(
+    report: StudyReport, row: TrialRow, baseline: FrozenTrial | None, shape: dict | None = None
+) -> str:
+    """The trial's measured figures; one never measured is left out, an ITL percentile that
+    bursts made meaningless says so, and none is written as 0.0."""
     base_metrics = (baseline.user_attrs.get(names.METRICS) or {}) if baseline else {}
     shown = list(report.metric_names) or sorted(row.metrics)
     shown += [m for m in sorted(row.metrics) if m not in shown]
+    if (shape or {}).get("itl") == "bursty":
+        shown += [m for m in ("itl_p50_ms", "itl_p95_ms", "itl_p99_ms") if m not in shown]
     cells = []
     for name in shown:
-        if name not in row.metrics:
+        text = metric_html(row.metrics, name, shape)
+        if not text:
             continue
-        value = row.metrics[name]
-        base = base_metrics.get(name)
+        value, base = row.metrics.get(name), base_metrics.get(name)
         change = (
-            f" ({value / base - 1:+.1%} vs baseline)" if base and row.role != "baseline" else ""
+            f" ({value / base - 1:+.1%} vs baseline)"
+            if isinstance(value, int | float) and base and row.role != "baseline"
+            else ""
         )
-        cells.append(f"<tr><td>{esc(name)}</td><td>{value:,.1f}{change}</td></tr>")
+        cells.append(f"<tr><td>{esc(name)}</td><td>{esc(text)}{change}</td></tr>")
     return f"<table><tr><th>metric</th><th>measured</th></tr>{''.join(cells)}</table>"
 
 
@@ -387,17 +399,18 @@ def _at_a_level(metric: str) -> bool:
     return split_level(metric)[1] is not None
 
 
-def _all_trials(report: StudyReport) -> str:
+def _all_trials(report: StudyReport, trials: list[FrozenTrial] | None = None) -> str:
     names = list(report.metric_names)
     for row in report.rows:
         names += [m for m in row.metrics if m not in names and not _at_a_level(m)]
     names = names[:5]
+    shapes = {t.number: t.user_attrs.get(STREAM_SHAPE_ATTR) for t in trials or ()}
     head = "".join(f"<th>{esc(n)}</th>" for n in names)
     rows = []
     for row in report.rows:
         params = " ".join(f"{k}={v}" for k, v in row.params.items())
         metrics = "".join(
-            f"<td>{row.metrics[n]:,.1f}</td>" if n in row.metrics else "<td></td>" for n in names
+            f"<td>{esc(metric_html(row.metrics, n, shapes.get(row.number)))}</td>" for n in names
         )
         star = " *" if row.is_best else ""
         rows.append(

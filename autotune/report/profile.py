@@ -35,7 +35,7 @@ def section(attrs: dict[str, Any], plot: Callable[[Any, str], str]) -> str:
         categories += [c for c in p["per_token_ms"] if c not in categories]
     fig = go.Figure(
         [
-            go.Bar(name=c, x=labels, y=[p["per_token_ms"].get(c, 0.0) for p in profiles])
+            go.Bar(name=c, x=labels, y=[p["per_token_ms"].get(c) for p in profiles])
             for c in categories
         ]
     )
