@@ -133,3 +133,37 @@ def test_the_lag_probe_sees_a_loop_blocked_by_the_client() -> None:
     samples = asyncio.run(main())
     assert samples and max(samples) >= 250.0
     assert client_lag(cpu_s=None, wall_s=None, lag_samples_ms=samples)["loop_lag_max_ms"] >= 250
+
+
+def test_the_client_meter_measures_the_loops_own_cpu_and_lag() -> None:
+    """Spinning on the loop's thread is the client's CPU and blocks the loop: both show."""
+    from autotune.bench.traps import ClientMeter
+
+    async def main() -> ClientMeter:
+        async with ClientMeter(interval_s=0.01) as meter:
+            await asyncio.sleep(0.02)
+            end = time.thread_time() + 0.3
+            while time.thread_time() < end:  # 0.3 s of this thread's CPU, loop blocked
+                pass
+            await asyncio.sleep(0.02)
+        return meter
+
+    meter = asyncio.run(main())
+    assert meter.cpu_s is not None and meter.cpu_s >= 0.3 and meter.wall_s >= meter.cpu_s
+    found = meter.report(output_tokens=100)
+    assert found["loop_lag_max_ms"] >= 250 and found["cpu_ms_per_token"] >= 3.0
+    assert found["flagged"]  # its event loop lagged by the spin
+
+
+def test_a_trials_traps_hold_only_what_was_recorded() -> None:
+    from autotune.bench.traps import trial_traps
+
+    found = trial_traps(server_metrics=_metrics(9000, 10000), server_log=CUDAGRAPH_LOG)
+    assert set(found) == {"prefix_cache", "eager_batches", "flagged"}
+    assert len(found["flagged"]) == 2
+    assert trial_traps() == {"flagged": []}
+    quiet = trial_traps(
+        server_metrics=_metrics(100, 10000),
+        client=client_lag(cpu_s=1.0, wall_s=10.0, lag_samples_ms=[1.0]),
+    )
+    assert quiet["flagged"] == [] and quiet["client"]["cpu_busy"] == 0.1

@@ -211,3 +211,60 @@ class LoopLagProbe:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+class ClientMeter:
+    """The benchmark client's own load, around the benchmark: CPU time of the event loop's
+    thread (the one that must keep up with every stream), wall time, and the loop's lag.
+    ``async with ClientMeter() as meter: ...``; then ``meter.report(output_tokens)``."""
+
+    def __init__(self, interval_s: float = 0.05) -> None:
+        self.probe = LoopLagProbe(interval_s)
+        self.cpu_s: float | None = None
+        self.wall_s: float | None = None
+        self._start: tuple[float, float] | None = None
+
+    async def __aenter__(self) -> ClientMeter:
+        self._start = (time.thread_time(), time.perf_counter())
+        await self.probe.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.probe.__aexit__(*exc)
+        if self._start is not None:
+            self.cpu_s = time.thread_time() - self._start[0]
+            self.wall_s = time.perf_counter() - self._start[1]
+
+    def report(self, output_tokens: int | None = None) -> dict[str, Any] | None:
+        return client_lag(
+            cpu_s=self.cpu_s,
+            wall_s=self.wall_s,
+            output_tokens=output_tokens,
+            lag_samples_ms=self.probe.samples_ms,
+        )
+
+
+#: the trial's user attribute with :func:`trial_traps`'s dict (new: no older key is renamed)
+TRAPS = "traps"
+
+
+def trial_traps(
+    *,
+    server_metrics: Mapping[str, Any] | None = None,
+    server_log: str | None = None,
+    client: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One trial's traps, for ``user_attrs["traps"]``: ``prefix_cache``, ``eager_batches``,
+    ``client`` (each only where its evidence was recorded), and ``flagged``: the reasons of
+    those that were flagged (empty when none was)."""
+    found: dict[str, Any] = {}
+    prefix = prefix_cache_trap(server_metrics)
+    if prefix is not None:
+        found["prefix_cache"] = prefix
+    eager = eager_batches(server_log) if server_log else None
+    if eager is not None:
+        found["eager_batches"] = eager
+    if client is not None:
+        found["client"] = dict(client)
+    found["flagged"] = [v["reason"] for v in found.values() if v.get("flagged")]
+    return found
