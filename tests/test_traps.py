@@ -167,3 +167,44 @@ def test_a_trials_traps_hold_only_what_was_recorded() -> None:
         client=client_lag(cpu_s=1.0, wall_s=10.0, lag_samples_ms=[1.0]),
     )
     assert quiet["flagged"] == [] and quiet["client"]["cpu_busy"] == 0.1
+
+
+def test_the_report_shows_a_trials_flagged_traps(tmp_path) -> None:
+    import optuna
+
+    from autotune import names
+    from autotune.bench.traps import TRAPS, trial_traps
+    from autotune.report.format import TRAPS_ATTR
+    from autotune.report.html import build_report
+    from autotune.study.results import ReportSource
+
+    assert TRAPS == TRAPS_ATTR
+    url = f"sqlite:///{tmp_path}/s.db"
+    study = optuna.create_study(storage=url, study_name="traps", direction="maximize")
+    dist = {"x": optuna.distributions.CategoricalDistribution([1])}
+    attrs = {
+        names.CORRECT: True,
+        names.ROLE: names.BASELINE,
+        names.PARAMS_RESOLVED: {"x": 1},
+        names.METRICS: {"decode_tokens_per_s": 10.0},
+        names.CHECK: {"passed": True},
+    }
+    system = {f"constraints:{names.CORRECTNESS_CONSTRAINT}": 0.0}
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"x": 1}, distributions=dist, value=10.0, user_attrs=attrs, system_attrs=system
+        )
+    )
+    assert "measurement traps" not in build_report(study, ReportSource(url))
+    traps = trial_traps(server_metrics=_metrics(9000, 10000))
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"x": 1},
+            distributions=dist,
+            value=20.0,
+            system_attrs=system,
+            user_attrs={**attrs, names.ROLE: names.SEARCH, TRAPS: traps},
+        )
+    )
+    page = build_report(study, ReportSource(url))
+    assert "measurement traps" in page and "prefix cache hit 90%" in page

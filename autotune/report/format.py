@@ -177,3 +177,18 @@ def metric_html(metrics: dict[str, Any], name: str, shape: dict[str, Any] | None
     if name.startswith("itl_") and (shape or {}).get("itl") == "bursty":
         return "bursty (not measurable)"
     return ""
+
+
+#: the trial's user attribute with its measurement traps (``bench.traps.TRAPS``)
+TRAPS_ATTR = "traps"
+
+
+def traps_html(trial: FrozenTrial | None) -> str:
+    """The measurement traps a trial was flagged for (a warm prefix cache, eager batches, a
+    client that could not keep up), or nothing when none was flagged or none was recorded."""
+    traps = (trial.user_attrs.get(TRAPS_ATTR) if trial is not None else None) or {}
+    flagged = [str(reason) for reason in traps.get("flagged") or []]
+    if not flagged:
+        return ""
+    items = "".join(f"<li>{esc(reason)}</li>" for reason in flagged)
+    return f"<div class='warn traps'><b>measurement traps</b>: <ul>{items}</ul></div>"

@@ -45,6 +45,7 @@ from autotune.report.format import (
     model_of,
     row_of,
     timestamp,
+    traps_html,
 )
 from autotune.report.plots import (
     Figures,
@@ -237,6 +238,7 @@ def _winner(
         parts.append(diff_table(base_params, row.params, ("baseline", f"trial {number}")))
         shape = by_number[number].user_attrs.get(STREAM_SHAPE_ATTR) if number in by_number else None
         parts.append(_metrics_line(report, row, baseline, shape))
+        parts.append(traps_html(by_number.get(number)))
         parts.append(f"<p><b>checks passed</b>: {esc(describe_checks(row.checks))}</p>")
     parts.append(_confirmation_html(report.attrs.get(names.CONFIRMATION)))
     parts.append(_export_html(study, report, trials, source))
