@@ -187,6 +187,21 @@ def _pick_trial(study: optuna.Study, number: int | None) -> optuna.trial.FrozenT
         best = best_trials(study, trials=trials)
         if not best:
             raise SpecError("the study has no verified correct trial to ablate", key="--study")
+        if best[0].user_attrs.get(names.ROLE) == names.BASELINE:
+            # the baseline stands (no confirmed winner): ablate the confirmation's best median,
+            # the config whose changes the user asks about; the baseline has none to revert
+            winner = (study.user_attrs.get(names.CONFIRMATION) or {}).get("winner")
+            if (
+                isinstance(winner, int)
+                and 0 <= winner < len(trials)
+                and is_verified_feasible(trials[winner])
+            ):
+                return trials[winner]
+            raise SpecError(
+                "the baseline is the best config: there is no change to ablate (name one "
+                "with --trial)",
+                key="--trial",
+            )
         return best[0]
     if number < 0 or number >= len(trials) or not is_verified_feasible(trials[number]):
         raise SpecError(f"trial {number} is not a verified correct trial", key="--trial")

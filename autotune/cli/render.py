@@ -25,6 +25,7 @@ from autotune.gate.reference import Capabilities, describe_checks
 from autotune.server.metrics import preemption_notes
 from autotune.storage import load_study
 from autotune.study.results import (
+    baseline_headline,
     baseline_reason,
     best_trials,
     report_of,
@@ -360,7 +361,7 @@ def say_if_baseline_is_best(study) -> None:
     reason = baseline_reason(study)
     if reason is not None:
         console.print(
-            f"[yellow]no configuration beat the baseline[/] ({escape(reason)}); "
+            f"[yellow]{escape(baseline_headline(reason))}[/]; "
             "`autotune export` writes the baseline's config"
         )
 
@@ -382,6 +383,8 @@ def print_exports(results) -> None:
                 f"the baseline (trial {result.trial_number}; no configuration beat it: "
                 f"{escape(result.baseline_reason)})"
             )
+        elif getattr(result, "not_confirmed", None) is not None:
+            what += f" [yellow](NOT a confirmed gain: {escape(result.not_confirmed)})[/]"
         console.print(
             f"{what} -> {result.path}" + (f" (+ {result.env_path})" if result.env_path else "")
         )

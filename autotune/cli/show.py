@@ -11,6 +11,7 @@ from autotune.cli.options import (
     StudyOpt,
 )
 from autotune.errors import AutotuneError
+from autotune.storage import load_study
 
 
 def show(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None, storage: StorageOpt = None) -> None:
@@ -18,5 +19,7 @@ def show(spec: SpecOpt = DEFAULT_SPEC, study: StudyOpt = None, storage: StorageO
     try:
         _, url, name = open_spec(spec, study, storage)
         render.print_report(url, name)
+        # the verdict a reader needs first: a winner, or "the baseline stands" and why
+        render.say_if_baseline_is_best(load_study(url, name))
     except AutotuneError as exc:
         raise fail(exc) from None
