@@ -267,12 +267,46 @@ _INVALID_MARKERS = (
 )
 
 
+#: a log line's level word (``INFO 12-01 ...``, ``[WARNING]``, ``level=info``): the first one in
+#: the line is the line's level
+_LEVEL_WORD = re.compile(
+    r"(?<![A-Za-z])(TRACE|DEBUG|INFO|NOTICE|WARNING|WARN|ERROR|CRITICAL|FATAL|PANIC)(?![A-Za-z])",
+    re.IGNORECASE,
+)
+_ERROR_LEVELS = frozenset({"error", "critical", "fatal", "panic"})
+#: an unlevelled line is an error message when it names an error or an exception
+_ERROR_WORD = re.compile(r"error|exception|terminate called|killed", re.IGNORECASE)
+
+
+def is_error_message(line: str) -> bool:
+    """Whether ``line`` is an error of the engine, not a remark: a line whose level is ERROR,
+    CRITICAL or FATAL, or a line without a level that names an error or an exception (a
+    traceback's last line, ``CUDA error: ...``, C++'s ``terminate called ...``). An INFO,
+    DEBUG or WARNING line is never one, whatever its text says."""
+    level = _LEVEL_WORD.search(line)
+    if level is not None:
+        return level.group(1).lower() in _ERROR_LEVELS
+    return _ERROR_WORD.search(line) is not None
+
+
+def error_message_with(log_text: str, markers: tuple[str, ...]) -> str | None:
+    """The last error message (:func:`is_error_message`) of ``log_text`` that contains one of
+    ``markers`` (lower case), stripped; None when no error-level line does. Evidence is the
+    engine's error, never a word that happens to be in an informational line."""
+    for line in reversed(log_text.splitlines()):
+        lowered = line.lower()
+        if any(m in lowered for m in markers) and is_error_message(line):
+            return line.strip()
+    return None
+
+
 def classify_common(log_tail: str) -> str | None:
-    """Markers every engine shares: autotune's patch marker, OOM, argparse/pydantic rejection."""
+    """Markers every engine shares: autotune's patch marker, OOM (only in an error message of
+    the engine, :func:`error_message_with`), argparse/pydantic rejection."""
     lowered = log_tail.lower()
     if FAILED_MARKER.lower() in lowered:
         return "patch_failed"
-    if any(m in lowered for m in _OOM_MARKERS):
+    if error_message_with(log_tail, _OOM_MARKERS) is not None:
         return "oom"
     if any(m in lowered for m in _INVALID_MARKERS):
         return "invalid_config"

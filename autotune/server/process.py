@@ -223,11 +223,12 @@ class ServerProcess:
         """Turn 'the server is gone or broken' into the most specific recorded reason.
 
         The detail gets the engine's root-cause line from the log, and ``evidence.root_cause``
-        keeps it. ``oom`` is named only with positive evidence: an out-of-memory message in the
-        log, or (see :mod:`autotune.server.oom`) the kernel's OOM record, the memory cgroup's
-        OOM-kill
-        count, or memory near the limit. A SIGKILL without any of them keeps
-        ``default_reason``, and the detail says so.
+        keeps it. ``oom`` is named only with positive evidence: an out-of-memory error message
+        or exception of the engine in the log (never an INFO or WARNING line that happens to say
+        "out of memory": ``engines.base.is_error_message``), or (see :mod:`autotune.server.oom`)
+        the kernel's OOM record, the memory cgroup's OOM-kill count, or memory near the limit.
+        A signal exit (SIGKILL, SIGSEGV, ...) without any of them keeps ``default_reason``
+        (``server_crashed`` during a trial), and the detail names the signal.
         """
         tail = self.log_tail()
         lowered = tail.lower()
@@ -259,8 +260,8 @@ class ServerProcess:
                 evidence["oom_evidence"] = found
                 killed = "killed by SIGKILL" if code == -9 else f"exited with code {code}"
                 notes.append(f"{killed}; out of memory: {oom.describe(found)}")
-            elif code == -9:
-                notes.append("killed by SIGKILL (no evidence of OOM)")
+            elif code < 0:
+                notes.append(f"killed by {_signal_name(-code)} (no evidence of OOM)")
         if cause:
             notes.append(cause)
         return CandidateError(reason or default_reason, _join(detail, *notes), evidence=evidence)
