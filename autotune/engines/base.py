@@ -78,11 +78,44 @@ class LaunchConfig:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def is_secret(self, name: str) -> bool:
+        """Whether env var ``name``'s value is secret: named in ``secret_env``, or a name that
+        looks secret (:data:`SECRET_NAME`: ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, ...)."""
+        return name in self.secret_env or looks_secret(name)
+
+    def secret_values(self) -> list[str]:
+        """The secret strings of this launch (the API key, the secret env values), longest
+        first so that a value containing another is redacted whole."""
+        # short values (a "1" or "auto" under a KEY-looking name) are masked in the env but not
+        # cut out of free text, where they would clobber everything else
+        values = {v for k, v in self.env.items() if len(v) >= 8 and self.is_secret(k)}
+        if self.api_key:
+            values.add(self.api_key)
+        return sorted(values, key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        """``text`` with every secret value of this launch replaced by ``***``."""
+        for value in self.secret_values():
+            text = text.replace(value, "***")
+        return text
+
     def redacted_env(self) -> dict[str, str]:
-        return {k: ("***" if k in self.secret_env else v) for k, v in self.env.items()}
+        """The env as it may be stored: secret values ``***``; a value that embeds a secret
+        (``Bearer {api_key}``) keeps its shape with the secret cut out."""
+        return {k: ("***" if self.is_secret(k) else self.redact(v)) for k, v in self.env.items()}
 
     def redacted_argv(self) -> list[str]:
-        return [("***" if self.api_key and a == self.api_key else a) for a in self.argv]
+        return [self.redact(a) for a in self.argv]
+
+
+#: env var names whose values are secret (case-insensitive): ``*TOKEN*``, ``*KEY*``,
+#: ``*SECRET*``, ``*PASSWORD*`` (also ``PASSWD``, ``CREDENTIAL``)
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
+def looks_secret(name: str) -> bool:
+    """Whether an env var's name says its value is a secret (:data:`SECRET_NAME`)."""
+    return SECRET_NAME.search(name) is not None
 
 
 @dataclass(frozen=True)
@@ -180,7 +213,7 @@ class Engine(abc.ABC):
             api_key=api_key,
             served_model=self.model_spec.served_name,
             health_path=self.engine_spec.health_path,
-            secret_env=(self.key_env,),
+            secret_env=(self.key_env, *sorted(k for k in env if looks_secret(k))),
         )
 
     @abc.abstractmethod

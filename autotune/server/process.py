@@ -178,7 +178,7 @@ class ServerProcess:
             text = self.log_path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             return ""
-        return text.replace(self.launch.api_key, "***") if self.launch.api_key else text
+        return self.launch.redact(text)
 
     def log_tail(self, lines: int = 60) -> str:
         try:
@@ -189,8 +189,7 @@ class ServerProcess:
                 text = handle.read().decode("utf-8", "replace")
         except OSError:
             return ""
-        if self.launch.api_key:
-            text = text.replace(self.launch.api_key, "***")
+        text = self.launch.redact(text)
         return "\n".join(text.splitlines()[-lines:])
 
     def log_window(self, max_bytes: int = FAILURE_LOG_BYTES) -> str:
@@ -205,7 +204,36 @@ class ServerProcess:
             return ""
         if size > max_bytes:
             text = text.partition("\n")[2]  # the first line is cut
-        return text.replace(self.launch.api_key, "***") if self.launch.api_key else text
+        return self.launch.redact(text)
+
+    def redact_log(self) -> None:
+        """Rewrite the log file with the launch's secrets (the per-trial API key, secret env
+        values) replaced by ``***``: the file is stored and uploaded as the trial's artifact,
+        and a server may print its key. Called at stop, when nothing writes to it any more;
+        streamed, so a log of any size is rewritten in bounded memory."""
+        secrets = [s.encode() for s in self.launch.secret_values()]
+        if not secrets:
+            return
+        keep = max(len(s) for s in secrets) - 1  # a secret may straddle two chunks
+        temp = self.log_path.with_name(self.log_path.name + ".redacting")
+        try:
+            with open(self.log_path, "rb") as src, open(temp, "wb") as dst:
+                pending = b""
+                while True:
+                    chunk = src.read(1 << 20)
+                    data = pending + chunk
+                    for secret in secrets:
+                        data = data.replace(secret, b"***")
+                    if not chunk:
+                        dst.write(data)
+                        break
+                    cut = max(0, len(data) - keep)
+                    dst.write(data[:cut])
+                    pending = data[cut:]
+            os.replace(temp, self.log_path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                temp.unlink()
 
     def _remember_children(self) -> None:
         if self._tracker is not None:
@@ -367,6 +395,7 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             survivors.append(self._popen.pid)
         self.stopped_cleanly = not survivors
+        self.redact_log()
         self.stop_record = {
             "descendants": _pairs(tracked),
             "survivors": sorted(set(survivors)),
