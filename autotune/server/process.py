@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,8 @@ class ServerProcess:
         self._popen: subprocess.Popen[bytes] | None = None
         self.on_record = on_record
         self._tracker: _proc.DescendantTracker | None = None
+        #: this launch's value of ``_proc.MARKER_ENV`` (set at start)
+        self.marker: str | None = None
         self._started_at = 0.0
         self.stopped_cleanly: bool | None = None
         #: what teardown found: descendants seen, survivors, how they were stopped
@@ -125,6 +128,9 @@ class ServerProcess:
         env = dict(os.environ)
         env.update(self.launch.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # inherited by everything the server ever starts: found even after escaping its tree
+        self.marker = f"{os.getpid()}-{uuid.uuid4().hex}"
+        env[_proc.MARKER_ENV] = self.marker
         try:
             log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it until it exits
         except OSError as exc:
@@ -154,6 +160,9 @@ class ServerProcess:
         self._memory = oom.MemoryWatch(self._popen.pid).start()
         if self.on_spawn is not None:
             self.on_spawn(self._popen.pid, self.pgid)
+        if self.on_record is not None:
+            with contextlib.suppress(Exception):  # recorded for `autotune cleanup`
+                self.on_record({"env_marker": self.marker, "descendants": []})
         self._tracker = _proc.DescendantTracker(self._popen.pid, on_new=self._record_descendants)
         self._tracker.start()
 
@@ -385,20 +394,42 @@ class ServerProcess:
         """Stop the whole group and prove it gone; a survivor is an infrastructure fault."""
         if self._popen is None:
             return
-        tracked: dict[int, float | None] = {}
-        if self._tracker is not None:
-            self._tracker.stop()  # one last sample, then no more sightings
-            tracked = self._tracker.snapshot()
-        survivors = _proc.stop_group(self.pgid, tracked=tracked, grace_s=self.stop_grace_s)
+        tracker = self._tracker
+        if tracker is not None:
+            tracker.stop()  # no more background samples: stop_group asks for each look
+
+        def discover() -> dict[int, float | None]:
+            # still looking while the server stops: a helper may fork during the grace period
+            # (never the server itself: its exit status is Popen's, which a reap would steal)
+            marked = _proc.marked_processes(self.marker)
+            marked.pop(self.pid, None)
+            if tracker is None:
+                return marked
+            tracker.sample()
+            tracker.add(marked)
+            return tracker.snapshot()
+
+        killed: list[dict[str, Any]] = []
+        survivors = _proc.stop_group(
+            self.pgid,
+            tracked=discover(),
+            grace_s=self.stop_grace_s,
+            discover=discover,
+            killed=killed,
+        )
         try:
             self._popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             survivors.append(self._popen.pid)
+        # the proof: nothing of the group, of what was ever seen, or carrying the marker lives
+        seen = discover()
+        survivors = sorted(set(survivors) | set(_proc.group_members(None, tracked=seen)))
         self.stopped_cleanly = not survivors
         self.redact_log()
         self.stop_record = {
-            "descendants": _pairs(tracked),
-            "survivors": sorted(set(survivors)),
+            "descendants": _pairs(seen),
+            "survivors": survivors,
+            "killed": killed,
             "kill_method": "process_group+tracked_pids",
             "stopped_cleanly": self.stopped_cleanly,
         }
