@@ -125,6 +125,47 @@ def _signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
+#: set in every server's environment by ``ServerProcess`` (a token unique to that launch):
+#: every process the server ever starts inherits it, also one that escaped into its own
+#: session and was re-parented, so teardown and ``autotune cleanup`` find them in /proc
+MARKER_ENV = "AUTOTUNE_SERVER_MARKER"
+
+
+def marked_processes(marker: str | None) -> dict[int, float | None]:
+    """Live processes whose environment carries ``MARKER_ENV=marker``: ``pid -> create_time``
+    (this process excluded; processes whose environ cannot be read are skipped)."""
+    if not marker:
+        return {}
+    needle = f"{MARKER_ENV}={marker}".encode()
+    found: dict[int, float | None] = {}
+    own = os.getpid()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return {}
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == own:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = handle.read()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            pid = int(entry)
+            if process_alive(pid):
+                found[pid] = create_time(pid)
+    return found
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line, for the record ("" when it is gone or unreadable)."""
+    try:
+        return " ".join(psutil.Process(pid).cmdline())[:300]
+    except psutil.Error:
+        return ""
+
+
 def stop_group(
     pgid: int | None,
     *,
@@ -132,38 +173,73 @@ def stop_group(
     tracked: Mapping[int, float | None] | None = None,
     grace_s: float = 10.0,
     kill_wait_s: float = 5.0,
+    discover: Callable[[], Mapping[int, float | None]] | None = None,
+    killed: list[dict[str, object]] | None = None,
 ) -> list[int]:
     """SIGTERM the group (and stray descendants), SIGKILL what is left after ``grace_s``.
 
     ``pgid`` None signals no group (its number may belong to someone else now): only the pids.
     ``tracked`` (pid -> create time) are signalled only while they are the same process, so a
     reused pid is never hit. Adopted orphans (see :func:`become_subreaper`) are reaped.
+    ``discover`` is asked for more processes on every look, during the grace period and after
+    SIGKILL too (a helper may fork while it is being stopped): what it finds is tracked from
+    then on and signalled like the rest. Each process that had to be SIGKILLed is appended to
+    ``killed`` as ``{"pid", "cmdline", "signal"}``.
 
     Returns the pids that survived even SIGKILL (normally empty): the caller reports them.
     """
+    tracked = dict(tracked or {})
+    termed: set[int] = set()
+    killed_pids: set[int] = set()
 
     def members_now() -> list[int]:
-        _reap(tracked)
-        return group_members(pgid, extra_pids, tracked)
+        # "None left" is proven by a look for more taken *after* every known one was gone: a
+        # process forks its successor before it dies, so that look sees the successor.
+        while True:
+            _reap(tracked)
+            members = group_members(pgid, extra_pids, tracked)
+            if members or discover is None:
+                return members
+            before = set(tracked)
+            with contextlib.suppress(Exception):  # finding more must never stop the stopping
+                for pid, started in discover().items():
+                    tracked.setdefault(pid, started)
+            if not live_tracked({p: tracked[p] for p in set(tracked) - before}):
+                return []
+
+    def signal_new(members: list[int], sig: int, done: set[int]) -> None:
+        fresh = [pid for pid in members if pid not in done]
+        if sig == signal.SIGKILL and killed is not None:
+            for pid in fresh:
+                killed.append({"pid": pid, "cmdline": cmdline(pid), "signal": "SIGKILL"})
+        _signal_all(None, fresh, sig)
+        done.update(fresh)
 
     members = members_now()
     if not members:
         return []
-    _signal_all(pgid, members, signal.SIGTERM)
+    signal_new(members, signal.SIGTERM, termed)
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         members = members_now()
         if not members:
             return []
+        signal_new(members, signal.SIGTERM, termed)  # forked since: they get theirs
         time.sleep(0.05)
-    _signal_all(pgid, members, signal.SIGKILL)
     deadline = time.monotonic() + kill_wait_s
-    while time.monotonic() < deadline:
+    while True:
         members = members_now()
         if not members:
             return []
+        signal_new(members, signal.SIGKILL, killed_pids)
+        _signal_all(pgid, members, signal.SIGKILL)  # again: a kill may race a fork
+        if time.monotonic() >= deadline:
+            break
         time.sleep(0.05)
-    return members
+    return members_now()
 
 
 def _reap(tracked: Mapping[int, float | None] | None) -> None:
@@ -229,6 +305,12 @@ class DescendantTracker:
     def snapshot(self) -> dict[int, float | None]:
         with self._lock:
             return dict(self.seen)
+
+    def add(self, found: Mapping[int, float | None]) -> None:
+        """Remember processes found another way (``marked_processes``) as seen."""
+        with self._lock:
+            for pid, started in found.items():
+                self.seen.setdefault(pid, started)
 
     def sample(self) -> None:
         found: dict[int, float | None] = {}

@@ -18,7 +18,7 @@ from typing import Any
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
 from sqlalchemy import create_engine
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from autotune.errors import SpecError
@@ -221,10 +221,53 @@ def artifact_store(directory: Path) -> FileSystemArtifactStore:
     return FileSystemArtifactStore(str(directory))
 
 
-def dashboard_command(url: str, artifacts: Path, port: int) -> list[str]:
-    """``optuna-dashboard`` on the study's storage and artifacts, bound to 127.0.0.1."""
+#: where each database driver's client library reads a password from the environment
+#: (libpq: PGPASSWORD; libmysqlclient, i.e. mysqlclient: MYSQL_PWD)
+_PASSWORD_ENV = {"postgresql": "PGPASSWORD", "mysql": "MYSQL_PWD"}
+
+
+def dashboard_command(url: str, artifacts: Path, port: int) -> tuple[list[str], dict[str, str]]:
+    """``optuna-dashboard`` on the study's storage and artifacts, bound to 127.0.0.1: its argv
+    and the environment variables to add. A process's argv is readable by every user of the
+    machine (``ps``), so the storage URL goes there without its password, and the password
+    goes to the driver's client library through the environment (PostgreSQL's libpq reads
+    ``PGPASSWORD``). A password that no client library of the URL's backend reads from the
+    environment is refused (:class:`SpecError`), never put on argv."""
     exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
-    return [exe, url, "--host", "127.0.0.1", "--port", str(port), "--artifact-dir", str(artifacts)]
+    safe_url, env = password_off_argv(url)
+    argv = [exe, safe_url, "--host", "127.0.0.1", "--port", str(port)]
+    return [*argv, "--artifact-dir", str(artifacts)], env
+
+
+def password_off_argv(url: str) -> tuple[str, dict[str, str]]:
+    """``url`` without its password, and the env that carries the password instead."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url, {}
+    if parsed.password is None:
+        return url, {}
+    var = _PASSWORD_ENV.get(parsed.get_backend_name())
+    libpq = ("psycopg2", "psycopg", "psycopg2cffi")
+    if (
+        var is None
+        or (var == "PGPASSWORD" and parsed.get_driver_name() not in libpq)
+        or (var == "MYSQL_PWD" and parsed.get_driver_name() != "mysqldb")
+    ):
+        raise SpecError(
+            f"--storage: the dashboard cannot be given the password of a "
+            f"{parsed.drivername} URL without putting it on its command line; use a "
+            "PostgreSQL URL, or one without a password (e.g. a ~/.pgpass or socket login)"
+        )
+    safe = URL.create(  # URL.set(password=None) would keep the password
+        parsed.drivername,
+        username=parsed.username,
+        host=parsed.host,
+        port=parsed.port,
+        database=parsed.database,
+        query=parsed.query,
+    ).render_as_string(hide_password=False)
+    return safe, {var: str(parsed.password)}
 
 
 def _writable(directory: Path) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Annotated
 
@@ -30,8 +31,8 @@ def dashboard(
     try:
         _, url, name = open_spec(spec, study, storage)
         artifacts = artifact_dir_for(url, name, artifact_dir)
+        argv, env = dashboard_command(url, artifacts, port)
     except AutotuneError as exc:
         raise fail(exc) from None
-    argv = dashboard_command(url, artifacts, port)
     console.print(f"optuna-dashboard on http://127.0.0.1:{port} (study {name})")
-    raise typer.Exit(code=subprocess.call(argv))
+    raise typer.Exit(code=subprocess.call(argv, env={**os.environ, **env}))

@@ -78,11 +78,44 @@ class LaunchConfig:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def is_secret(self, name: str) -> bool:
+        """Whether env var ``name``'s value is secret: named in ``secret_env``, or a name that
+        looks secret (:data:`SECRET_NAME`: ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, ...)."""
+        return name in self.secret_env or looks_secret(name)
+
+    def secret_values(self) -> list[str]:
+        """The secret strings of this launch (the API key, the secret env values), longest
+        first so that a value containing another is redacted whole."""
+        # short values (a "1" or "auto" under a KEY-looking name) are masked in the env but not
+        # cut out of free text, where they would clobber everything else
+        values = {v for k, v in self.env.items() if len(v) >= 8 and self.is_secret(k)}
+        if self.api_key:
+            values.add(self.api_key)
+        return sorted(values, key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        """``text`` with every secret value of this launch replaced by ``***``."""
+        for value in self.secret_values():
+            text = text.replace(value, "***")
+        return text
+
     def redacted_env(self) -> dict[str, str]:
-        return {k: ("***" if k in self.secret_env else v) for k, v in self.env.items()}
+        """The env as it may be stored: secret values ``***``; a value that embeds a secret
+        (``Bearer {api_key}``) keeps its shape with the secret cut out."""
+        return {k: ("***" if self.is_secret(k) else self.redact(v)) for k, v in self.env.items()}
 
     def redacted_argv(self) -> list[str]:
-        return [("***" if self.api_key and a == self.api_key else a) for a in self.argv]
+        return [self.redact(a) for a in self.argv]
+
+
+#: env var names whose values are secret (case-insensitive): ``*TOKEN*``, ``*KEY*``,
+#: ``*SECRET*``, ``*PASSWORD*`` (also ``PASSWD``, ``CREDENTIAL``)
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
+def looks_secret(name: str) -> bool:
+    """Whether an env var's name says its value is a secret (:data:`SECRET_NAME`)."""
+    return SECRET_NAME.search(name) is not None
 
 
 @dataclass(frozen=True)
@@ -180,7 +213,7 @@ class Engine(abc.ABC):
             api_key=api_key,
             served_model=self.model_spec.served_name,
             health_path=self.engine_spec.health_path,
-            secret_env=(self.key_env,),
+            secret_env=(self.key_env, *sorted(k for k in env if looks_secret(k))),
         )
 
     @abc.abstractmethod
@@ -267,12 +300,46 @@ _INVALID_MARKERS = (
 )
 
 
+#: a log line's level word (``INFO 12-01 ...``, ``[WARNING]``, ``level=info``): the first one in
+#: the line is the line's level
+_LEVEL_WORD = re.compile(
+    r"(?<![A-Za-z])(TRACE|DEBUG|INFO|NOTICE|WARNING|WARN|ERROR|CRITICAL|FATAL|PANIC)(?![A-Za-z])",
+    re.IGNORECASE,
+)
+_ERROR_LEVELS = frozenset({"error", "critical", "fatal", "panic"})
+#: an unlevelled line is an error message when it names an error or an exception
+_ERROR_WORD = re.compile(r"error|exception|terminate called|killed", re.IGNORECASE)
+
+
+def is_error_message(line: str) -> bool:
+    """Whether ``line`` is an error of the engine, not a remark: a line whose level is ERROR,
+    CRITICAL or FATAL, or a line without a level that names an error or an exception (a
+    traceback's last line, ``CUDA error: ...``, C++'s ``terminate called ...``). An INFO,
+    DEBUG or WARNING line is never one, whatever its text says."""
+    level = _LEVEL_WORD.search(line)
+    if level is not None:
+        return level.group(1).lower() in _ERROR_LEVELS
+    return _ERROR_WORD.search(line) is not None
+
+
+def error_message_with(log_text: str, markers: tuple[str, ...]) -> str | None:
+    """The last error message (:func:`is_error_message`) of ``log_text`` that contains one of
+    ``markers`` (lower case), stripped; None when no error-level line does. Evidence is the
+    engine's error, never a word that happens to be in an informational line."""
+    for line in reversed(log_text.splitlines()):
+        lowered = line.lower()
+        if any(m in lowered for m in markers) and is_error_message(line):
+            return line.strip()
+    return None
+
+
 def classify_common(log_tail: str) -> str | None:
-    """Markers every engine shares: autotune's patch marker, OOM, argparse/pydantic rejection."""
+    """Markers every engine shares: autotune's patch marker, OOM (only in an error message of
+    the engine, :func:`error_message_with`), argparse/pydantic rejection."""
     lowered = log_tail.lower()
     if FAILED_MARKER.lower() in lowered:
         return "patch_failed"
-    if any(m in lowered for m in _OOM_MARKERS):
+    if error_message_with(log_tail, _OOM_MARKERS) is not None:
         return "oom"
     if any(m in lowered for m in _INVALID_MARKERS):
         return "invalid_config"

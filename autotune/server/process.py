@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,8 @@ class ServerProcess:
         self._popen: subprocess.Popen[bytes] | None = None
         self.on_record = on_record
         self._tracker: _proc.DescendantTracker | None = None
+        #: this launch's value of ``_proc.MARKER_ENV`` (set at start)
+        self.marker: str | None = None
         self._started_at = 0.0
         self.stopped_cleanly: bool | None = None
         #: what teardown found: descendants seen, survivors, how they were stopped
@@ -125,6 +128,9 @@ class ServerProcess:
         env = dict(os.environ)
         env.update(self.launch.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # inherited by everything the server ever starts: found even after escaping its tree
+        self.marker = f"{os.getpid()}-{uuid.uuid4().hex}"
+        env[_proc.MARKER_ENV] = self.marker
         try:
             log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it until it exits
         except OSError as exc:
@@ -154,6 +160,9 @@ class ServerProcess:
         self._memory = oom.MemoryWatch(self._popen.pid).start()
         if self.on_spawn is not None:
             self.on_spawn(self._popen.pid, self.pgid)
+        if self.on_record is not None:
+            with contextlib.suppress(Exception):  # recorded for `autotune cleanup`
+                self.on_record({"env_marker": self.marker, "descendants": []})
         self._tracker = _proc.DescendantTracker(self._popen.pid, on_new=self._record_descendants)
         self._tracker.start()
 
@@ -178,7 +187,7 @@ class ServerProcess:
             text = self.log_path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             return ""
-        return text.replace(self.launch.api_key, "***") if self.launch.api_key else text
+        return self.launch.redact(text)
 
     def log_tail(self, lines: int = 60) -> str:
         try:
@@ -189,8 +198,7 @@ class ServerProcess:
                 text = handle.read().decode("utf-8", "replace")
         except OSError:
             return ""
-        if self.launch.api_key:
-            text = text.replace(self.launch.api_key, "***")
+        text = self.launch.redact(text)
         return "\n".join(text.splitlines()[-lines:])
 
     def log_window(self, max_bytes: int = FAILURE_LOG_BYTES) -> str:
@@ -205,7 +213,36 @@ class ServerProcess:
             return ""
         if size > max_bytes:
             text = text.partition("\n")[2]  # the first line is cut
-        return text.replace(self.launch.api_key, "***") if self.launch.api_key else text
+        return self.launch.redact(text)
+
+    def redact_log(self) -> None:
+        """Rewrite the log file with the launch's secrets (the per-trial API key, secret env
+        values) replaced by ``***``: the file is stored and uploaded as the trial's artifact,
+        and a server may print its key. Called at stop, when nothing writes to it any more;
+        streamed, so a log of any size is rewritten in bounded memory."""
+        secrets = [s.encode() for s in self.launch.secret_values()]
+        if not secrets:
+            return
+        keep = max(len(s) for s in secrets) - 1  # a secret may straddle two chunks
+        temp = self.log_path.with_name(self.log_path.name + ".redacting")
+        try:
+            with open(self.log_path, "rb") as src, open(temp, "wb") as dst:
+                pending = b""
+                while True:
+                    chunk = src.read(1 << 20)
+                    data = pending + chunk
+                    for secret in secrets:
+                        data = data.replace(secret, b"***")
+                    if not chunk:
+                        dst.write(data)
+                        break
+                    cut = max(0, len(data) - keep)
+                    dst.write(data[:cut])
+                    pending = data[cut:]
+            os.replace(temp, self.log_path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                temp.unlink()
 
     def _remember_children(self) -> None:
         if self._tracker is not None:
@@ -223,11 +260,12 @@ class ServerProcess:
         """Turn 'the server is gone or broken' into the most specific recorded reason.
 
         The detail gets the engine's root-cause line from the log, and ``evidence.root_cause``
-        keeps it. ``oom`` is named only with positive evidence: an out-of-memory message in the
-        log, or (see :mod:`autotune.server.oom`) the kernel's OOM record, the memory cgroup's
-        OOM-kill
-        count, or memory near the limit. A SIGKILL without any of them keeps
-        ``default_reason``, and the detail says so.
+        keeps it. ``oom`` is named only with positive evidence: an out-of-memory error message
+        or exception of the engine in the log (never an INFO or WARNING line that happens to say
+        "out of memory": ``engines.base.is_error_message``), or (see :mod:`autotune.server.oom`)
+        the kernel's OOM record, the memory cgroup's OOM-kill count, or memory near the limit.
+        A signal exit (SIGKILL, SIGSEGV, ...) without any of them keeps ``default_reason``
+        (``server_crashed`` during a trial), and the detail names the signal.
         """
         tail = self.log_tail()
         lowered = tail.lower()
@@ -259,8 +297,8 @@ class ServerProcess:
                 evidence["oom_evidence"] = found
                 killed = "killed by SIGKILL" if code == -9 else f"exited with code {code}"
                 notes.append(f"{killed}; out of memory: {oom.describe(found)}")
-            elif code == -9:
-                notes.append("killed by SIGKILL (no evidence of OOM)")
+            elif code < 0:
+                notes.append(f"killed by {_signal_name(-code)} (no evidence of OOM)")
         if cause:
             notes.append(cause)
         return CandidateError(reason or default_reason, _join(detail, *notes), evidence=evidence)
@@ -356,19 +394,42 @@ class ServerProcess:
         """Stop the whole group and prove it gone; a survivor is an infrastructure fault."""
         if self._popen is None:
             return
-        tracked: dict[int, float | None] = {}
-        if self._tracker is not None:
-            self._tracker.stop()  # one last sample, then no more sightings
-            tracked = self._tracker.snapshot()
-        survivors = _proc.stop_group(self.pgid, tracked=tracked, grace_s=self.stop_grace_s)
+        tracker = self._tracker
+        if tracker is not None:
+            tracker.stop()  # no more background samples: stop_group asks for each look
+
+        def discover() -> dict[int, float | None]:
+            # still looking while the server stops: a helper may fork during the grace period
+            # (never the server itself: its exit status is Popen's, which a reap would steal)
+            marked = _proc.marked_processes(self.marker)
+            marked.pop(self.pid, None)
+            if tracker is None:
+                return marked
+            tracker.sample()
+            tracker.add(marked)
+            return tracker.snapshot()
+
+        killed: list[dict[str, Any]] = []
+        survivors = _proc.stop_group(
+            self.pgid,
+            tracked=discover(),
+            grace_s=self.stop_grace_s,
+            discover=discover,
+            killed=killed,
+        )
         try:
             self._popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             survivors.append(self._popen.pid)
+        # the proof: nothing of the group, of what was ever seen, or carrying the marker lives
+        seen = discover()
+        survivors = sorted(set(survivors) | set(_proc.group_members(None, tracked=seen)))
         self.stopped_cleanly = not survivors
+        self.redact_log()
         self.stop_record = {
-            "descendants": _pairs(tracked),
-            "survivors": sorted(set(survivors)),
+            "descendants": _pairs(seen),
+            "survivors": survivors,
+            "killed": killed,
             "kill_method": "process_group+tracked_pids",
             "stopped_cleanly": self.stopped_cleanly,
         }

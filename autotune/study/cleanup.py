@@ -151,9 +151,11 @@ def stop_recorded_server(
 def _stop_leftovers(trial: optuna.trial.FrozenTrial, *, this_host_only: bool = True) -> str | None:
     """Stop the server group and every descendant recorded for ``trial``.
 
-    Pids are reused, so each is signalled only while its create time matches the record. The
-    group is signalled unless its leader's pid now belongs to another process (then the group
-    id cannot be the server's any more: Linux never reuses a pid that is still a group id).
+    Pids are reused, so each is signalled only while its create time matches the record; a
+    process that escaped into its own session unseen is found by the launch's environment
+    marker (``_proc.MARKER_ENV``, recorded as ``env_marker``). The group is signalled unless
+    its leader's pid now belongs to another process (then the group id cannot be the server's
+    any more: Linux never reuses a pid that is still a group id).
     """
     server = trial.user_attrs.get(names.SERVER) or {}
     pid, pgid = server.get("pid"), server.get("pgid")
@@ -161,10 +163,14 @@ def _stop_leftovers(trial: optuna.trial.FrozenTrial, *, this_host_only: bool = T
     for entry in server.get("descendants") or []:
         with contextlib.suppress(TypeError, ValueError, IndexError):
             tracked[int(entry[0])] = None if entry[1] is None else float(entry[1])
-    if not pid and not tracked:
+    marker = server.get("env_marker")
+    if not pid and not tracked and not marker:
         return None
     if this_host_only and not _proc.on_this_machine(server):
         return "its server is on another machine (run `autotune cleanup` there)"
+    # what escaped into its own session and was never seen still carries the launch's marker
+    marked = _proc.marked_processes(marker) if _proc.on_this_machine(server) else {}
+    tracked.update(marked)
     group = pgid
     if pid:
         if _proc.same_process(int(pid), server.get("create_time")):
@@ -173,7 +179,12 @@ def _stop_leftovers(trial: optuna.trial.FrozenTrial, *, this_host_only: bool = T
             group = None  # the pid was reused: not our group
     if not _proc.group_members(group, tracked=tracked):
         return None
-    survivors = _proc.stop_group(group, tracked=tracked, grace_s=5.0)
+    survivors = _proc.stop_group(
+        group,
+        tracked=tracked,
+        grace_s=5.0,
+        discover=(lambda: _proc.marked_processes(marker)) if marked else None,
+    )
     if survivors:
         return f"could not stop pids {survivors}"
     escaped = len(set(tracked) - {pid})

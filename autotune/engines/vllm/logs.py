@@ -32,6 +32,7 @@ from autotune.engines.base import (
     classify_common,
     clip,
     error_lines,
+    error_message_with,
     pick_root_cause,
 )
 from autotune.patching import FAILED_MARKER
@@ -65,7 +66,7 @@ def strip_prefixes(log_text: str) -> list[str]:
 def classify(log_tail: str) -> str | None:
     """vLLM's reason for a failure: its memory checks are OOM, then the shared markers."""
     lowered = log_tail.lower()
-    if FAILED_MARKER.lower() not in lowered and any(m in lowered for m in OOM_MARKERS):
+    if FAILED_MARKER.lower() not in lowered and error_message_with(log_tail, OOM_MARKERS):
         return "oom"
     return classify_common(log_tail)
 
