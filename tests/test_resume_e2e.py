@@ -479,6 +479,9 @@ def test_ctrl_c_exits_130_and_records_interrupted(tmp_path: Path, sig: signal.Si
         stopped = study.trials[trial.number]
         assert stopped.state == TrialState.FAIL
         assert stopped.user_attrs[names.FAIL_REASON] == "interrupted"
+        # the record names what stopped it: Ctrl-C, or the signal itself
+        who = "the user (Ctrl-C)" if sig == signal.SIGINT else sig.name
+        assert f"stopped by {who}" in stopped.user_attrs[names.FAIL_DETAIL]
         assert stopped.user_attrs[names.SERVER].get("stopped_cleanly") is True
         assert study.trials[0].state == TrialState.COMPLETE
         assert study.user_attrs.get(names.REFERENCE) is not None

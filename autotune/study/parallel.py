@@ -45,6 +45,7 @@ from autotune.spec.model import StudySpec
 from autotune.spec.workload import check_workload
 from autotune.storage import artifact_dir_for, is_sqlite, resolve_url
 from autotune.study.loop import open_study, preflight, roofline_record, storage_url_for
+from autotune.study.termination import terminated_by
 from autotune.study.warm_start import warm_start_from
 
 #: env var naming the GPUs a worker's servers see
@@ -549,8 +550,8 @@ def _install_sigterm() -> Any:
     if threading.current_thread() is not threading.main_thread():
         return None
 
-    def handler(_signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt
+    def handler(signum: int, _frame: Any) -> None:
+        raise terminated_by(signum)  # as Ctrl-C, but the record names SIGTERM
 
     return signal.signal(signal.SIGTERM, handler)
 

@@ -32,6 +32,13 @@ def interrupted_detail(exc: BaseException | None = None) -> str:
     return f"stopped by {stopped_by(exc)} while this trial ran"
 
 
+def terminated_by(signum: int) -> Terminated:
+    """Remember that signal ``signum`` stops this command; the exception to raise for it."""
+    global _received
+    _received = signal.Signals(signum).name
+    return Terminated(_received)
+
+
 def stop_on_termination() -> None:
     """SIGTERM and SIGHUP stop a command the way Ctrl-C does (KeyboardInterrupt): the trial
     is stopped and recorded and every server the command started is stopped. Without this a

@@ -67,6 +67,7 @@ from autotune.study.record import (
     upload_trial_files,
 )
 from autotune.study.results import verified_baseline
+from autotune.study.termination import interrupted_detail
 
 HOST = "127.0.0.1"
 #: a benchmark with more failed requests than this fraction fails the trial
@@ -120,14 +121,10 @@ class TrialRunner:
         role = trial.user_attrs.get(names.ROLE, names.SEARCH)
         try:
             return self._run(trial, role)
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            # Wherever Ctrl-C lands (suggesting, launching, measuring), the trial keeps a reason.
+        except (KeyboardInterrupt, asyncio.CancelledError) as exc:
+            # Wherever Ctrl-C or a signal lands, the trial keeps a reason that names which.
             self.last = record_failure(
-                trial,
-                role,
-                InfrastructureError(
-                    "interrupted", "stopped by the user (Ctrl-C) while this trial ran"
-                ),
+                trial, role, InfrastructureError("interrupted", interrupted_detail(exc))
             )
             raise
 
