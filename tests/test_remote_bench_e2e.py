@@ -83,8 +83,12 @@ def test_bench_url_measures_a_running_vllm_server(tmp_path) -> None:
         data = json.loads(out.read_text())
         for name in ("output_tokens_per_s", "decode_tokens_per_s", "requests_per_s"):
             assert data[name] > 0, name
-        for name in ("ttft_p50_ms", "itl_p95_ms", "e2e_p99_ms"):
+        for name in ("ttft_p50_ms", "e2e_p99_ms"):
             assert name in data
+        # vLLM's CPU server streams in bursts under load: then its ITL percentiles time a
+        # flush, and are absent with the shape saying why, never 0.0
+        assert data.get("itl_p95_ms", 0) > 0 or data["stream_shape"].get("itl") == "bursty"
+        assert data["stream_shape"]["single"]["tokens_per_s"] > 0
         evidence = data["server_metrics"]
         assert evidence["available"] is True, evidence
         total = evidence["total"]
