@@ -161,3 +161,26 @@ def sigint_as_a_terminal_would() -> None:
     would be lost and the run would finish with exit 0. A terminal's Ctrl-C always reaches a
     foreground ``autotune run``, which is what these tests stand for."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def verified_trial(role: str, decode_ms: int, tps: float, choices: list[int], **attrs: Any) -> Any:
+    """A COMPLETE trial as a correct, measured one of the fake server's ``decode_ms`` space is
+    stored (verified, feasible, its metrics), for studies built without launching anything."""
+    import optuna
+
+    from autotune import names
+
+    return optuna.trial.create_trial(
+        params={"decode_ms": decode_ms},
+        distributions={"decode_ms": optuna.distributions.CategoricalDistribution(choices)},
+        value=tps,
+        user_attrs={
+            names.CORRECT: True,
+            names.ROLE: role,
+            names.PARAMS_RESOLVED: {"decode_ms": decode_ms},
+            names.METRICS: {"decode_tokens_per_s": tps},
+            names.CHECK: {"passed": True},
+            **attrs,
+        },
+        system_attrs={f"constraints:{names.CORRECTNESS_CONSTRAINT}": 0.0},
+    )

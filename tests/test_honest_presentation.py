@@ -25,7 +25,7 @@ from autotune.study.results import (
     baseline_reason,
     best_trials,
 )
-from tests.builders import write_fake_spec
+from tests.builders import verified_trial, write_fake_spec
 
 SPACE = """
 parameters:
@@ -35,24 +35,10 @@ parameters:
     baseline: 40
     target: {flag: --decode-ms}
 """
-DIST = {"decode_ms": optuna.distributions.CategoricalDistribution([2, 20, 40])}
 
 
 def _trial(role: str, decode_ms: int, tps: float, **attrs) -> optuna.trial.FrozenTrial:
-    return optuna.trial.create_trial(
-        params={"decode_ms": decode_ms},
-        distributions=DIST,
-        value=tps,
-        user_attrs={
-            names.CORRECT: True,
-            names.ROLE: role,
-            names.PARAMS_RESOLVED: {"decode_ms": decode_ms},
-            names.METRICS: {"decode_tokens_per_s": tps},
-            names.CHECK: {"passed": True},
-            **attrs,
-        },
-        system_attrs={f"constraints:{names.CORRECTNESS_CONSTRAINT}": 0.0},
-    )
+    return verified_trial(role, decode_ms, tps, [2, 20, 40], **attrs)
 
 
 def _confirmation(low: float, high: float, gain: float = 0.3) -> dict:

@@ -22,7 +22,7 @@ from autotune.spec.load import load_spec
 from autotune.study.export import export_best
 from autotune.study.loop import open_study
 from autotune.study.results import ReportSource, load_report, report_of
-from tests.builders import write_fake_spec
+from tests.builders import verified_trial, write_fake_spec
 
 SPACE = """
 parameters:
@@ -36,19 +36,7 @@ DIST = {"decode_ms": optuna.distributions.CategoricalDistribution([2, 40])}
 
 
 def _trial(role: str, decode_ms: int, tps: float) -> optuna.trial.FrozenTrial:
-    return optuna.trial.create_trial(
-        params={"decode_ms": decode_ms},
-        distributions=DIST,
-        value=tps,
-        user_attrs={
-            names.CORRECT: True,
-            names.ROLE: role,
-            names.PARAMS_RESOLVED: {"decode_ms": decode_ms},
-            names.METRICS: {"decode_tokens_per_s": tps},
-            names.CHECK: {"passed": True},
-        },
-        system_attrs={f"constraints:{names.CORRECTNESS_CONSTRAINT}": 0.0},
-    )
+    return verified_trial(role, decode_ms, tps, [2, 40])
 
 
 @pytest.fixture
