@@ -4,6 +4,7 @@ failures counted and never dropped."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import httpx
@@ -200,3 +201,36 @@ def test_run_benchmark_counts_every_failure():
     assert result.failed_requests == 1
     assert len(result.repeats) == 1
     assert all("503" in e for e in result.errors)
+
+
+def test_a_benchmark_measures_its_own_client_and_the_trial_records_it_as_a_trap() -> None:
+    """The client's CPU and event-loop lag are measured around every benchmark and stored
+    with the server-side traps, so a client that could not keep up is said, not hidden."""
+    from autotune.bench.loadcurve import record_curve
+    from autotune.bench.traps import TRAPS
+
+    def handler(request):
+        return httpx.Response(200, content=stream_body(4))
+
+    workload = WorkloadSpec(
+        prompts=("a",), max_tokens=4, concurrency=2, num_requests=4, single_requests=1, repeats=2
+    )
+
+    async def go():
+        async with client_for(handler) as client:
+            return await run_benchmark(client, "m", workload, dialect=VLLM_DIALECT)
+
+    result = asyncio.run(go())
+    assert result.client is not None
+    assert result.client["cpu_busy"] >= 0 and "flagged" in result.client
+
+    class Trial:
+        user_attrs = {TRAPS: {"prefix_cache": {"flagged": True, "reason": "hits 90%"}}}
+
+        def set_user_attr(self, key, value):
+            self.user_attrs = {**self.user_attrs, key: value}
+
+    trial = Trial()
+    record_curve(trial, dataclasses.replace(result, client={"flagged": True, "reason": "lag"}))
+    traps = trial.user_attrs[TRAPS]
+    assert traps["client"]["reason"] == "lag" and traps["flagged"] == ["hits 90%", "lag"]

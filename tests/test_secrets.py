@@ -150,3 +150,30 @@ def test_sigterm_is_recorded_as_sigterm() -> None:
         check=True,
     ).stdout.splitlines()
     assert out == ["stopped by SIGTERM while this trial ran"] * 2
+
+
+def test_the_outputs_artifact_carries_no_secret(tmp_path) -> None:
+    """A server that echoes its key into an answer (kept as evidence) leaves no key in the
+    trial's outputs artifact either: the upload cuts the launch's secrets out."""
+    import optuna
+    from optuna.artifacts import FileSystemArtifactStore
+
+    from autotune import names
+    from autotune.engines.base import LaunchConfig
+    from autotune.study.record import upload_trial_files
+
+    key = "k" * 24 + "secret"
+    launch = LaunchConfig(
+        argv=("srv",), env={}, host="127.0.0.1", port=1, api_key=key, served_model="m"
+    )
+    store = FileSystemArtifactStore(str(tmp_path / "artifacts"))
+    (tmp_path / "artifacts").mkdir()
+    study = optuna.create_study()
+    trial = study.ask()
+    trial.set_user_attr(names.EVIDENCE, {"log_tail": f"the answer was: Bearer {key}"})
+    log = tmp_path / "server.log"
+    log.write_text("started\n")
+    upload_trial_files(store, trial, log, launch.redact)
+    written = [p.read_text() for p in (tmp_path / "artifacts").rglob("*") if p.is_file()]
+    assert len(written) == 2 and any("Bearer ***" in text for text in written)
+    assert not any(key in text for text in written)

@@ -48,6 +48,7 @@ from autotune.bench.phase import (
     summarize,
 )
 from autotune.bench.tokens import MEASUREMENT_SUSPECT, NO_TOKENIZER, TokenCounter, cross_check
+from autotune.bench.traps import TRAPS, ClientMeter
 from autotune.engines.dialect import RequestDialect
 from autotune.names import at_level, split_level
 from autotune.spec.model import SloSpec, WorkloadSpec
@@ -247,39 +248,44 @@ async def run_benchmark(
         return result
 
     hang, stopped_by, goodput = None, None, None
+    meter = ClientMeter()
     try:
-        if workload.warmup_requests:
-            warm_concurrency = min(main, workload.warmup_requests)
-            await phase(workload.warmup_requests, warm_concurrency, "warm-up")
-        start = time.perf_counter()
-        while stopped_by is None:
-            index = len(rounds)
-            single = await phase(workload.single_requests, 1, f"{SINGLE_PHASE} (round {index + 1})")
-            loads: dict[int, PhaseResult] = {}
-            for level in levels:
-                loads[level] = await phase(
-                    workload.num_requests, level, f"{LOAD_PHASE} {level} (round {index + 1})"
+        # the client's own CPU and event-loop lag: a client that cannot keep up measures itself
+        async with meter:
+            if workload.warmup_requests:
+                warm_concurrency = min(main, workload.warmup_requests)
+                await phase(workload.warmup_requests, warm_concurrency, "warm-up")
+            start = time.perf_counter()
+            while stopped_by is None:
+                index = len(rounds)
+                single = await phase(
+                    workload.single_requests, 1, f"{SINGLE_PHASE} (round {index + 1})"
                 )
-            metrics = _round_metrics(single, loads, main)
-            samples += [r for r in loads[main].records if r.ok]
-            rounds.append(metrics)
-            if on_repeat is not None:
-                on_repeat(index, metrics)
-            if any(not r.ok for p in (single, *loads.values()) for r in p.records):
-                stopped_by = "request_errors"  # the caller decides what failures mean
-                break
-            stopped_by = _stop_reason(workload, rounds, names, start)
-        if workload.slos and stopped_by != "request_errors":
+                loads: dict[int, PhaseResult] = {}
+                for level in levels:
+                    loads[level] = await phase(
+                        workload.num_requests, level, f"{LOAD_PHASE} {level} (round {index + 1})"
+                    )
+                metrics = _round_metrics(single, loads, main)
+                samples += [r for r in loads[main].records if r.ok]
+                rounds.append(metrics)
+                if on_repeat is not None:
+                    on_repeat(index, metrics)
+                if any(not r.ok for p in (single, *loads.values()) for r in p.records):
+                    stopped_by = "request_errors"  # the caller decides what failures mean
+                    break
+                stopped_by = _stop_reason(workload, rounds, names, start)
+            if workload.slos and stopped_by != "request_errors":
 
-            async def probe(level: int) -> Probe:
-                return await _probe(phase, workload, level)
+                async def probe(level: int) -> Probe:
+                    return await _probe(phase, workload, level)
 
-            value, probes = await search_goodput(probe, workload.goodput_max_concurrency)
-            goodput = GoodputResult(
-                value=value,
-                slos=tuple(f"{s.metric} {s.op} {s.bound:g}" for s in workload.slos),
-                probes=tuple(probes),
-            )
+                value, probes = await search_goodput(probe, workload.goodput_max_concurrency)
+                goodput = GoodputResult(
+                    value=value,
+                    slos=tuple(f"{s.metric} {s.op} {s.bound:g}" for s in workload.slos),
+                    probes=tuple(probes),
+                )
     except _Hung as exc:
         hang = exc.hang
     medians, spread = combine(rounds) if rounds else ({}, {})
@@ -308,6 +314,7 @@ async def run_benchmark(
             for level in levels
         },
         goodput=None if goodput is None else goodput.to_dict(),
+        client=meter.report(sum(r.output_tokens or 0 for r in all_records if r.ok)),
         counts={
             "phases": phase_counts_,
             "counted_by": dict(sorted(counted_by.items())),
@@ -387,6 +394,13 @@ def record_curve(trial: Any, bench: BenchResult) -> None:
         suspect = cross_check(bench.counts, server_metrics)
         if suspect is not None:
             trial.set_user_attr(MEASUREMENT_SUSPECT, suspect)
+    if bench.client is not None:  # the client's own trap beside the server-side ones
+        traps = dict((getattr(trial, "user_attrs", None) or {}).get(TRAPS) or {})
+        traps["client"] = bench.client
+        traps["flagged"] = [
+            v["reason"] for v in traps.values() if isinstance(v, dict) and v.get("flagged")
+        ]
+        trial.set_user_attr(TRAPS, traps)
     if bench.ci:
         trial.set_user_attr(names.METRICS_CI, bench.ci)
     if len(bench.load_curve) > 1:

@@ -191,6 +191,8 @@ class BenchResult:
     counts: dict[str, Any] = field(default_factory=dict)
     #: how the answers arrived (phase.stream_shape)
     shape: dict[str, Any] = field(default_factory=dict)
+    #: the benchmark client's own load (bench/traps.py client_lag), or None if not measured
+    client: dict[str, Any] | None = None
 
 
 async def stream_request(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,9 +155,13 @@ def record_duplicate(
 # --- artifacts -------------------------------------------------------------------------------
 
 
-def upload_trial_files(artifacts: Any, trial: optuna.Trial, log_path: Path) -> None:
+def upload_trial_files(
+    artifacts: Any, trial: optuna.Trial, log_path: Path, redact: Callable[[str], str] = str
+) -> None:
     """The server log and the verified outputs as the trial's artifacts (the dashboard shows
-    them). Artifacts are a convenience: a write that fails loses nothing of the record."""
+    them); ``redact`` cuts the launch's secrets out of the outputs (a server may echo its key;
+    the log is redacted where it is written). Artifacts are a convenience: a write that fails
+    loses nothing of the record."""
     if artifacts is None or not log_path.exists():
         return
     try:
@@ -171,7 +176,7 @@ def upload_trial_files(artifacts: Any, trial: optuna.Trial, log_path: Path) -> N
         with tempfile.NamedTemporaryFile(
             "w", suffix=f"-trial{trial.number}-outputs.json", delete=False
         ) as handle:
-            json.dump(outputs, handle, indent=2, default=str)
+            handle.write(redact(json.dumps(outputs, indent=2, default=str)))
         upload_artifact(
             artifact_store=artifacts,
             file_path=handle.name,

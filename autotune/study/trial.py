@@ -383,7 +383,7 @@ class TrialRunner:
             finally:
                 server_attrs["stopped_cleanly"] = server.stopped_cleanly
                 trial.set_user_attr(names.SERVER, server_attrs)
-                upload_trial_files(self.ctx.artifacts, trial, log_path)
+                upload_trial_files(self.ctx.artifacts, trial, log_path, launch.redact)
 
     async def _engine_evidence(
         self, client: Any, trial: optuna.Trial, settings: ServerSettings
