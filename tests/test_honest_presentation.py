@@ -219,3 +219,22 @@ def test_a_figure_never_measured_is_absent_from_the_report_not_zero(study_setup)
     winner = page[page.index("<section id='winner'>") : page.index("<section id='progress'>")]
     assert "itl_p95_ms</td><td>bursty (not measurable)" in winner
     assert ">0.0<" not in winner
+
+
+def test_the_export_header_says_when_the_figures_are_doubtful(tmp_path: Path) -> None:
+    """A count the server and autotune disagree on, and a host other work kept busy, are in
+    the exported file's header: a reader of the file alone sees them."""
+    from autotune.study.export import export_trial
+
+    spec = load_spec(write_fake_spec(tmp_path, SPACE, name="doubt"))
+    suspect = {"autotune": 96, "usage": 384, "disagree": ["usage"]}
+    host = {"noisy": True, "reasons": ["other processes took 80% of 2 CPUs (limit 25%)"]}
+    trial = _trial(names.SEARCH, 2, 900.0, measurement_suspect=suspect, **{names.HOST: host})
+    out = tmp_path / "best.yaml"
+    export_trial(spec, trial, out)
+    header = [line for line in out.read_text().splitlines() if line.startswith("#")]
+    assert any("measurement suspect: autotune counted 96" in line for line in header)
+    assert any("noisy host: other processes took 80%" in line for line in header)
+    plain = tmp_path / "plain.yaml"
+    export_trial(spec, _trial(names.SEARCH, 2, 900.0), plain)
+    assert "suspect" not in plain.read_text() and "noisy" not in plain.read_text()

@@ -21,6 +21,7 @@ import yaml
 
 from autotune import names
 from autotune._files import write_files_atomically
+from autotune.bench.tokens import MEASUREMENT_SUSPECT, suspect_line
 from autotune.engines import build_engine
 from autotune.engines.base import EXPORT_API_KEY
 from autotune.errors import SpecError
@@ -90,6 +91,19 @@ class ExportResult:
     not_confirmed: str | None = None
 
 
+def evidence_notes(trial: optuna.trial.FrozenTrial) -> tuple[str, ...]:
+    """Header lines for what makes the trial's figures doubtful: a token count the server and
+    autotune disagree on, a host that other work kept busy while it was measured."""
+    notes = []
+    suspect = trial.user_attrs.get(MEASUREMENT_SUSPECT)
+    if suspect:
+        notes.append("# " + suspect_line(suspect))
+    host = trial.user_attrs.get(names.HOST) or {}
+    if host.get("noisy"):
+        notes.append("# measured on a noisy host: " + "; ".join(host.get("reasons") or ()))
+    return tuple(notes)
+
+
 def export_trial(
     spec: StudySpec,
     trial: optuna.trial.FrozenTrial,
@@ -126,6 +140,7 @@ def export_trial(
     else:
         title = f"trial {trial.number} (verified correct against the baseline's reference)"
         notes = confirmation_notes(confirmation, trial.number)
+    notes = (*notes, *evidence_notes(trial))
     result = export_values(
         spec,
         values,
