@@ -10,6 +10,7 @@ import json
 import httpx
 import pytest
 
+from autotune import names
 from autotune.bench.loadcurve import run_benchmark
 from autotune.bench.phase import (
     PhaseResult,
@@ -207,7 +208,6 @@ def test_a_benchmark_measures_its_own_client_and_the_trial_records_it_as_a_trap(
     """The client's CPU and event-loop lag are measured around every benchmark and stored
     with the server-side traps, so a client that could not keep up is said, not hidden."""
     from autotune.bench.loadcurve import record_curve
-    from autotune.bench.traps import TRAPS
 
     def handler(request):
         return httpx.Response(200, content=stream_body(4))
@@ -225,12 +225,12 @@ def test_a_benchmark_measures_its_own_client_and_the_trial_records_it_as_a_trap(
     assert result.client["cpu_busy"] >= 0 and "flagged" in result.client
 
     class Trial:
-        user_attrs = {TRAPS: {"prefix_cache": {"flagged": True, "reason": "hits 90%"}}}
+        user_attrs = {names.TRAPS: {"prefix_cache": {"flagged": True, "reason": "hits 90%"}}}
 
         def set_user_attr(self, key, value):
             self.user_attrs = {**self.user_attrs, key: value}
 
     trial = Trial()
     record_curve(trial, dataclasses.replace(result, client={"flagged": True, "reason": "lag"}))
-    traps = trial.user_attrs[TRAPS]
+    traps = trial.user_attrs[names.TRAPS]
     assert traps["client"]["reason"] == "lag" and traps["flagged"] == ["hits 90%", "lag"]

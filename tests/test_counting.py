@@ -17,7 +17,6 @@ from autotune.bench.tokens import (
     BY_IDS,
     BY_TOKENIZER,
     BY_USAGE,
-    MEASUREMENT_SUSPECT,
     NO_TOKENIZER,
     TokenCounter,
     cross_check,
@@ -113,8 +112,8 @@ def test_usage_four_times_the_stream_is_not_the_speed_and_is_flagged(url: str) -
     assert all(r.usage_tokens == 4 * N for r in liar.samples)
     ratio = liar.metrics["output_tokens_per_s"] / honest.metrics["output_tokens_per_s"]
     assert 1 / 1.5 < ratio < 1.5, ratio  # the server's 4x did not make it 4x faster
-    assert MEASUREMENT_SUSPECT not in honest_attrs
-    suspect = liar_attrs[MEASUREMENT_SUSPECT]
+    assert names.MEASUREMENT_SUSPECT not in honest_attrs
+    suspect = liar_attrs[names.MEASUREMENT_SUSPECT]
     assert suspect["disagree"] == ["usage"]
     assert suspect["usage"] == 4 * suspect["autotune"] and suspect["autotune"] == 6 * N
     assert "usage" in suspect_line(suspect)
@@ -124,13 +123,13 @@ def test_text_only_usage_liar_is_counted_by_the_tokenizer(url: str) -> None:
     counter = TokenCounter.for_model(str(DEMO))
     liar, attrs = measured(url, "usage4x-text", counter)
     assert all(r.output_tokens == N and r.count_source == BY_TOKENIZER for r in liar.samples)
-    assert attrs[MEASUREMENT_SUSPECT]["disagree"] == ["usage"]
+    assert attrs[names.MEASUREMENT_SUSPECT]["disagree"] == ["usage"]
 
 
 def test_without_a_tokenizer_the_servers_word_is_a_flagged_figure(url: str) -> None:
     result, attrs = measured(url, "text", NO_TOKENIZER)
     assert all(r.count_source == BY_USAGE and r.output_tokens == N for r in result.samples)
-    suspect = attrs[MEASUREMENT_SUSPECT]
+    suspect = attrs[names.MEASUREMENT_SUSPECT]
     assert suspect["disagree"] == [] and suspect["counted_by"] == {BY_USAGE: 6}
     assert suspect["no_tokenizer"] == "no tokenizer given"
     assert "no tokenizer" in suspect_line(suspect)
@@ -179,7 +178,7 @@ def test_bench_url_json_carries_the_shape_and_the_suspect_count(tmp_path, url) -
     result = CliRunner().invoke(app, args, env={"AUTOTUNE_API_KEY": ""})
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    suspect = data[MEASUREMENT_SUSPECT]
+    suspect = data[names.MEASUREMENT_SUSPECT]
     assert suspect["usage"] == 4 * suspect["autotune"] and "usage" in suspect["disagree"]
     assert data["stream_shape"]["single"]["tokens_per_s"] > 0
     assert any("measurement suspect" in n for n in data["notices"])

@@ -19,12 +19,7 @@ from autotune import names
 from autotune.report.html import build_report
 from autotune.spec.load import load_spec
 from autotune.study.export import export_best
-from autotune.study.results import (
-    NO_CONFIRMED_WINNER,
-    ReportSource,
-    baseline_reason,
-    best_trials,
-)
+from autotune.study.results import NO_CONFIRMED_WINNER, ReportSource, baseline_reason, best_trials
 from tests.builders import verified_trial, write_fake_spec
 
 SPACE = """
@@ -144,15 +139,10 @@ def test_best_so_far_counts_search_launches_only(study_setup):
 
 
 def test_the_machine_is_described_by_its_hardware_not_its_hostname(tmp_path):
-    from autotune.report.format import MACHINE_ATTR, machine_text
-    from autotune.study.hardware import (
-        MACHINE,
-        cpu_model_from_cpuinfo,
-        describe_machine,
-        parse_gpus,
-    )
+    from autotune.report.format import machine_text
+    from autotune.study.hardware import cpu_model_from_cpuinfo, describe_machine, parse_gpus
 
-    assert MACHINE == MACHINE_ATTR == "machine"
+    assert names.MACHINE == names.MACHINE == "machine"
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(
         "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel\t\t: 1\n"
@@ -238,3 +228,28 @@ def test_the_export_header_says_when_the_figures_are_doubtful(tmp_path: Path) ->
     plain = tmp_path / "plain.yaml"
     export_trial(spec, _trial(names.SEARCH, 2, 900.0), plain)
     assert "suspect" not in plain.read_text() and "noisy" not in plain.read_text()
+
+
+def test_the_report_says_when_the_winners_figures_are_doubtful(study_setup):
+    """The winner section warns of a token count the server and autotune disagree on and of a
+    host other work kept busy; a trial without either shows no warning."""
+    _, url, study = study_setup
+    suspect = {"autotune": 96, "usage": 384, "disagree": ["usage"]}
+    host = {"noisy": True, "reasons": ["other processes took 80% of 2 CPUs (limit 25%)"]}
+    study.add_trial(
+        _trial(names.SEARCH, 20, 90.0, **{names.MEASUREMENT_SUSPECT: suspect, names.HOST: host})
+    )
+    number = study.trials[-1].number
+    study.set_user_attr(names.CONFIRMATION, {**_confirmation(0.1, 0.5), "winner": number})
+    page = build_report(study, ReportSource(url))
+    winner = page[page.index("<section id='winner'>") : page.index("<section id='progress'>")]
+    assert "doubtful figures" in winner
+    assert "counted by autotune 96, usage 384" in winner
+    assert "noisy host: other processes took 80%" in winner
+    study.add_trial(_trial(names.SEARCH, 2, 95.0))
+    study.set_user_attr(
+        names.CONFIRMATION, {**_confirmation(0.1, 0.5), "winner": study.trials[-1].number}
+    )
+    page = build_report(study, ReportSource(url))
+    winner = page[page.index("<section id='winner'>") : page.index("<section id='progress'>")]
+    assert "doubtful figures" not in winner

@@ -12,15 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from autotune import names
 from autotune._stats import mean_interval, positive_interval
 from autotune.bench.loadcurve import intervals_of, run_benchmark
-from autotune.bench.phase import (
-    PhaseResult,
-    RequestRecord,
-    stream_request,
-    stream_shape,
-    summarize,
-)
+from autotune.bench.phase import PhaseResult, RequestRecord, stream_request, stream_shape, summarize
 from autotune.bench.tokens import BY_TOKENIZER, TokenCounter
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.spec.model import WorkloadSpec
@@ -154,9 +149,6 @@ def test_show_says_bursty_and_suspect_never_zero(tmp_path, monkeypatch) -> None:
     import optuna
     from rich.console import Console
 
-    from autotune import names
-    from autotune.bench.loadcurve import STREAM_SHAPE
-    from autotune.bench.tokens import MEASUREMENT_SUSPECT
     from autotune.cli import render
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
@@ -166,11 +158,11 @@ def test_show_says_bursty_and_suspect_never_zero(tmp_path, monkeypatch) -> None:
     trial.set_user_attr(names.CORRECT, True)
     trial.set_user_attr(names.METRICS, {"decode_tokens_per_s": 50.0, "ttft_p95_ms": 12.0})
     trial.set_user_attr(
-        STREAM_SHAPE,
+        names.STREAM_SHAPE,
         {"bursty": 3, "responses": 8, "itl": "bursty", "single": {"tokens_per_s": 40.0}},
     )
     suspect = {"autotune": 96, "usage": 384, "metrics": None, "disagree": ["usage"]}
-    trial.set_user_attr(MEASUREMENT_SUSPECT, suspect)
+    trial.set_user_attr(names.MEASUREMENT_SUSPECT, suspect)
     study.tell(trial, 50.0)
     out = Console(width=250, record=True)
     monkeypatch.setattr(render, "console", out)

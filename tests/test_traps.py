@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from autotune import names
 from autotune.bench.traps import (
     LoopLagProbe,
     client_lag,
@@ -172,13 +173,11 @@ def test_a_trials_traps_hold_only_what_was_recorded() -> None:
 def test_the_report_shows_a_trials_flagged_traps(tmp_path) -> None:
     import optuna
 
-    from autotune import names
-    from autotune.bench.traps import TRAPS, trial_traps
-    from autotune.report.format import TRAPS_ATTR
+    from autotune.bench.traps import trial_traps
     from autotune.report.html import build_report
     from autotune.study.results import ReportSource
 
-    assert TRAPS == TRAPS_ATTR
+    assert names.TRAPS == names.TRAPS
     url = f"sqlite:///{tmp_path}/s.db"
     study = optuna.create_study(storage=url, study_name="traps", direction="maximize")
     dist = {"x": optuna.distributions.CategoricalDistribution([1])}
@@ -203,7 +202,7 @@ def test_the_report_shows_a_trials_flagged_traps(tmp_path) -> None:
             distributions=dist,
             value=20.0,
             system_attrs=system,
-            user_attrs={**attrs, names.ROLE: names.SEARCH, TRAPS: traps},
+            user_attrs={**attrs, names.ROLE: names.SEARCH, names.TRAPS: traps},
         )
     )
     page = build_report(study, ReportSource(url))

@@ -32,15 +32,11 @@ from typing import Any
 
 import psutil
 
-from autotune import names
-
 OTHERS_CPU_SHARE_LIMIT = 0.25
 STEAL_SHARE_LIMIT = 0.05
 NOISY_ROUNDS_SHARE = 0.5
 SAMPLE_INTERVAL_S = 0.5
 
-# user_attr name for the wiring (not in names.py: not this module's file).
-HOST_ATTR = names.HOST
 
 _IDLE_THROTTLE = {"0x0000000000000000", "0x0000000000000001"}  # none / GPU idle
 

@@ -47,15 +47,12 @@ from autotune.bench.phase import (
     stream_shape,
     summarize,
 )
-from autotune.bench.tokens import MEASUREMENT_SUSPECT, NO_TOKENIZER, TokenCounter, cross_check
-from autotune.bench.traps import TRAPS, ClientMeter
+from autotune.bench.tokens import NO_TOKENIZER, TokenCounter, cross_check
+from autotune.bench.traps import ClientMeter
 from autotune.engines.dialect import RequestDialect
 from autotune.names import at_level, split_level
 from autotune.spec.model import SloSpec, WorkloadSpec
 
-#: user_attr: how the answers arrived (phase.stream_shape): the single-request headline (tokens /
-#: e2e, TTFT, TPOT), tokens per chunk, bursty responses, figures bursts made meaningless
-STREAM_SHAPE = "stream_shape"
 #: phase names (the server_metrics recorder keys its per-phase deltas by them)
 SINGLE_PHASE = "single-request"
 LOAD_PHASE = "load at"
@@ -388,19 +385,19 @@ def record_curve(trial: Any, bench: BenchResult) -> None:
     cross-check (``optuna.Trial``; the cross-check reads its ``server_metrics``, so call this
     after that is stored)."""
     if bench.shape:
-        trial.set_user_attr(STREAM_SHAPE, bench.shape)
+        trial.set_user_attr(names.STREAM_SHAPE, bench.shape)
     if bench.counts:
         server_metrics = (getattr(trial, "user_attrs", None) or {}).get(names.SERVER_METRICS)
         suspect = cross_check(bench.counts, server_metrics)
         if suspect is not None:
-            trial.set_user_attr(MEASUREMENT_SUSPECT, suspect)
+            trial.set_user_attr(names.MEASUREMENT_SUSPECT, suspect)
     if bench.client is not None:  # the client's own trap beside the server-side ones
-        traps = dict((getattr(trial, "user_attrs", None) or {}).get(TRAPS) or {})
+        traps = dict((getattr(trial, "user_attrs", None) or {}).get(names.TRAPS) or {})
         traps["client"] = bench.client
         traps["flagged"] = [
             v["reason"] for v in traps.values() if isinstance(v, dict) and v.get("flagged")
         ]
-        trial.set_user_attr(TRAPS, traps)
+        trial.set_user_attr(names.TRAPS, traps)
     if bench.ci:
         trial.set_user_attr(names.METRICS_CI, bench.ci)
     if len(bench.load_curve) > 1:

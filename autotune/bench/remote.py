@@ -24,9 +24,9 @@ import httpx
 
 from autotune import names
 from autotune.bench.host import HostSampler
-from autotune.bench.loadcurve import STREAM_SHAPE, run_benchmark
+from autotune.bench.loadcurve import run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
-from autotune.bench.tokens import MEASUREMENT_SUSPECT, TokenCounter, cross_check, suspect_line
+from autotune.bench.tokens import TokenCounter, cross_check, suspect_line
 from autotune.client.http import StreamingClient, connect, connections_for
 from autotune.client.stream import NoTokenWithin, StreamError
 from autotune.engines.dialect import RequestDialect
@@ -87,8 +87,8 @@ class RemoteResult:
             "bench": self.bench,
             "server_metrics": self.server_metrics,
             "notices": self.notices,
-            STREAM_SHAPE: self.stream_shape,
-            MEASUREMENT_SUSPECT: self.measurement_suspect,
+            names.STREAM_SHAPE: self.stream_shape,
+            names.MEASUREMENT_SUSPECT: self.measurement_suspect,
             names.HOST: self.host,
         }
 

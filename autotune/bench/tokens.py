@@ -15,7 +15,8 @@ itself and never takes a server's word or a stream's events for it:
 The server's ``usage`` and the engine's ``/metrics`` generation-token counter
 (``server/metrics.py``, a delta per benchmark phase) are cross-checks: a disagreement with
 autotune's count over :data:`SUSPECT_TOLERANCE` is stored on the trial as
-``measurement_suspect`` (:data:`MEASUREMENT_SUSPECT`) with the three counts and which disagree.
+``measurement_suspect`` (:data:`autotune.names.MEASUREMENT_SUSPECT`) with the three counts
+and which disagree.
 """
 
 from __future__ import annotations
@@ -25,9 +26,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-#: user_attr: the count cross-check when autotune's count and the server's disagree (or no
-#: tokenizer could be had): {"autotune", "usage", "metrics", "disagree", "counted_by", ...}
-MEASUREMENT_SUSPECT = "measurement_suspect"
 #: a relative disagreement between two counts above this makes the measurement suspect
 SUSPECT_TOLERANCE = 0.02
 

@@ -244,10 +244,6 @@ class ClientMeter:
         )
 
 
-#: the trial's user attribute with :func:`trial_traps`'s dict (new: no older key is renamed)
-TRAPS = "traps"
-
-
 def trial_traps(
     *,
     server_metrics: Mapping[str, Any] | None = None,

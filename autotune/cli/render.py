@@ -18,8 +18,7 @@ from rich.table import Table
 
 from autotune import names
 from autotune.analysis.profile import COVERAGE_BAND, sort_profiles, table_rows
-from autotune.bench.loadcurve import STREAM_SHAPE
-from autotune.bench.tokens import MEASUREMENT_SUSPECT, suspect_line
+from autotune.bench.tokens import suspect_line
 from autotune.errors import PreflightError
 from autotune.gate.reference import Capabilities, describe_checks
 from autotune.server.metrics import preemption_notes
@@ -166,7 +165,7 @@ def print_report(storage_url: str, study_name: str, *, limit: int | None = None)
     study = load_study(storage_url, study_name)
     trials = snapshot(study)  # one read: a live study's new trial cannot make two disagree
     report = report_of(study, trials=trials)
-    shapes = {t.number: t.user_attrs.get(STREAM_SHAPE) or {} for t in trials}
+    shapes = {t.number: t.user_attrs.get(names.STREAM_SHAPE) or {} for t in trials}
     metric_cols = {
         "decode_tokens_per_s": "decode tok/s",
         "output_tokens_per_s": "out tok/s",
@@ -263,10 +262,10 @@ def measurement_lines(trials: Iterable[Any], best: Iterable[int] = ()) -> list[s
     lines = []
     best = set(best)
     for trial in trials:
-        suspect = trial.user_attrs.get(MEASUREMENT_SUSPECT)
+        suspect = trial.user_attrs.get(names.MEASUREMENT_SUSPECT)
         if suspect:
             lines.append(f"trial {trial.number}: {suspect_line(suspect)}")
-        shape = trial.user_attrs.get(STREAM_SHAPE) or {}
+        shape = trial.user_attrs.get(names.STREAM_SHAPE) or {}
         if shape.get("bursty"):
             lines.append(
                 f"trial {trial.number}: {shape['bursty']} of {shape.get('responses')} answers "

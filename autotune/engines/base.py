@@ -213,7 +213,10 @@ class Engine(abc.ABC):
             api_key=api_key,
             served_model=self.model_spec.served_name,
             health_path=self.engine_spec.health_path,
-            secret_env=(self.key_env, *sorted(k for k in env if looks_secret(k))),
+            # Each name once: the key's own name usually looks secret as well.
+            secret_env=tuple(
+                dict.fromkeys((self.key_env, *sorted(k for k in env if looks_secret(k))))
+            ),
         )
 
     @abc.abstractmethod

@@ -135,11 +135,6 @@ def esc(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-#: the study's user attribute with the machine it ran on (``autotune.study.hardware.MACHINE``:
-#: report/ may not import that module, only the study's results)
-MACHINE_ATTR = "machine"
-
-
 def machine_text(machine: dict[str, Any]) -> str:
     """``study.hardware.describe_machine``'s dict in words: CPU model, logical cores, memory,
     GPUs (identical ones counted); a figure it lacks is left out, never written as 0."""
@@ -163,11 +158,6 @@ def machine_text(machine: dict[str, Any]) -> str:
     return ", ".join(parts) or "not recorded"
 
 
-#: the trial's user attribute with how its answers streamed (``bench.loadcurve.STREAM_SHAPE``,
-#: which report/ may not import)
-STREAM_SHAPE_ATTR = "stream_shape"
-
-
 def metric_html(metrics: dict[str, Any], name: str, shape: dict[str, Any] | None) -> str:
     """One metric's figure: its value; "bursty (not measurable)" for an ITL percentile that
     bursts made meaningless; empty when it was never measured (never 0.0)."""
@@ -179,14 +169,32 @@ def metric_html(metrics: dict[str, Any], name: str, shape: dict[str, Any] | None
     return ""
 
 
-#: the trial's user attribute with its measurement traps (``bench.traps.TRAPS``)
-TRAPS_ATTR = "traps"
+def doubts_html(trial: FrozenTrial | None) -> str:
+    """What makes a trial's figures doubtful, as a warning: autotune's token count disagreeing
+    with the server's (``measurement_suspect``), a host other work kept busy (``host``)."""
+    attrs = trial.user_attrs if trial is not None else {}
+    items = []
+    suspect = attrs.get(names.MEASUREMENT_SUSPECT)
+    if suspect:
+        counts = ", ".join(
+            f"{who} {suspect[key]}"
+            for key, who in (("autotune", "autotune"), ("usage", "usage"), ("metrics", "/metrics"))
+            if suspect.get(key) is not None
+        )
+        items.append(f"measurement suspect: output tokens counted by {counts}")
+    host = attrs.get(names.HOST) or {}
+    if host.get("noisy"):
+        items.append("noisy host: " + "; ".join(map(str, host.get("reasons") or ())))
+    if not items:
+        return ""
+    lis = "".join(f"<li>{esc(item)}</li>" for item in items)
+    return f"<div class='warn doubts'><b>doubtful figures</b>: <ul>{lis}</ul></div>"
 
 
 def traps_html(trial: FrozenTrial | None) -> str:
     """The measurement traps a trial was flagged for (a warm prefix cache, eager batches, a
     client that could not keep up), or nothing when none was flagged or none was recorded."""
-    traps = (trial.user_attrs.get(TRAPS_ATTR) if trial is not None else None) or {}
+    traps = (trial.user_attrs.get(names.TRAPS) if trial is not None else None) or {}
     flagged = [str(reason) for reason in traps.get("flagged") or []]
     if not flagged:
         return ""

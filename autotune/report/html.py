@@ -33,11 +33,10 @@ from autotune._files import write_text_atomically
 from autotune.gate.reference import describe_checks
 from autotune.names import split_level
 from autotune.report.format import (
-    MACHINE_ATTR,
     OK_VERDICTS,
-    STREAM_SHAPE_ATTR,
     colour,
     diff_table,
+    doubts_html,
     engine_of,
     esc,
     machine_text,
@@ -155,7 +154,7 @@ def _header(
         }
     )
     roofline = report.attrs.get(names.ROOFLINE) or {}
-    machine = report.attrs.get(MACHINE_ATTR)
+    machine = report.attrs.get(names.MACHINE)
     if isinstance(machine, dict) and machine:
         hardware = machine_text(machine)
     else:  # a study from before the machine was recorded: what its trials say
@@ -236,9 +235,12 @@ def _winner(
         row = row_of(report, number)
         parts.append(f"<h3>trial {number} ({esc(row.role)})</h3>")
         parts.append(diff_table(base_params, row.params, ("baseline", f"trial {number}")))
-        shape = by_number[number].user_attrs.get(STREAM_SHAPE_ATTR) if number in by_number else None
+        shape = (
+            by_number[number].user_attrs.get(names.STREAM_SHAPE) if number in by_number else None
+        )
         parts.append(_metrics_line(report, row, baseline, shape))
         parts.append(traps_html(by_number.get(number)))
+        parts.append(doubts_html(by_number.get(number)))
         parts.append(f"<p><b>checks passed</b>: {esc(describe_checks(row.checks))}</p>")
     parts.append(_confirmation_html(report.attrs.get(names.CONFIRMATION)))
     parts.append(_export_html(study, report, trials, source))
@@ -402,17 +404,17 @@ def _at_a_level(metric: str) -> bool:
 
 
 def _all_trials(report: StudyReport, trials: list[FrozenTrial] | None = None) -> str:
-    names = list(report.metric_names)
+    shown = list(report.metric_names)
     for row in report.rows:
-        names += [m for m in row.metrics if m not in names and not _at_a_level(m)]
-    names = names[:5]
-    shapes = {t.number: t.user_attrs.get(STREAM_SHAPE_ATTR) for t in trials or ()}
-    head = "".join(f"<th>{esc(n)}</th>" for n in names)
+        shown += [m for m in row.metrics if m not in shown and not _at_a_level(m)]
+    shown = shown[:5]
+    shapes = {t.number: t.user_attrs.get(names.STREAM_SHAPE) for t in trials or ()}
+    head = "".join(f"<th>{esc(n)}</th>" for n in shown)
     rows = []
     for row in report.rows:
         params = " ".join(f"{k}={v}" for k, v in row.params.items())
         metrics = "".join(
-            f"<td>{esc(metric_html(row.metrics, n, shapes.get(row.number)))}</td>" for n in names
+            f"<td>{esc(metric_html(row.metrics, n, shapes.get(row.number)))}</td>" for n in shown
         )
         star = " *" if row.is_best else ""
         rows.append(

@@ -21,7 +21,7 @@ import yaml
 
 from autotune import names
 from autotune._files import write_files_atomically
-from autotune.bench.tokens import MEASUREMENT_SUSPECT, suspect_line
+from autotune.bench.tokens import suspect_line
 from autotune.engines import build_engine
 from autotune.engines.base import EXPORT_API_KEY
 from autotune.errors import SpecError
@@ -95,7 +95,7 @@ def evidence_notes(trial: optuna.trial.FrozenTrial) -> tuple[str, ...]:
     """Header lines for what makes the trial's figures doubtful: a token count the server and
     autotune disagree on, a host that other work kept busy while it was measured."""
     notes = []
-    suspect = trial.user_attrs.get(MEASUREMENT_SUSPECT)
+    suspect = trial.user_attrs.get(names.MEASUREMENT_SUSPECT)
     if suspect:
         notes.append("# " + suspect_line(suspect))
     host = trial.user_attrs.get(names.HOST) or {}

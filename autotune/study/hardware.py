@@ -2,7 +2,7 @@
 cores, the total memory, and the GPUs (name and memory) where ``nvidia-smi`` answers.
 
 A hostname ("vm") says nothing about the hardware; this is what the report shows instead. The
-loop records it once per study as ``user_attrs["machine"]`` (:data:`MACHINE`). A figure that
+loop records it once per study as ``user_attrs["machine"]`` (:data:`names.MACHINE`). A figure that
 could not be read is absent from the dict, never 0 or "unknown".
 """
 
@@ -18,9 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-
-#: the study's user attribute holding :func:`describe_machine`'s dict
-MACHINE = "machine"
 
 _GPU_QUERY = ["--query-gpu=name,memory.total", "--format=csv,noheader,nounits"]
 

@@ -54,7 +54,7 @@ from autotune.study.cleanup import (
     reclaim_trial,
     trial_dead_reason,
 )
-from autotune.study.hardware import MACHINE, describe_machine
+from autotune.study.hardware import describe_machine
 from autotune.study.record import TrialOutcome
 from autotune.study.trial import TrialContext, TrialRunner
 from autotune.study.warm_start import warm_start_from
@@ -237,7 +237,7 @@ def open_study(
         study.sampler = make_sampler(chosen)
     if created:
         study.set_user_attr(names.SPEC_PATH, str(spec.path))
-        study.set_user_attr(MACHINE, describe_machine())  # the report's "hardware"
+        study.set_user_attr(names.MACHINE, describe_machine())  # the report's "hardware"
         study.set_metric_names(list(spec.objective.metrics))  # `show` reads each one's interval
         # The baseline is trial 0: engine defaults, no patches. It records the reference.
         study.enqueue_trial(

@@ -32,7 +32,7 @@ from autotune.bench.limits import PROTOCOL_VIOLATION, request_bound_s
 from autotune.bench.loadcurve import record_curve, run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
 from autotune.bench.tokens import TokenCounter
-from autotune.bench.traps import TRAPS, trial_traps
+from autotune.bench.traps import trial_traps
 from autotune.client.http import build_client, connections_for
 from autotune.client.stream import NoTokenWithin, StreamError
 from autotune.engines.base import Engine
@@ -486,7 +486,9 @@ class TrialRunner:
             server_metrics = await evidence.stop()
             trial.set_user_attr(names.SERVER_METRICS, server_metrics)
             traps = trial_traps(server_metrics=server_metrics, server_log=server.log_text())
-            trial.set_user_attr(TRAPS, traps)  # prefix-cache hits, eager batches (bench/traps.py)
+            trial.set_user_attr(
+                names.TRAPS, traps
+            )  # prefix-cache hits, eager batches (bench/traps.py)
             trial.set_user_attr(names.HOST, (await asyncio.to_thread(host.stop)).to_dict())
         trial.set_user_attr(names.BENCH, bench_summary(bench))
         record_curve(trial, bench)
