@@ -149,7 +149,9 @@ class CommandEngine(Engine):
         launch = self._launch(argv, env, settings, host=host, port=port, api_key=api_key)
         secret = tuple(k for k, v in self.engine_spec.env.items() if "{api_key}" in v)
         if secret:
-            launch = dataclasses.replace(launch, secret_env=tuple(dict.fromkeys((*launch.secret_env, *secret))))
+            launch = dataclasses.replace(
+                launch, secret_env=tuple(dict.fromkeys((*launch.secret_env, *secret)))
+            )
         return launch
 
     def validate_space(self, space) -> list[ValidationIssue]:
