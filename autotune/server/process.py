@@ -321,6 +321,9 @@ class ServerProcess:
                     last_error = f"/health answered {response.status_code}"
                 if healthy:
                     await self._first_completion(client)
+                    # one more look now that it answers: a helper forked between this poll's
+                    # first look and readiness is recorded at readiness, not a tick later
+                    self._remember_children()
                     return ServerStart(
                         pid=self.pid,
                         pgid=self.pgid,
