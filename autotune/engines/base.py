@@ -162,6 +162,11 @@ class Engine(abc.ABC):
     #: flags this engine's launch sets itself, and why a search space may not tune them (a
     #: tuned ``--served-model-name`` made every request name a model the server did not serve)
     own_flags: Mapping[str, str] = {}
+    #: whether the server keeps a connection open after a streamed answer, as HTTP/1.1
+    #: keep-alive promises. llama.cpp's server advertises keep-alive and closes the connection
+    #: after each streamed answer, so a client that reuses it sees the next request dropped:
+    #: False makes autotune's client open a new connection for every request to it.
+    reuses_connections: bool = True
 
     @classmethod
     def command_problem(cls, command: Sequence[str]) -> str | None:
