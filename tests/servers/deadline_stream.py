@@ -76,6 +76,7 @@ app = Starlette(
 def main() -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    sock.listen(64)  # connections queue from here on: the port is announced only once it listens
     print(sock.getsockname()[1], flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     asyncio.run(server.serve(sockets=[sock]))
