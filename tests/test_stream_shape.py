@@ -23,6 +23,7 @@ from tests.servers.lying_stream import running
 
 DEMO = Path(__file__).resolve().parents[1] / "models" / "demo"
 N = 24
+STEP_S = 0.05  # the test server's time per token (--step): long beside a loaded machine's jitter
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def answers() -> dict[str, RequestRecord]:
                 )
         return out
 
-    with running("--step", "0.01") as url:
+    with running("--step", str(STEP_S)) as url:
         found = asyncio.run(go(url))
     assert all(r.ok for r in found.values()), {m: r.error for m, r in found.items()}
     return found
@@ -50,16 +51,19 @@ def test_a_flushed_answer_reads_no_faster_than_its_end_to_end_time(answers, mode
     steady, flushed = answers["honest"], answers[mode]
     t = flushed.token_times_s
     # the server really flushed: per-token clocks alone would have read it many times faster
-    assert (len(t) - 2) / (t[-1] - t[1]) > 5 * flushed.tokens_per_s
-    # ... with gaps of 0.4 ms: more than the 0.1 ms "arrived together" an older rule looked for
-    assert sorted(flushed.itls_s)[len(t) // 2] >= 0.0001
+    assert (len(t) - 2) / (t[-1] - t[1]) > 2 * flushed.tokens_per_s
+    # (the server spaces them 0.4 ms apart, more than the 0.1 ms "arrived together" an older
+    # rule looked for; how far apart they arrive depends on the machine's load, so no verdict
+    # here rests on the gaps the client happened to see)
     assert flushed.bursty and not steady.bursty
     assert flushed.output_tokens == N
     assert flushed.decode_tokens_per_s == pytest.approx(N / flushed.e2e_s)
     # a steady answer's decode rate is at least what its own end-to-end time allows
     assert steady.decode_tokens_per_s >= (N - 1) / steady.e2e_s
-    # same designed end-to-end time: the flush does not win (a generous bound, not a margin)
-    assert flushed.decode_tokens_per_s < 1.5 * steady.decode_tokens_per_s
+    # the flush does not win: the server held the answer for N steps (a sleep never returns
+    # early), so no reading of its stream may exceed one token per step, the rate a steady
+    # server of the same design has; a bound from the design, not from two servers' timings
+    assert flushed.decode_tokens_per_s <= 1 / STEP_S
 
 
 @pytest.mark.parametrize(("mode", "per_chunk"), [("text4", 4.0), ("split", N / (2 * N))])
@@ -137,7 +141,7 @@ def test_a_benchmark_stores_only_non_negative_intervals_and_the_shape() -> None:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             return await run_benchmark(client, "held", workload, dialect=VLLM_DIALECT)
 
-    with running("--step", "0.005") as url:
+    with running("--step", str(STEP_S)) as url:
         result = asyncio.run(go(url))
     assert result.ci and all(low >= 0 for low, _high, _n in result.ci.values())
     assert result.shape["itl"] == "bursty"
