@@ -253,3 +253,46 @@ def test_the_report_says_when_the_winners_figures_are_doubtful(study_setup):
     page = build_report(study, ReportSource(url))
     winner = page[page.index("<section id='winner'>") : page.index("<section id='progress'>")]
     assert "doubtful figures" not in winner
+
+
+def test_show_reads_a_study_by_name_and_storage_without_a_spec(study_setup, tmp_path, monkeypatch):
+    """`show --study NAME --storage URL` needs no spec file, as `report` does: run from a folder
+    with no studies/demo.yaml it shows the study and its verdict line from one snapshot."""
+    from typer.testing import CliRunner
+
+    from autotune.cli.app import app
+
+    _, url, study = study_setup
+    study.set_user_attr(names.CONFIRMATION, _confirmation(-0.1, 0.8))
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    result = CliRunner().invoke(app, ["show", "--study", "honest", "--storage", url])
+    assert result.exit_code == 0, result.output
+    assert "study honest" in result.output
+    assert NO_CONFIRMED_WINNER in result.output
+
+
+def _reference(capabilities: dict) -> dict:
+    return {"prompts": 3, "tolerance": 0.01, "drift_observed": 0.0, "capabilities": capabilities}
+
+
+def test_a_text_only_reference_shows_no_drift_nobody_measured():
+    """Without logprobs (per token or teacher-forced) no drift was measured and no tolerance
+    applies: the line says so instead of 'baseline drift 0.0000'."""
+    from autotune.cli.render import reference_line
+    from autotune.gate.reference import Capabilities
+
+    text_only = Capabilities(
+        token_ids=False, token_strings=False, token_logprobs=False, top_logprobs=False,
+        teacher_forced=None,
+    ).to_dict()  # fmt: skip
+    line = reference_line(_reference(text_only))
+    assert "drift" in line and "no drift measured" in line
+    assert "0.0000" not in line and "0.0100" not in line
+    assert "compared by text" in line
+
+    with_logprobs = Capabilities().to_dict()
+    line = reference_line(_reference(with_logprobs))
+    assert "logprob tolerance 0.0100 (baseline drift 0.0000)" in line
+    assert "compared by token ids" in line

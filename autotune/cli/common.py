@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from autotune.analysis.compare import study_ref
 from autotune.cli import render
 from autotune.errors import AutotuneError, PreflightError, SpecError
 from autotune.spec.load import load_spec
@@ -34,3 +35,16 @@ def open_spec(
     otherwise), every one checked before anything is written (``study.study_target``)."""
     study_spec = load_spec(spec_path)
     return (study_spec, *study_target(study_spec, study, storage, existing=existing))
+
+
+def open_study_of(
+    spec_path: Path | None, study: str | None, storage: str | None, default_spec: Path
+) -> tuple[str, str]:
+    """The storage URL and study name a reading command opens: ``--study`` with ``--storage``
+    need no spec file (the study is read from its storage alone); otherwise the spec's
+    (``default_spec`` when none is given)."""
+    if spec_path is None and study is not None and storage is not None:
+        ref = study_ref(f"{study}@{storage}")
+        return ref.url, ref.name
+    _, url, name = open_spec(spec_path or default_spec, study, storage)
+    return url, name

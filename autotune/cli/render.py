@@ -161,7 +161,28 @@ def gate_notices(capabilities: dict | None) -> list[str]:
     return Capabilities.from_dict(capabilities).notices() if capabilities else []
 
 
-def print_report(storage_url: str, study_name: str, *, limit: int | None = None) -> None:
+def reference_line(reference: dict) -> str:
+    """What the gate's reference compares. A tolerance and a baseline drift are shown only where
+    logprobs were compared: for a reference of text or token strings alone no drift was
+    measured, and a "drift 0.0000" would be a figure nobody measured."""
+    capabilities = Capabilities.from_dict(reference.get("capabilities"))
+    head = (
+        f"reference: {reference['prompts']} prompts, compared by "
+        f"{capabilities.comparison.replace('_', ' ')}"
+    )
+    if capabilities.compares_logprobs:
+        return (
+            f"{head}, logprob tolerance {reference['tolerance']:.4f} "
+            f"(baseline drift {reference['drift_observed']:.4f})"
+        )
+    return f"{head}; no logprobs compared (the server gives none): no tolerance, no drift measured"
+
+
+def print_report(
+    storage_url: str, study_name: str, *, limit: int | None = None
+) -> tuple[Any, list]:
+    """Print a study's trials; returns the study and the one snapshot of its trials that was
+    printed, so a caller adds to the same read instead of taking a second one."""
     study = load_study(storage_url, study_name)
     trials = snapshot(study)  # one read: a live study's new trial cannot make two disagree
     report = report_of(study, trials=trials)
@@ -213,11 +234,7 @@ def print_report(storage_url: str, study_name: str, *, limit: int | None = None)
     for note in preemption_notes(rows):
         console.print(f"[yellow]preemptions:[/] {escape(note)}")
     if report.reference:
-        console.print(
-            f"reference: {report.reference['prompts']} prompts, logprob tolerance "
-            f"{report.reference['tolerance']:.4f} (baseline drift "
-            f"{report.reference['drift_observed']:.4f})"
-        )
+        console.print(reference_line(report.reference))
         for notice in gate_notices(report.reference.get("capabilities")):
             console.print(f"[yellow]gate:[/] {notice}")
     roofline = report.attrs.get(names.ROOFLINE)
@@ -243,6 +260,7 @@ def print_report(storage_url: str, study_name: str, *, limit: int | None = None)
             console.print(f"  trial {number} passed: {describe_checks(checks)}")
     else:
         console.print("no verified correct trial yet")
+    return study, trials
 
 
 def metric_cell(metrics: Mapping[str, float], name: str, shape: Mapping[str, Any]) -> str:
@@ -355,9 +373,9 @@ def print_error(exc: Exception) -> None:
     err.print(f"[bold red]{label}:[/] {escape(str(exc))}", soft_wrap=True)
 
 
-def say_if_baseline_is_best(study) -> None:
+def say_if_baseline_is_best(study, *, trials: list | None = None) -> None:
     """One line when no configuration beat the baseline (what `export` will then write)."""
-    reason = baseline_reason(study)
+    reason = baseline_reason(study, trials=trials)
     if reason is not None:
         console.print(
             f"[yellow]{escape(baseline_headline(reason))}[/]; "

@@ -7,8 +7,7 @@ from typing import Annotated
 
 import typer
 
-from autotune.analysis.compare import study_ref
-from autotune.cli.common import console, fail, open_spec
+from autotune.cli.common import console, fail, open_study_of
 from autotune.cli.options import (
     DEFAULT_SPEC,
     StorageOpt,
@@ -28,11 +27,7 @@ def report(
 ) -> None:
     """Write one self-contained HTML report of a study (opens from disk, no network)."""
     try:
-        if spec is None and study is not None and storage is not None:
-            ref = study_ref(f"{study}@{storage}")
-            url, name = ref.url, ref.name
-        else:
-            _, url, name = open_spec(spec or DEFAULT_SPEC, study, storage)
+        url, name = open_study_of(spec, study, storage, DEFAULT_SPEC)
         path = write_report(url, name, output, spec_path=str(spec) if spec else None)
     except AutotuneError as exc:
         raise fail(exc) from None

@@ -66,6 +66,12 @@ class Capabilities:
             return COMPARE_TOKEN_STRINGS
         return COMPARE_TEXT
 
+    @property
+    def compares_logprobs(self) -> bool:
+        """Whether the gate compares logprobs on this server (per-token or teacher-forced):
+        only then do a logprob tolerance and a baseline drift mean anything."""
+        return self.token_logprobs or bool(self.teacher_forced)
+
     def problem(self) -> str | None:
         """Why nothing can be verified on this server, or None."""
         if not self.text:
