@@ -2,10 +2,8 @@
 
 ``bench.samples`` holds the main level's answers round after round; the check takes
 ``check.under_load_sample`` of them through :func:`autotune.gate.judge.comparable_answers`.
-Today that is the first ones (round 1 only), so a server that turns wrong after its first
-benchmark requests is accepted. The xfail(strict=True) tests need the change in
-autotune/gate/judge.py (not this branch's file): they fail today and fail the suite the day the
-change lands, so that the marker is removed.
+The sample is stratified over rounds and prompts, and never smaller than one answer a round,
+so a server that turns wrong after its first benchmark requests is caught.
 """
 
 from __future__ import annotations
@@ -69,3 +67,22 @@ def test_the_sample_is_stratified_over_rounds_and_prompts_and_deterministic() ->
     assert {round_of[id(r)] for r in sample} == set(range(ROUNDS))
     assert {r.prompt for r in sample} == set(PROMPTS)
     assert [id(r) for r in _sample(answers)] == [id(r) for r in sample]
+
+
+def test_more_rounds_than_the_sample_still_samples_every_round() -> None:
+    """With 12 rounds and a sample of 8, a server wrong in its last round only is caught: the
+    sample grows to one answer a round (``rounds``), and the count is what was compared."""
+    rounds = 12
+    answers = [
+        RequestRecord(prompt=PROMPTS[i % len(PROMPTS)], ok=True, token_ids=RIGHT)
+        for i in range((rounds - 1) * PER_ROUND)
+    ] + [
+        RequestRecord(prompt=PROMPTS[i % len(PROMPTS)], ok=True, token_ids=WRONG)
+        for i in range(PER_ROUND)
+    ]
+    asked = dict.fromkeys(PROMPTS, 4)
+    sample = comparable_answers(_reference(), answers, asked, SAMPLE, rounds=rounds)
+    assert len(sample) == rounds
+    verdicts = [compare_under_load(_reference(), r.prompt, r.token_ids, "")[0] for r in sample]
+    # (without the round count, 8 windows of 12 answers pick round 10's right answers last)
+    assert any(v is not None for v in verdicts)

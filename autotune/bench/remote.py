@@ -193,7 +193,9 @@ def under_load(
     reference: Reference, bench: BenchResult, workload: WorkloadSpec, sample: int
 ) -> dict[str, Any]:
     """Benchmark answers against the reference (as ``objective._check_under_load``)."""
-    records = comparable_answers(reference, bench.samples, reference_requests(workload), sample)
+    records = comparable_answers(
+        reference, bench.samples, reference_requests(workload), sample, rounds=len(bench.repeats)
+    )
     divergences = []
     rules: set[str | None] = set()
     for record in records:

@@ -260,9 +260,16 @@ def _first_divergence(
 
 
 def comparable_answers(
-    reference: Reference, answers: Sequence[Any], asked: Mapping[str, int], limit: int
+    reference: Reference,
+    answers: Sequence[Any],
+    asked: Mapping[str, int],
+    limit: int,
+    *,
+    rounds: int = 1,
 ) -> list[Any]:
-    """The benchmark answers (``.prompt``) the reference can judge, at most ``limit``.
+    """The benchmark answers (``.prompt``) the reference can judge, at most ``limit`` but never
+    fewer than one a round (``rounds``): a server that goes wrong in a late round is sampled
+    in that round, whatever ``check.under_load_sample`` says.
 
     Only answers asked with the reference's own length compare with it: a workload prompt that
     is also a check prompt was recorded at ``check.max_tokens``, and a longer benchmark answer
@@ -275,6 +282,7 @@ def comparable_answers(
         if a.prompt in reference.entries
         and reference.max_tokens.get(a.prompt) == asked.get(a.prompt)
     ]
+    limit = max(limit, rounds)
     if len(eligible) <= limit:
         return eligible
     return stratified(eligible, limit)
