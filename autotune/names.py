@@ -100,6 +100,7 @@ CANDIDATE_REASONS: dict[str, str] = {
     "protocol_violation": "the stream broke the protocol (more tokens than max_tokens allows)",
     "incorrect_output": "the output diverged from the pinned reference",
     "unverifiable": "the server's answers carry nothing the gate can check (e.g. no text)",
+    "uncountable": "autotune cannot count the output tokens itself (no token ids, no tokenizer)",
     "patch_failed": "a selected patch could not be applied",
     "constraint_violated": "the sampled parameters violate a search-space constraint",
     "duplicate": "another worker is running the same parameters right now (not launched)",
@@ -124,9 +125,20 @@ def latency_metric(kind: str, q: int) -> str:
     return f"{kind}_p{q}_ms"
 
 
+#: the single-request headline: a user's tok/s, output tokens over end-to-end time of
+#: fixed-length greedy requests one after another (no shape of stream can inflate it)
+SINGLE_TOKENS_PER_S = "single_tokens_per_s"
+#: decoding alone, 1 / TPOT (tokens over end-to-end time for a bursty response), beside it
+DECODE_TOKENS_PER_S = "decode_tokens_per_s"
+#: metrics of the single-request phase: one figure per round, not one per load level
+SINGLE_REQUEST_METRICS = (SINGLE_TOKENS_PER_S, DECODE_TOKENS_PER_S)
+#: what a study optimises when its spec names no objective
+DEFAULT_OBJECTIVE = SINGLE_TOKENS_PER_S
+
 #: every metric the benchmark reports and a study can optimise, with the direction that is better
 METRIC_DIRECTIONS: dict[str, Direction] = {
-    "decode_tokens_per_s": "maximize",
+    SINGLE_TOKENS_PER_S: "maximize",
+    DECODE_TOKENS_PER_S: "maximize",
     "output_tokens_per_s": "maximize",
     "requests_per_s": "maximize",
     **{latency_metric(k, q): "minimize" for k in LATENCY_KINDS for q in PERCENTILES},

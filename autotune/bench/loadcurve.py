@@ -331,7 +331,11 @@ def _round_metrics(
         if level == main:
             metrics.update(summary)
         metrics.update(
-            {at_level(k, level): v for k, v in summary.items() if k != "decode_tokens_per_s"}
+            {
+                at_level(k, level): v
+                for k, v in summary.items()
+                if k not in names.SINGLE_REQUEST_METRICS
+            }
         )
     return metrics
 

@@ -499,10 +499,14 @@ def percentile(values: Sequence[float], q: float) -> float:
 def summarize(single: PhaseResult, load: PhaseResult) -> dict[str, float]:
     """The metrics of one repeat, units in the names."""
     metrics: dict[str, float] = {}
-    decode = [r.decode_tokens_per_s for r in single.records if r.ok]
-    decode = [d for d in decode if d is not None]
-    if decode:
-        metrics["decode_tokens_per_s"] = statistics.median(decode)
+    # the headline, a user's tok/s (tokens / e2e), then decoding alone (1 / TPOT) beside it
+    for name, values in (
+        (names.SINGLE_TOKENS_PER_S, [r.tokens_per_s for r in single.records if r.ok]),
+        (names.DECODE_TOKENS_PER_S, [r.decode_tokens_per_s for r in single.records if r.ok]),
+    ):
+        known = [v for v in values if v is not None]
+        if known:
+            metrics[name] = statistics.median(known)
     ok = [r for r in load.records if r.ok]
     tokens = sum(r.output_tokens for r in ok)
     if load.wall_s > 0:

@@ -188,6 +188,7 @@ def print_report(
     report = report_of(study, trials=trials)
     shapes = {t.number: t.user_attrs.get(names.STREAM_SHAPE) or {} for t in trials}
     metric_cols = {
+        "single_tokens_per_s": "tok/s (1 req)",
         "decode_tokens_per_s": "decode tok/s",
         "output_tokens_per_s": "out tok/s",
         "ttft_p95_ms": "TTFT p95 ms",

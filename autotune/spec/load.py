@@ -15,7 +15,12 @@ from typing import Any
 from autotune._yaml import YamlDoc, check_keys, check_text, count, load_yaml, number, seconds
 from autotune.engines.registry import engine_class, engine_names
 from autotune.errors import SpecError
-from autotune.names import METRIC_DIRECTIONS, split_level
+from autotune.names import (
+    DEFAULT_OBJECTIVE,
+    METRIC_DIRECTIONS,
+    SINGLE_REQUEST_METRICS,
+    split_level,
+)
 from autotune.space.load import load_space
 from autotune.space.model import ENV_NAME, is_one_line
 from autotune.spec import workload as sources  # prompts, file or synthetic: see workload.py
@@ -373,7 +378,7 @@ def _curve(doc: YamlDoc, raw: dict[str, Any]) -> dict[str, Any]:
     for index, slo in enumerate(parsed):
         if split_level(slo.metric)[1] is not None or slo.metric in (
             "goodput",
-            "decode_tokens_per_s",
+            *SINGLE_REQUEST_METRICS,
         ):
             raise doc.error(
                 f"workload.slo[{index}]", f"{slo.metric} is not a load metric of one level"
@@ -428,7 +433,7 @@ def _objective(doc: YamlDoc, raw: Any) -> ObjectiveSpec:
     raw = check_keys(doc, raw, "objective", {"metric", "metrics", "constraints"})
     if "metric" in raw and "metrics" in raw:
         raise doc.error("objective", "give either metric or metrics, not both")
-    metrics = raw["metrics"] if "metrics" in raw else [raw.get("metric", "decode_tokens_per_s")]
+    metrics = raw["metrics"] if "metrics" in raw else [raw.get("metric", DEFAULT_OBJECTIVE)]
     if isinstance(metrics, str):
         metrics = [metrics]
     if not isinstance(metrics, list) or not metrics:  # [] silently meant the default metric

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.names import direction
+from autotune.names import DEFAULT_OBJECTIVE, direction
 from autotune.space.model import SearchSpace
 
 
@@ -107,7 +107,7 @@ class SloSpec:
 
 @dataclass(frozen=True)
 class ObjectiveSpec:
-    metrics: tuple[str, ...] = ("decode_tokens_per_s",)
+    metrics: tuple[str, ...] = (DEFAULT_OBJECTIVE,)
     slos: tuple[SloSpec, ...] = ()
 
     @property
