@@ -4,6 +4,7 @@ keys it is about and leaves the rest to these defaults."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 import textwrap
@@ -86,8 +87,10 @@ def fake_spec(
 
 def save_spec(directory: Path, spec: dict[str, Any], space: str | dict, *, file: str) -> Path:
     """Write ``spec`` as ``directory/file``, its search space as ``directory/space.yaml`` (YAML
-    text is dedented; a dict is dumped) and an empty ``model`` folder; returns the spec's path."""
+    text is dedented; a dict is dumped) and a ``model`` folder holding the test double's
+    tokenizer (so autotune counts its text-only streams itself); returns the spec's path."""
     (directory / "model").mkdir(exist_ok=True)
+    (directory / "model" / "tokenizer.json").write_text(_toy_tokenizer_json())
     text = textwrap.dedent(space) if isinstance(space, str) else yaml.safe_dump(space)
     (directory / "space.yaml").write_text(text)
     path = directory / file
@@ -184,3 +187,10 @@ def verified_trial(role: str, decode_ms: int, tps: float, choices: list[int], **
         },
         system_attrs={f"constraints:{names.CORRECTNESS_CONSTRAINT}": 0.0},
     )
+
+
+@functools.cache
+def _toy_tokenizer_json() -> str:
+    from autotune.testing.toy_model import ToyModel
+
+    return ToyModel().tokenizer_json()

@@ -234,3 +234,22 @@ def test_a_web_server_that_is_not_an_inference_server(
     spec = fake_spec("web", command=command, storage=f"sqlite:///{tmp_path / 'web.db'}")
     spec_path = save_spec(tmp_path, spec, SPACE, file="web.yaml")
     assert expected in _preflight_failure(tmp_path, spec_path)
+
+
+def test_a_server_autotune_cannot_count_stops_the_study_at_its_baseline(tmp_path: Path) -> None:
+    """Text without token ids, and no tokenizer in the model folder: every speed would be the
+    server's own word (its usage). The baseline fails as ``uncountable``, saying what to give;
+    nothing is measured or scored."""
+    path = write_fake_spec(
+        tmp_path, SPACE, name="nocount", args=("--dialect", "text", "--decode-ms", "1")
+    )
+    (tmp_path / "model" / "tokenizer.json").unlink()
+    spec = load_spec(path)
+    url = f"sqlite:///{tmp_path / 'nocount.db'}"
+    with pytest.raises(PreflightError, match="uncountable.*model.tokenizer"):
+        run_study(spec, RunOptions(trials=3, storage_url=url))
+    study = optuna.load_study(study_name=spec.name, storage=url)
+    assert len(study.trials) == 1
+    baseline = study.trials[0]
+    assert baseline.user_attrs[names.FAIL_REASON] == "uncountable"
+    assert not baseline.user_attrs.get(names.METRICS)

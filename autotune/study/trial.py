@@ -31,7 +31,7 @@ from autotune.bench.host import HostSampler, visible_gpus
 from autotune.bench.limits import PROTOCOL_VIOLATION, request_bound_s
 from autotune.bench.loadcurve import record_curve, run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
-from autotune.bench.tokens import TokenCounter
+from autotune.bench.tokens import OWN_COUNTS, TokenCounter
 from autotune.bench.traps import trial_traps
 from autotune.client.http import build_client, connections_for
 from autotune.client.stream import NoTokenWithin, StreamError
@@ -98,6 +98,16 @@ class TrialContext:
         """The model's tokenizer, loaded once per run: autotune counts the tokens of streams
         that carry no ids itself, never by the server's word (``bench/tokens.py``)."""
         return TokenCounter.for_model(self.spec.model.path, self.spec.model.tokenizer)
+
+
+def uncountable_detail(why_no_tokenizer: str | None) -> str:
+    """Why autotune cannot count a server's tokens, and what the user gives it to count them."""
+    why = " ".join((why_no_tokenizer or "none found").split())  # one line, whatever it says
+    return (
+        "the server's answers carry no token ids and no tokenizer could be loaded "
+        f"({why}); speeds would be the server's own word. Give "
+        "model.tokenizer (a tokenizer.json, a folder with one, or a GGUF file) in the spec"
+    )
 
 
 class EarlyStop(Exception):
@@ -416,6 +426,10 @@ class TrialRunner:
             if unverifiable:
                 # Verify or refuse: a study whose gate could check nothing must not start.
                 raise CandidateError("unverifiable", unverifiable)
+            counter = self.ctx.token_counter
+            if not reference.capabilities.token_ids and not counter.available:
+                # Count or refuse: every speed would be the server's own word (its usage).
+                raise CandidateError("uncountable", uncountable_detail(counter.unavailable))
             for prompt, entry in reference.entries.items():
                 problem = sanity_problem(entry.completion.text, entry.completion.token_ids)
                 if problem and prompt in spec.check.prompts:
@@ -492,10 +506,25 @@ class TrialRunner:
             trial.set_user_attr(names.HOST, (await asyncio.to_thread(host.stop)).to_dict())
         trial.set_user_attr(names.BENCH, bench_summary(bench))
         record_curve(trial, bench)
+        not_own = {
+            how: n
+            for how, n in (bench.counts.get("counted_by") or {}).items()
+            if how not in OWN_COUNTS
+        }
+        if not_own:
+            # a speed from the server's usage (or its events) is never scored: the objective
+            # is autotune's own count or nothing
+            raise CandidateError(
+                "uncountable",
+                f"{sum(not_own.values())} answers counted by {sorted(not_own)}: "
+                + uncountable_detail(self.ctx.token_counter.unavailable),
+            )
         if bench.hang:
             if not server.alive():
                 raise server.failure("server_crashed", f"server died: {bench.hang}")
-            raise server.failure("hang", bench.hang)
+            # alive and silent: the config's fault, never an infrastructure fault to retry
+            # (server.failure could read "address in use" in an old log line as port_taken)
+            raise CandidateError("hang", bench.hang, evidence={"log_tail": server.log_tail()})
         if bench.failed_requests:
             fraction = bench.failed_requests / max(1, bench.total_requests)
             if not server.alive():
@@ -534,6 +563,7 @@ class TrialRunner:
             bench.samples,
             reference_requests(self.ctx.spec.workload),
             self.ctx.spec.check.under_load_sample,
+            rounds=len(bench.repeats),
         )
         divergences = []
         methods: dict[str, int] = {}

@@ -116,6 +116,16 @@ class ToyModel:
         """Split ``text`` into word tokens (with their leading space) and whitespace tokens."""
         return [self.vocab.ids.get(piece, UNK_ID) for piece in _TOKEN_RE.findall(text)]
 
+    def tokenizer_json(self) -> str:
+        """This tokenizer as a ``tokenizers`` ``tokenizer.json`` (word level, split as
+        :meth:`tokenize` splits), for the test double's model folder: autotune counts a
+        text-only stream of the fake server with it, as it does a real model's."""
+        from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+        tok = Tokenizer(models.WordLevel(vocab=dict(self.vocab.ids), unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(_TOKEN_RE.pattern), behavior="isolated")
+        return tok.to_str()
+
     def token_str(self, token_id: int) -> str:
         """The token's string as logprobs report it (``</s>`` included)."""
         return self.vocab.strings[token_id]
