@@ -40,12 +40,16 @@ parameters:
     target: {flag: --max-num-seqs}
 """
 
-#: dialect -> (how outputs are compared, teacher-forced scoring mode)
+#: dialect -> (how outputs are compared, teacher-forced scoring mode); llama.cpp's server gives
+#: ids only in its logprobs' per-token ``content`` entries and scores no given continuation
 DIALECTS = {
     "vllm": ("token_ids", "prompt_logprobs"),
     "openai": ("token_strings", "echo"),
+    "llamacpp": ("token_ids", None),
     "text": ("text", None),
 }
+#: the dialects whose answers carry token ids
+WITH_IDS = ("vllm", "llamacpp")
 
 
 def _run(tmp: Path, dialect: str) -> tuple[optuna.Study, Path, str]:
@@ -77,7 +81,8 @@ def test_reference_records_what_the_server_allows(dialect_study) -> None:
     dialect, study = dialect_study
     compared_by, teacher = DIALECTS[dialect]
     capabilities = study.user_attrs[names.REFERENCE]["capabilities"]
-    assert capabilities["token_ids"] is (dialect == "vllm")
+    assert capabilities["token_ids"] is (dialect in WITH_IDS)
+    assert capabilities["top_logprobs"] is (dialect != "text")
     assert capabilities["token_strings"] is (dialect != "text")
     assert capabilities["teacher_forced"] == teacher
     baseline = study.trials[0]
@@ -161,7 +166,7 @@ def _preflight_failure(tmp_path: Path, spec_path: Path, *extra: str) -> str:
 
 def test_show_and_export_name_the_checks_that_ran(dialect_run) -> None:
     dialect, _study, spec_path, url = dialect_run
-    compared_by = {"vllm": "token ids", "openai": "per-token strings", "text": "text"}[dialect]
+    compared_by = {"openai": "per-token strings", "text": "text"}.get(dialect, "token ids")
     shown = subprocess.run(
         autotune_cmd("show", "--spec", str(spec_path), "--storage", url),
         capture_output=True,
@@ -171,8 +176,12 @@ def test_show_and_export_name_the_checks_that_ran(dialect_run) -> None:
     assert shown.returncode == 0, shown.stderr
     assert f"passed: {compared_by} (" in shown.stdout
     has_notice = "server returns no token ids" in shown.stdout
-    assert has_notice is (dialect != "vllm")
+    assert has_notice is (dialect not in WITH_IDS)
     assert ("teacher-forced logprob check is skipped" in shown.stdout) is (dialect == "text")
+    # no teacher-forced scoring, but logprobs: the greedy tokens' own are compared, and said so
+    said = " ".join(shown.stdout.split())
+    assert ("greedy tokens' own logprobs are compared instead" in said) is (dialect == "llamacpp")
+    assert ("the greedy tokens' logprobs" in said) is (dialect == "llamacpp")
     out = spec_path.parent / "best.yaml"
     exported = subprocess.run(
         autotune_cmd(

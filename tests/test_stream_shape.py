@@ -15,7 +15,8 @@ import pytest
 from autotune import names
 from autotune._stats import mean_interval, positive_interval
 from autotune.bench.loadcurve import intervals_of, run_benchmark
-from autotune.bench.phase import PhaseResult, RequestRecord, stream_request, stream_shape, summarize
+from autotune.bench.phase import PhaseResult, RequestRecord, stream_request, summarize
+from autotune.bench.shape import stream_shape
 from autotune.bench.tokens import BY_TOKENIZER, TokenCounter
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.spec.model import WorkloadSpec

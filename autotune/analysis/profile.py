@@ -45,7 +45,8 @@ from autotune import names
 from autotune._proc import free_port
 from autotune.analysis.trace import Breakdown, breakdown, has_steps, load_trace
 from autotune.client.http import build_client
-from autotune.client.stream import NoTokenWithin, StreamError, open_stream, read_chunk, sse_payloads
+from autotune.client.send import open_stream
+from autotune.client.stream import NoTokenWithin, StreamError, read_chunk, sse_payloads
 from autotune.engines import build_engine
 from autotune.errors import AutotuneError, PreflightError, SpecError
 from autotune.server.process import ServerProcess
@@ -186,7 +187,12 @@ async def _profile_one(
     on_phase(trial.number, "launching with the profiler enabled")
     try:
         with server:
-            async with build_client(launch, max_connections=4, timeout_s=deadline_s) as client:
+            async with build_client(
+                launch,
+                max_connections=4,
+                timeout_s=deadline_s,
+                reuses_connections=engine.reuses_connections,
+            ) as client:
                 await server.wait_ready(client)
                 on_phase(trial.number, "warming up")
                 await _decode(client, body, deadline_s)

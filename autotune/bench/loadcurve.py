@@ -44,9 +44,9 @@ from autotune.bench.phase import (
     combine,
     phase_counts,
     run_phase,
-    stream_shape,
     summarize,
 )
+from autotune.bench.shape import stream_shape
 from autotune.bench.tokens import NO_TOKENIZER, TokenCounter, cross_check
 from autotune.bench.traps import ClientMeter
 from autotune.engines.dialect import RequestDialect
@@ -296,7 +296,8 @@ async def run_benchmark(
         repeats=tuple(rounds),
         total_requests=len(all_records),
         failed_requests=len(failed),
-        errors=tuple(sorted({r.error or "" for r in failed}))[:10],
+        # in the order they happened: the first is the one a reader is shown
+        errors=tuple(dict.fromkeys(r.error or "" for r in failed))[:10],
         samples=tuple(samples),
         hang=hang,
         ci={k: iv.to_list() for k, iv in intervals_of(rounds, list(medians)).items() if iv.n > 1},
@@ -318,6 +319,7 @@ async def run_benchmark(
             "tokenizer": counter.describe(),
         },
         shape=stream_shape(single_records, load_records),
+        transport_retries=sum(r.transport_retries for r in all_records),
     )
 
 

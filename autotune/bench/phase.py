@@ -51,10 +51,11 @@ from autotune.bench.tokens import (
     NO_TOKENIZER,
     TokenCounter,
 )
+from autotune.client.choice import token_ids
+from autotune.client.send import TRANSPORT_ERRORS, open_raw_stream
 from autotune.client.stream import (
     CUT_SHORT,
     DONE,
-    TRANSPORT_ERRORS,
     UNPARSED,
     SseReader,
     StreamError,
@@ -63,7 +64,6 @@ from autotune.client.stream import (
     chunk_error,
     completion_body,
     cut_short,
-    open_raw_stream,
 )
 from autotune.engines.dialect import RequestDialect
 from autotune.errors import excerpt
@@ -98,6 +98,9 @@ class RequestRecord:
     usage_tokens: int | None = None
     #: how ``output_tokens`` was counted: bench/tokens.py's BY_* (None: given by the caller)
     count_source: str | None = None
+    #: times it was sent again on a new connection, its first failing before any answer (a
+    #: kept-alive connection the server had closed): the server's habit, not a failure
+    transport_retries: int = 0
 
     @property
     def tokens(self) -> int:
@@ -189,10 +192,12 @@ class BenchResult:
     #: token counts: per phase autotune's and the server's usage, how responses were counted,
     #: the tokenizer (bench/tokens.py cross_check reads it)
     counts: dict[str, Any] = field(default_factory=dict)
-    #: how the answers arrived (phase.stream_shape)
+    #: how the answers arrived (bench/shape.py stream_shape)
     shape: dict[str, Any] = field(default_factory=dict)
     #: the benchmark client's own load (bench/traps.py client_lag), or None if not measured
     client: dict[str, Any] | None = None
+    #: requests sent again on a new connection (``RequestRecord.transport_retries``), in all
+    transport_retries: int = 0
 
 
 async def stream_request(
@@ -234,14 +239,11 @@ async def stream_request(
             TokenDeadline(read_timeout_s, start, total_s=total_timeout_s) as deadline,
             open_raw_stream(client, "/v1/completions", body) as stream,
         ):
+            tokens.retries = stream.transport_retries
             if stream.status != 200:
                 detail = excerpt((await stream.read()).decode("utf-8", "replace"))
-                return RequestRecord(
-                    prompt=prompt,
-                    ok=False,
-                    error=f"http {stream.status}: {detail}",
-                    e2e_s=time.perf_counter() - start,
-                )
+                error = f"http {stream.status}: {detail}"
+                return _failed(prompt, error, start, tokens)
             buffer = b""
             cap = runaway_cap(max_tokens)
             async for data in stream.chunks:
@@ -265,7 +267,7 @@ async def stream_request(
                             f"{PROTOCOL_VIOLATION}: {streamed} tokens streamed for "
                             f"max_tokens={max_tokens} (more than {cap})"
                         )
-                        return _failed(prompt, error, start, times)
+                        return _failed(prompt, error, start, tokens)
             else:  # the body ended: a last event without its newline still counts
                 tokens.end(buffer, clock() - start)
     except TimeoutError:  # our own no-token deadline (protocol.TokenDeadline)
@@ -276,14 +278,14 @@ async def stream_request(
                 f"hang: the request ran past its total bound of {total_timeout_s:g} s "
                 f"({len(times)} tokens by then)"
             )
-        record = _failed(prompt, error, start, times)
+        record = _failed(prompt, error, start, tokens)
         return dataclasses.replace(record, hung=True)
     except TRANSPORT_ERRORS as exc:
-        return _failed(prompt, f"{type(exc).__name__}: {exc}", start, times)
+        return _failed(prompt, f"{type(exc).__name__}: {exc}", start, tokens)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return _failed(prompt, f"bad stream chunk: {exc}", start, times)
+        return _failed(prompt, f"bad stream chunk: {exc}", start, tokens)
     except StreamError as exc:
-        return _failed(prompt, str(exc), start, times)
+        return _failed(prompt, str(exc), start, tokens)
     e2e = time.perf_counter() - start
     if not tokens.chunk_times:
         error = "stream ended without tokens"
@@ -291,7 +293,7 @@ async def stream_request(
             # a server that ignores "stream": true answers one JSON body: say so, each time
             kind = stream.content_type or "no content type"
             error += f": the answer was not a server-sent event stream ({kind})"
-        return RequestRecord(prompt=prompt, ok=False, error=error, e2e_s=e2e)
+        return _failed(prompt, error, start, tokens)
     per_chunk, source = tokens.count(counter)
     if source in (BY_IDS, BY_TOKENIZER):
         pairs = zip(tokens.chunk_times, per_chunk, strict=True)
@@ -313,13 +315,24 @@ async def stream_request(
         chunk_tokens=tuple(per_chunk),
         usage_tokens=tokens.usage,
         count_source=source,
+        transport_retries=tokens.retries,
     )
 
 
 class _Tokens:
     """What one streamed answer delivered so far: chunk times, ids, text, the usage count."""
 
-    __slots__ = ("chunk_ids", "chunk_times", "dialect", "ids", "reader", "text", "times", "usage")
+    __slots__ = (
+        "chunk_ids",
+        "chunk_times",
+        "dialect",
+        "ids",
+        "reader",
+        "retries",
+        "text",
+        "times",
+        "usage",
+    )
 
     def __init__(self, dialect: RequestDialect) -> None:
         self.dialect = dialect  # where a chunk carries its token ids (if it does)
@@ -331,6 +344,7 @@ class _Tokens:
         self.usage: int | None = None
         #: the stream's events (the gate reads its answers by the same rules)
         self.reader = SseReader()
+        self.retries = 0  # times the request was sent again (``RawStream.transport_retries``)
 
     def add(self, lines: list[bytes], now: float) -> bool:
         """Take the complete SSE lines of one network read, arrived at ``now``; True at
@@ -387,7 +401,7 @@ class _Tokens:
             if usage:
                 self.usage = _completion_tokens(usage)
             for choice in chunk.get("choices") or ():
-                new_ids = self.dialect.token_ids(choice)
+                new_ids = token_ids(self.dialect, choice)  # the dialect's field or logprobs'
                 piece = choice.get("text")
                 if piece and piece.__class__ is not str:
                     raise TypeError("text is not a string")
@@ -417,14 +431,15 @@ def _completion_tokens(usage: dict[str, Any]) -> int | None:
     return count
 
 
-def _failed(prompt: str, error: str, start: float, times: list[float]) -> RequestRecord:
+def _failed(prompt: str, error: str, start: float, tokens: _Tokens) -> RequestRecord:
     """A request that did not complete, with whatever token times it had (never dropped)."""
     return RequestRecord(
         prompt=prompt,
         ok=False,
         error=error,
         e2e_s=time.perf_counter() - start,
-        token_times_s=tuple(times),
+        token_times_s=tuple(tokens.times),
+        transport_retries=tokens.retries,
     )
 
 
@@ -524,42 +539,6 @@ def summarize(single: PhaseResult, load: PhaseResult) -> dict[str, float]:
     return metrics
 
 
-def _median(values: Sequence[float | None], scale: float = 1.0) -> float | None:
-    known = [v * scale for v in values if v is not None]
-    return round(statistics.median(known), 4) if known else None
-
-
-def stream_shape(single: Sequence[RequestRecord], load: Sequence[RequestRecord]) -> dict[str, Any]:
-    """How the answers arrived (the ``stream_shape`` record): the single-request headline (a
-    user's tok/s = tokens / e2e, TTFT and TPOT beside it, medians), tokens per chunk, bursty
-    responses, and which figures bursts made meaningless. A figure never measured is None."""
-    single_ok = [r for r in single if r.ok]
-    load_ok = [r for r in load if r.ok]
-    every = single_ok + load_ok
-    bursty_load = sum(r.bursty for r in load_ok)
-    tpots = [r.tpot_s * 1000 for r in load_ok if r.tpot_s is not None and not r.bursty]
-    shape: dict[str, Any] = {
-        "single": {
-            "tokens_per_s": _median([r.tokens_per_s for r in single_ok]),
-            "ttft_ms": _median([r.ttft_s for r in single_ok], 1000),
-            "tpot_ms": _median([r.tpot_s for r in single_ok if not r.bursty], 1000),
-            "bursty": sum(r.bursty for r in single_ok),
-            "responses": len(single_ok),
-        },
-        "tokens_per_chunk": _median([r.tokens_per_chunk for r in every]),
-        "bursty": sum(r.bursty for r in every),
-        "responses": len(every),
-        "tpot_ms": {
-            f"p{q}": round(percentile(tpots, q), 4) if tpots else None for q in names.PERCENTILES
-        },
-    }
-    if bursty_load:
-        shape["itl"] = "bursty"  # the ITL percentiles are absent, not 0.0
-    if shape["single"]["bursty"]:
-        shape["decode"] = "bursty: tokens / end-to-end time for the bursty responses"
-    return shape
-
-
 def combine(repeats: Sequence[dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
     """Median over repeats and relative spread ((max - min) / median) per metric."""
     medians: dict[str, float] = {}
@@ -584,6 +563,7 @@ def bench_summary(result: BenchResult) -> dict[str, Any]:
         "stopped_by": result.stopped_by,
         "counted_by": result.counts.get("counted_by", {}),
         "tokenizer": result.counts.get("tokenizer"),
+        "transport_retries": result.transport_retries,
     }
 
 

@@ -104,8 +104,17 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def build_remote_client(url: str, api_key: str | None, connections: int) -> StreamingClient:
-    return connect(url, api_key, max_connections=connections, timeout_s=60.0)
+def build_remote_client(
+    url: str, api_key: str | None, connections: int, *, reuses_connections: bool = True
+) -> StreamingClient:
+    """The client for ``--url``; ``reuses_connections`` is the study's engine's word."""
+    return connect(
+        url,
+        api_key,
+        max_connections=connections,
+        timeout_s=60.0,
+        reuses_connections=reuses_connections,
+    )
 
 
 async def _served_model(client: httpx.AsyncClient, url: str, wanted: str) -> str:
@@ -225,9 +234,16 @@ async def bench_remote(
     """Gate (when ``reference`` is given), then the spec's benchmark, against ``url``."""
     url = check_url(url)
     workload = spec.workload
-    # The server is asked in the study's engine's dialect (the one its reference was taken in).
-    dialect = engine_class(spec.engine.kind).dialect
-    async with build_remote_client(url, api_key, connections_for(workload.concurrency)) as client:
+    # The server is asked in the study's engine's dialect (the one its reference was taken in)
+    # and connected to as that engine needs (llama-server's closed keep-alive connections).
+    engine = engine_class(spec.engine.kind)
+    dialect = engine.dialect
+    async with build_remote_client(
+        url,
+        api_key,
+        connections_for(workload.concurrency),
+        reuses_connections=engine.reuses_connections,
+    ) as client:
         served = await _served_model(client, url, model or spec.model.served_name)
         result = RemoteResult(url=url, model=served)
         if reference is not None:
@@ -236,7 +252,8 @@ async def bench_remote(
             except (NoTokenWithin, StreamError, httpx.HTTPError) as exc:
                 result.failure = _gate_request_failure(exc)
                 return result
-            result.check = check.to_dict()
+            # with the gate's requests sent again on a new connection (client/send.py)
+            result.check = {**check.to_dict(), "transport_retries": client.transport_retries}
             result.notices += notices
             if not check.passed:
                 result.failure = f"incorrect_output: {check.problems[0]}"

@@ -28,6 +28,7 @@ from autotune.study.results import (
     baseline_reason,
     best_trials,
     report_of,
+    request_troubles,
     snapshot,
 )
 
@@ -226,6 +227,10 @@ def print_report(
             + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
         )
         print_failure_details(rows)
+    # failed requests of trials that completed all the same, and requests sent again
+    for trouble in request_troubles(trials):
+        for line in trouble.lines():
+            console.print(f"[yellow]requests:[/] {escape(line)}", soft_wrap=True)
     for line in noisy_host_lines(trials):
         console.print(f"[yellow]noisy host:[/] {escape(line)}", soft_wrap=True)
     for line in speculation_lines(trials):  # speculative trials: acceptance

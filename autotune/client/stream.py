@@ -13,25 +13,22 @@ bytes (the rule is enforced with ``asyncio.timeout``'s machinery, not by the HTT
 timeout).
 
 The benchmark client's requests are the hot path (``bench.stream_request``: one per token, on
-a machine whose cores the server under test needs): :func:`open_raw_stream` reads aiohttp's
-response directly where the client offers its session (``client.StreamingClient``), and
-:class:`TokenDeadline` bounds the time without a token with one timer per request.
+a machine whose cores the server under test needs): ``client.send.open_raw_stream`` reads
+aiohttp's response directly, and :class:`TokenDeadline` bounds the time without a token with
+one timer per request. Sending a request (connections, the one retry) is ``client/send.py``'s;
+what a chunk carries per token, ``client/choice.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import aiohttp
 import httpx
 
-from autotune.client.http import StreamingClient
 from autotune.engines.dialect import RequestDialect
 from autotune.errors import excerpt
 
@@ -193,41 +190,6 @@ async def _sse_lines(
         yield lines, time.perf_counter() - start
     if buffer:
         yield [buffer], time.perf_counter() - start
-
-
-#: connect/write bounds of a streamed request; reading is bounded per token by the caller
-_STREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=10.0, pool=None)
-
-
-@contextlib.asynccontextmanager
-async def open_stream(
-    client: httpx.AsyncClient, path: str, body: dict[str, Any], *, deadline_s: float | None
-) -> AsyncIterator[httpx.Response]:
-    """POST ``body`` and hand back the streaming response once its headers arrived.
-
-    The wait for the headers counts as waiting for the first token (a server that accepted the
-    request and never answers sends none): it raises ``TimeoutError`` after ``deadline_s``.
-    """
-    async with asyncio.timeout(deadline_s):
-        response = await _send_streaming(client, path, body)
-    try:
-        yield response
-    finally:
-        await response.aclose()
-
-
-async def _send_streaming(
-    client: httpx.AsyncClient, path: str, body: dict[str, Any]
-) -> httpx.Response:
-    try:
-        request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
-        return await client.send(request, stream=True)
-    except httpx.TransportError:
-        # Nothing was received. Seen: a keep-alive connection the server had just closed
-        # (aiohttp's ServerDisconnectedError, which httpx-aiohttp reports as ConnectTimeout).
-        # One fresh attempt; a server that is really gone fails it too.
-        request = client.build_request("POST", path, json=body, timeout=_STREAM_TIMEOUT)
-        return await client.send(request, stream=True)
 
 
 class StreamError(Exception):
@@ -457,75 +419,6 @@ def parse_json_object(body: str | bytes, what: str) -> dict[str, Any]:
         return answer
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     raise NotJsonObject(f"{what}: {excerpt(text) or '(an empty body)'}")
-
-
-#: what a request's transport raises when the connection fails or the answer breaks off
-TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx.HTTPError, aiohttp.ClientError)
-
-#: connect bound of a raw streamed request; no total or read bound: reading is bounded per
-#: token by the caller (aiohttp's session default is a 300 s total, which must not apply)
-_RAW_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=None)
-
-
-@dataclass(frozen=True)
-class RawStream:
-    """A streamed answer whose headers arrived: status, body chunks as they come, whole body."""
-
-    status: int
-    #: the body in the pieces the network delivered them (an SSE event may span two)
-    chunks: AsyncIterator[bytes]
-    #: the rest of the body at once (for an error answer's detail)
-    read: Callable[[], Awaitable[bytes]]
-    #: the Content-Type header ("" without one): evidence when no token came
-    content_type: str = ""
-
-
-@contextlib.asynccontextmanager
-async def open_raw_stream(
-    client: httpx.AsyncClient, path: str, body: dict[str, Any]
-) -> AsyncIterator[RawStream]:
-    """POST ``body`` and hand back the answer once its headers arrived, with no deadline of its
-    own: the caller bounds the whole request with a :class:`TokenDeadline`.
-
-    On a :class:`~autotune.client.http.StreamingClient` the request goes through its aiohttp session
-    directly (no httpx request, response or byte-stream objects per request and per chunk);
-    any other client (tests' ``httpx.MockTransport``) is read through httpx. Transport errors
-    are those in :data:`TRANSPORT_ERRORS`.
-    """
-    if not isinstance(client, StreamingClient):
-        response = await _send_streaming(client, path, body)
-        try:
-            yield RawStream(
-                response.status_code,
-                response.aiter_bytes(),
-                response.aread,
-                response.headers.get("content-type", ""),
-            )
-        finally:
-            await response.aclose()
-        return
-    session = client.aiohttp_session()
-    url = client.root_url + path
-    try:
-        answer = await session.post(
-            url, json=body, headers=client.raw_headers, timeout=_RAW_TIMEOUT
-        )
-    except aiohttp.ClientConnectionError:
-        # Nothing was received (seen: a keep-alive connection the server had just closed,
-        # ServerDisconnectedError). One fresh attempt; a server that is really gone fails it too.
-        answer = await session.post(
-            url, json=body, headers=client.raw_headers, timeout=_RAW_TIMEOUT
-        )
-    try:
-        yield RawStream(
-            answer.status,
-            answer.content.iter_any(),
-            answer.read,
-            answer.headers.get("Content-Type", ""),
-        )
-    finally:
-        # back to the pool if the body was read to its end, closed otherwise (aiohttp decides)
-        answer.release()
 
 
 class TokenDeadline:

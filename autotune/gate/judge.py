@@ -66,6 +66,12 @@ def compare(
 
     method = reference.capabilities.comparison
     rules: set[str] = set()
+    # no teacher-forced scoring on this server: the greedy tokens' own logprobs instead
+    greedy_logprobs = (
+        reference.capabilities.teacher_forced is None
+        and reference.capabilities.token_logprobs
+        and method != COMPARE_TEXT
+    )
     for prompt, got in completions.items():
         ref = reference.entries[prompt].completion
         rule = tie_flip_rule(ref, got, method)
@@ -76,6 +82,11 @@ def compare(
             tie_flips += 1
         elif divergence is not None:
             fail(divergence, f"{prompt!r}: {divergence.kind} {divergence.position} differs")
+        if greedy_logprobs:
+            drift, divergence = greedy_logprob_drift(ref, got, method, tol)
+            max_drift = max(max_drift, drift)
+            if divergence is not None:
+                fail(divergence, f"{prompt!r}: {divergence.detail} at {divergence.position}")
         if isinstance(teacher.get(prompt), TeacherRejected):
             fail(
                 Divergence(
@@ -180,9 +191,53 @@ def compare(
             # the weaker rule if any prompt fell back to it: the record must not overstate
             "tie_flips_by": weakest_tie_rule(rules),
             "teacher_forced": reference.capabilities.teacher_forced if teacher else None,
+            "greedy_logprobs": len(completions) if greedy_logprobs else None,
             "sanity": True,
             "known_answers": known,
         },
+    )
+
+
+def greedy_logprob_drift(
+    ref: Completion, got: Completion, method: str, tolerance: float
+) -> tuple[float, Divergence | None]:
+    """The largest difference between the logprobs ``ref`` and ``got`` gave their greedy
+    tokens where those tokens agree, and the divergence when it exceeds ``tolerance``.
+
+    For a server that scores no given continuation (llama.cpp's ignores ``echo`` and prompt
+    scoring): up to the first differing token both answers are conditioned on the same
+    prefix, so each token's logprob there is exactly what teacher-forced scoring would give.
+    Without it, a config that keeps every greedy token but moves the distribution (a
+    quantised KV cache) passed unseen. An answer without the logprobs the reference has fails:
+    the check cannot run on it.
+    """
+    compared = min(common_prefix(units(ref, method), units(got, method)), len(ref.logprobs))
+    if len(got.logprobs) < compared:
+        position, detail = len(got.logprobs), "no logprob for this token (the baseline had one)"
+        return 0.0, _logprob_divergence(ref, got, position, detail)
+    diffs = [
+        0.0 if a == b else abs(a - b)  # two -inf are equal, not nan
+        for a, b in zip(ref.logprobs[:compared], got.logprobs[:compared], strict=True)
+    ]
+    if not diffs:
+        return 0.0, None
+    worst = max(range(len(diffs)), key=diffs.__getitem__)
+    if diffs[worst] <= tolerance:
+        return diffs[worst], None
+    detail = f"greedy-token logprob drift {diffs[worst]:.4f} > tolerance {tolerance:.4f}"
+    return diffs[worst], _logprob_divergence(ref, got, worst, detail)
+
+
+def _logprob_divergence(ref: Completion, got: Completion, position: int, detail: str) -> Divergence:
+    return Divergence(
+        prompt=ref.prompt,
+        position=position,
+        kind="logprob",
+        expected_token=_token_at(ref, position),
+        got_token=_token_at(got, position),
+        expected_text=ref.text,
+        got_text=got.text,
+        detail=detail,
     )
 
 

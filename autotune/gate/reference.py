@@ -89,9 +89,14 @@ class Capabilities:
             what = "per-token strings" if self.token_strings else "the text"
             out.append(f"server returns no token ids; outputs are compared by {what}")
         if not self.teacher_forced:
+            instead = (
+                "the greedy tokens' own logprobs are compared instead, where the tokens agree"
+                if self.token_logprobs and self.token_strings
+                else "the teacher-forced logprob check is skipped"
+            )
             out.append(
                 f"server scores no given continuation (neither {TEACHER_PROMPT_LOGPROBS} nor "
-                f"{TEACHER_ECHO} with logprobs); the teacher-forced logprob check is skipped"
+                f"{TEACHER_ECHO} with logprobs); {instead}"
             )
         if not self.top_logprobs:
             out.append("server returns no top-2 logprobs; near-tie token flips are not excused")
@@ -235,6 +240,8 @@ def describe_checks(check: dict[str, Any] | None) -> str:
         parts.append(tie_flips.get(ran["tie_flips_by"], f"near-tie flips by {ran['tie_flips_by']}"))
     if ran.get("teacher_forced"):
         parts.append(f"teacher-forced logprobs ({ran['teacher_forced']})")
+    if ran.get("greedy_logprobs"):
+        parts.append("the greedy tokens' logprobs")
     if ran.get("sanity"):
         parts.append("sanity")
     if ran.get("known_answers"):

@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from autotune.client.choice import TopCandidates, finite_logprob, token_scores
+from autotune.client.send import open_stream
 from autotune.client.stream import (
     CUT_SHORT,
     NotJsonObject,
@@ -24,7 +26,6 @@ from autotune.client.stream import (
     bad_shape,
     completion_body,
     cut_short,
-    open_stream,
     parse_json_object,
     read_chunk,
     sse_payloads,
@@ -108,15 +109,14 @@ async def _stream_completion(
                 try:
                     for choice in chunk.get("choices") or ():
                         text.append(_text(choice))
-                        ids.extend(dialect.token_ids(choice))
                         prompt_ids.extend(dialect.prompt_token_ids(choice))
-                        lp = choice.get("logprobs") or {}
-                        tokens.extend(lp.get("tokens") or ())
-                        logprobs.extend(_finite(x) for x in lp.get("token_logprobs") or ())
-                        for top in lp.get("top_logprobs") or ():
-                            top = _top_dict(top)
-                            margins.append(_margin(top))
-                            runner_ups.append(_runner_up(top))
+                        # either logprobs shape, ids from the dialect's field or the entries
+                        scores = token_scores(dialect, choice)
+                        ids.extend(scores.ids)
+                        tokens.extend(scores.tokens)
+                        logprobs.extend(scores.logprobs)
+                        margins.extend(_margin(top) for top in scores.tops)
+                        runner_ups.extend(_runner_up(top) for top in scores.tops)
                         if choice.get("finish_reason") in CUT_SHORT:
                             raise cut_short(choice["finish_reason"], payload)
                 except (AttributeError, LookupError, TypeError, ValueError):
@@ -156,39 +156,22 @@ def _text(choice: dict[str, Any]) -> str:
     return text
 
 
-def _top_dict(top: Any) -> dict[str, float | None] | None:
-    """One position's ``top_logprobs`` as ``{token: logprob}``.
-
-    The completions API gives that dict; some servers give the chat API's shape on
-    ``/v1/completions`` too, a list of ``{"token", "logprob"}`` objects (read as a dict, it was
-    an AttributeError).
-    """
-    if isinstance(top, list):
-        return {entry["token"]: entry.get("logprob") for entry in top}
-    return top
-
-
-def _finite(value: float | None) -> float:
-    """A logprob as a float; JSON's null (how a -inf is serialised) becomes -inf."""
-    return float("-inf") if value is None else float(value)
-
-
-def _margin(top: dict[str, float | None] | None) -> float | None:
+def _margin(top: TopCandidates | None) -> float | None:
     if not top or len(top) < 2:
         return None
-    best = sorted((_finite(v) for v in top.values()), reverse=True)
+    best = sorted((finite_logprob(v) for v in top.values()), reverse=True)
     if best[1] == float("-inf"):
         return None  # no finite runner-up: no near-tie
     return float(best[0] - best[1])
 
 
-def _runner_up(top: dict[str, float | None] | None) -> str | None:
+def _runner_up(top: TopCandidates | None) -> str | None:
     """The second most likely token of a ``top_logprobs`` entry (None without a finite one)."""
     if not top or len(top) < 2:
         return None
-    ranked = sorted(top.items(), key=lambda item: _finite(item[1]), reverse=True)
+    ranked = sorted(top.items(), key=lambda item: finite_logprob(item[1]), reverse=True)
     token, logprob = ranked[1]
-    return None if _finite(logprob) == float("-inf") else token
+    return None if finite_logprob(logprob) == float("-inf") else token
 
 
 class TeacherUnsupported(Exception):
@@ -262,7 +245,7 @@ def _from_prompt_scores(
             item = entry.get(str(token_id)) or entry.get(token_id)
             if item is not None:
                 value = item["logprob"] if isinstance(item, dict) else item
-        out.append(_finite(value))
+        out.append(finite_logprob(value))
     return tuple(out)
 
 
@@ -274,7 +257,7 @@ def _from_echo(choice: dict[str, Any], reference: Completion) -> tuple[float, ..
         raise TeacherUnsupported("the echoed answer has no per-token offsets and logprobs")
     begin = len(reference.prompt)
     end = begin + len(reference.text)
-    scored = [_finite(v) for o, v in zip(offsets, values, strict=True) if begin <= o < end]
+    scored = [finite_logprob(v) for o, v in zip(offsets, values, strict=True) if begin <= o < end]
     if not scored:
         raise TeacherUnsupported("the echoed answer does not cover the continuation")
     return tuple(scored)

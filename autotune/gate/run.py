@@ -17,9 +17,11 @@ Policy (also in docs/guide/gate.md):
   stops there (a flip to another token is not; without the runner-up, a reference recorded
   before it was kept or an answer without per-token strings, the margin alone decides);
   (2) its teacher-forced logprobs differ from the reference's by at most the tolerance at
-  every position; (3) sanity holds (not empty, not whitespace-only, no runaway repetition, no
-  non-printable characters) wherever the reference itself was sane; (4) known-answer prompts
-  match their regular expressions.
+  every position (on a server that scores no given continuation, the logprobs of its greedy
+  tokens where they agree with the reference's: ``judge.greedy_logprob_drift``); (3) sanity
+  holds (not empty, not whitespace-only, no runaway repetition, no non-printable characters)
+  wherever the reference itself was sane; (4) known-answer prompts match their regular
+  expressions.
 * Anything else fails the trial as ``incorrect_output`` with the first divergent position and
   both texts. A failed trial gets no performance score.
 

@@ -65,6 +65,7 @@ from autotune.study.results import (
     baseline_reason,
     objective_names,
     report_of,
+    request_troubles,
     snapshot,
     verified_baseline,
 )
@@ -336,9 +337,13 @@ def _export_html(
 def _failures(report: StudyReport, trials: list[FrozenTrial]) -> str:
     failed = [r for r in report.rows if r.verdict not in OK_VERDICTS]
     out = ["<section id='failures'><h2>What failed, and why</h2>"]
+    requests = _request_troubles_html(trials)
     if not failed:
-        out.append("<p>No trial failed.</p></section>")
+        if not any(t.failed for t in request_troubles(trials)):
+            out.append("<p>No trial failed.</p>")
+        out.append(f"{requests}</section>")
         return "".join(out)
+    out.append(requests)
     by_number = {t.number: t for t in trials}
     for reason, count in report.failures_by_reason.items():
         out.append(
@@ -355,6 +360,23 @@ def _failures(report: StudyReport, trials: list[FrozenTrial]) -> str:
             )
     out.append("</section>")
     return "".join(out)
+
+
+def _request_troubles_html(trials: list[FrozenTrial]) -> str:
+    """Requests that failed in trials that completed all the same (their benchmark stopped
+    there: the page must not say "No trial failed" alone), and requests sent again on a new
+    connection (not failures)."""
+    troubles = request_troubles(trials)
+    failed = [line for t in troubles if (line := t.failure_line())]
+    retried = [line for t in troubles if (line := t.retry_line())]
+    out = ""
+    if failed:
+        items = "".join(f"<li>{esc(line)}</li>" for line in failed)
+        out += f"<h3>Failed requests</h3><ul id='failed-requests'>{items}</ul>"
+    if retried:
+        items = "".join(f"<li>{esc(line)}</li>" for line in retried)
+        out += f"<h3>Requests sent again</h3><ul class='muted' id='resent-requests'>{items}</ul>"
+    return out
 
 
 def _evidence_html(row: TrialRow, trial: FrozenTrial) -> str:

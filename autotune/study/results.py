@@ -278,3 +278,72 @@ def objective_names(
         if data and len(report.directions) == 1:
             return (data["metric"],)
     return ()
+
+
+@dataclass(frozen=True)
+class RequestTrouble:
+    """A trial whose requests failed or had to be sent again, whatever its verdict: a trial
+    whose benchmark lost a request within ``MAX_FAILED_FRACTION`` completes (its benchmark
+    stops at that round), and ``show`` and the report said "No trial failed" of it."""
+
+    number: int
+    #: benchmark requests that failed, of ``total`` sent
+    failed: int
+    total: int
+    #: the first failed request's error ("" when none failed)
+    first_error: str
+    #: whether the benchmark stopped at the round the failure came in
+    stopped: bool
+    #: requests (the gate's and the benchmark's) sent again on a new connection after their
+    #: connection failed before any answer: the server's connection handling, not a failure
+    retries: int
+
+    def failure_line(self) -> str | None:
+        """How many benchmark requests failed and the first error, or None."""
+        if not self.failed:
+            return None
+        stopped = "; the benchmark stopped after that round" if self.stopped else ""
+        return (
+            f"trial {self.number}: {self.failed} of {self.total} benchmark requests failed "
+            f"(first: {self.first_error or 'no error recorded'}){stopped}"
+        )
+
+    def retry_line(self) -> str | None:
+        """How many requests were sent again on a new connection, or None."""
+        if not self.retries:
+            return None
+        return (
+            f"trial {self.number}: {self.retries} request(s) sent again on a new connection "
+            "(the server had closed a connection it kept alive); not counted as failed"
+        )
+
+    def lines(self) -> list[str]:
+        """What ``show`` says of it, one line per kind of trouble."""
+        return [line for line in (self.failure_line(), self.retry_line()) if line]
+
+
+def request_troubles(trials: Sequence[FrozenTrial]) -> list[RequestTrouble]:
+    """The trials whose stored ``bench`` (or gate ``check``) records failed or resent
+    requests, in trial order."""
+    out = []
+    for trial in trials:
+        bench = trial.user_attrs.get(names.BENCH) or {}
+        check = trial.user_attrs.get(names.CHECK) or {}
+        failed = int(bench.get("failed_requests") or 0)
+        retries = int(bench.get("transport_retries") or 0) + int(
+            check.get("transport_retries") or 0
+        )
+        if not failed and not retries:
+            continue
+        errors = bench.get("errors") or []
+        out.append(
+            RequestTrouble(
+                number=trial.number,
+                failed=failed,
+                total=int(bench.get("total_requests") or 0),
+                first_error=str(errors[0]) if errors else "",
+                stopped=bench.get("stopped_by") == "request_errors",
+                retries=retries,
+            )
+        )
+    return out

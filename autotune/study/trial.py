@@ -33,7 +33,7 @@ from autotune.bench.loadcurve import record_curve, run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
 from autotune.bench.tokens import OWN_COUNTS, TokenCounter
 from autotune.bench.traps import trial_traps
-from autotune.client.http import build_client, connections_for
+from autotune.client.http import build_client, connections_for, transport_retries
 from autotune.client.stream import NoTokenWithin, StreamError
 from autotune.engines.base import Engine
 from autotune.errors import CandidateError, InfrastructureError, TrialFailure, excerpt
@@ -326,6 +326,7 @@ class TrialRunner:
                 launch,
                 max_connections=connections_for(spec.workload.concurrency),
                 timeout_s=spec.workload.request_timeout_s,
+                reuses_connections=ctx.engine.reuses_connections,
             ) as client:
                 started = await server.wait_ready(client)
                 server_attrs["startup_s"] = round(started.startup_s, 3)
@@ -339,7 +340,9 @@ class TrialRunner:
                 self._phase(trial, "verifying")
                 reference = await self._reference(client, launch.served_model, role, server)
                 check = await self._verify(client, launch.served_model, reference, server)
-                trial.set_user_attr(names.CHECK, trim(check.to_dict()))
+                # with the gate's requests sent again on a new connection (client/send.py)
+                retried = {"transport_retries": transport_retries(client)}
+                trial.set_user_attr(names.CHECK, trim({**check.to_dict(), **retried}))
                 if not check.passed:
                     evidence = {"first_divergence": asdict(check.first_divergence)}
                     evidence.update(await self._engine_evidence(client, trial, settings))
@@ -500,9 +503,8 @@ class TrialRunner:
             server_metrics = await evidence.stop()
             trial.set_user_attr(names.SERVER_METRICS, server_metrics)
             traps = trial_traps(server_metrics=server_metrics, server_log=server.log_text())
-            trial.set_user_attr(
-                names.TRAPS, traps
-            )  # prefix-cache hits, eager batches (bench/traps.py)
+            # prefix-cache hits, eager batches (bench/traps.py)
+            trial.set_user_attr(names.TRAPS, traps)
             trial.set_user_attr(names.HOST, (await asyncio.to_thread(host.stop)).to_dict())
         trial.set_user_attr(names.BENCH, bench_summary(bench))
         record_curve(trial, bench)

@@ -1,8 +1,9 @@
 """TEST DOUBLE's HTTP layer: the subset of vLLM's OpenAI-compatible API that autotune uses.
 
-Routes, request validation (vLLM's 400s) and response shapes for the three dialects; the
-request-level faults (500s, hangs, empty text, missing metrics) are answered here. Generation is
-the scheduler's (:mod:`autotune.testing.fake_scheduler`).
+Routes, request validation (vLLM's 400s) and response shapes for the four dialects; the
+request-level faults (500s, hangs, empty text, missing metrics) and the connection fault
+(``stale_keepalive``: :class:`StaleKeepAlive`) are answered here. Generation is the scheduler's
+(:mod:`autotune.testing.fake_scheduler`).
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ class FakeServer:
             Route("/metrics", self.metrics, methods=["GET"]),
             Route("/sim/reset", self.sim_reset, methods=["POST"]),
         ]
-        return Starlette(routes=routes, lifespan=lifespan)
+        app = Starlette(routes=routes, lifespan=lifespan)
+        return StaleKeepAlive(app) if self.opts.fault == "stale_keepalive" else app
 
     # -- helpers -----------------------------------------------------------------------------
     def _ready(self) -> bool:
@@ -199,6 +201,10 @@ class FakeServer:
                 return _error(
                     500, "Internal Server Error (injected, 1 in 3)", "InternalServerError"
                 )
+        if fault == "one_500_in_bench" and params.include_usage:
+            self._bench_count = getattr(self, "_bench_count", 0) + 1
+            if self._bench_count == self.opts.fault_after:
+                return _error(500, "Internal Server Error (injected, once)", "InternalServerError")
         if fault == "healthy_but_broken":
             return _error(
                 500,
@@ -313,6 +319,34 @@ class FakeServer:
             "top_logprobs": top_logprobs,
         }
 
+    def _content_logprobs(self, events: list[TokenEvent], k: int) -> dict[str, Any]:
+        """llama.cpp's llama-server's ``logprobs`` on ``/v1/completions``: the chat API's
+        per-token ``content`` entries, each with its token id, and ids in the top candidates."""
+
+        def entry(token_id: int, logprob: float) -> dict[str, Any]:
+            token = self.model.token_str(token_id)
+            return {
+                "id": token_id,
+                "token": token,
+                "bytes": list(token.encode()),
+                "logprob": logprob,
+            }
+
+        content = []
+        for event in events:
+            top = [entry(e.token_id, e.logprob) for e in event.top[:k]]
+            chosen = entry(event.chosen.token_id, event.chosen.logprob)
+            if chosen["id"] not in {t["id"] for t in top}:
+                top.append(dict(chosen))
+            content.append({**chosen, "top_logprobs": top})
+        return {"content": content}
+
+    def _logprobs(self, events: list[TokenEvent], k: int, offset: int) -> dict[str, Any]:
+        """The dialect's ``logprobs`` of ``events``: llama.cpp's shape or the completions API's."""
+        if self.opts.dialect == "llamacpp":
+            return self._content_logprobs(events, k)
+        return self._logprobs_block(events, k, offset)
+
     def _prompt_logprobs(self, prompt_ids: list[int], k: int) -> list[dict[str, Any] | None]:
         out: list[dict[str, Any] | None] = [None]
         wrong = self.scheduler.wrong_from is not None
@@ -349,7 +383,7 @@ class FakeServer:
         text = self._text(token_ids)
         logprobs = None
         if params.logprobs is not None:
-            logprobs = self._logprobs_block(events, params.logprobs, 0)
+            logprobs = self._logprobs(events, params.logprobs, 0)
         if params.echo:
             text = self.model.decode(gen.prompt_ids) + text
             if logprobs is not None:
@@ -396,7 +430,7 @@ class FakeServer:
                     "stop_reason": None,
                 }
                 if params.logprobs is not None:
-                    choice["logprobs"] = self._logprobs_block([event], params.logprobs, offset)
+                    choice["logprobs"] = self._logprobs([event], params.logprobs, offset)
                     offset += len(self.model.token_str(token))
                 if params.return_token_ids:
                     choice["prompt_token_ids"] = gen.prompt_ids if first else None
@@ -439,6 +473,64 @@ class FakeServer:
             "tokens": tokens + generated["tokens"],
             "top_logprobs": tops + generated["top_logprobs"],
         }
+
+
+class StaleKeepAlive:
+    """The ``stale_keepalive`` fault, llama.cpp's llama-server's habit: every answer advertises
+    ``Keep-Alive: timeout=5, max=100``, yet a connection that carried a streamed answer is dead.
+
+    The real server closes it right after the answer, and a client that pooled it loses the
+    next request it sends there (about half of them, by a race). Here the close comes as that
+    next request arrives, which is left unanswered: every reuse fails, so a test sees it each
+    time, not by chance. The streamed answer's ``[DONE]`` goes out in one write with the end of
+    the body, so that the client has read the whole answer when it stops and pools the
+    connection (an answer cut off at ``[DONE]`` would not be pooled, and the fault not seen).
+
+    The connection is reached through uvicorn's request cycle (the ``send`` it hands the app).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.spent: set[Any] = set()  # transports that carried a streamed answer
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        transport = getattr(getattr(send, "__self__", None), "transport", None)
+        if transport is None:
+            raise RuntimeError("stale_keepalive needs uvicorn's request cycle (its transport)")
+        if transport in self.spent:
+            self.spent.discard(transport)
+            transport.close()
+            while (await receive())["type"] != "http.disconnect":
+                pass  # the request's body, then the disconnect: nothing is answered
+            return
+        streamed = False
+        held: bytes | None = None
+
+        async def watch(message: dict[str, Any]) -> None:
+            nonlocal streamed, held
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", ()), (b"keep-alive", b"timeout=5, max=100")]
+                streamed = any(
+                    k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                    for k, v in headers
+                )
+                message = {**message, "headers": headers}
+            elif streamed and message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                if message.get("more_body") and b"data: [DONE]" in body:
+                    held = body  # sent with the end of the body
+                    return
+                if not message.get("more_body"):
+                    # dead from now on: the next request may arrive before the app returns
+                    self.spent.add(transport)
+                    if held is not None:
+                        message, held = {**message, "body": held + body}, None
+            await send(message)
+
+        await self.app(scope, receive, watch)
 
 
 def _optional_count(body: dict[str, Any], key: str) -> int | None:

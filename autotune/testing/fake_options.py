@@ -36,10 +36,14 @@ FAULTS = (
     "hang_in_bench",
     "preempt",
     "no_metrics",
+    "stale_keepalive",
+    "one_500_in_bench",
 )
 #: which response fields the server speaks: vLLM's (token ids, prompt_logprobs), the plain
-#: OpenAI completions API (text, logprobs, echo), or text only (what many proxies return)
-DIALECTS = ("vllm", "openai", "text")
+#: OpenAI completions API (text, logprobs, echo), llama.cpp's llama-server's (logprobs in the
+#: chat API's per-token ``content`` shape, with ids; no echo, no prompt scoring), or text only
+#: (what many proxies return)
+DIALECTS = ("vllm", "openai", "llamacpp", "text")
 SIMULATIONS = ("glm5-8gpu",)
 MAX_LOGPROBS = 20
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
@@ -135,7 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     # Faults and process shape.
     p.add_argument("--fault", choices=FAULTS, default=None, help="or env FAKE_FAULT")
     p.add_argument(
-        "--fault-after", type=int, default=5, help="completions before crash_mid_bench/self_sigkill"
+        "--fault-after",
+        type=int,
+        default=5,
+        help="completions before crash_mid_bench/self_sigkill (one_500_in_bench: requests)",
     )
     p.add_argument("--startup-delay-s", type=float, default=2.0, help="slow_start's sleep")
     p.add_argument("--ready-delay-s", type=float, default=0.0, help="/health 503 for this long")

@@ -78,6 +78,11 @@ Faults (``--fault NAME`` or env ``FAKE_FAULT``), each mimicking a failure real e
   accepted and never answered; readiness and verification requests are served.
 * ``preempt``: ``/metrics`` counts one preemption per completed request (the output is right).
 * ``no_metrics``: ``/metrics`` answers 404, as a server without Prometheus metrics.
+* ``one_500_in_bench``: the ``--fault-after``-th benchmark request (streamed with
+  ``stream_options.include_usage``) answers 500, once; every other request is served.
+* ``stale_keepalive``: llama.cpp's llama-server's connections: every answer advertises
+  ``Keep-Alive``, but a connection that carried a streamed answer is closed when the next
+  request arrives on it, unanswered (a client that pools connections loses that request).
 
 ``GET /metrics`` (no key needed, as vLLM) serves a few of vLLM's Prometheus metrics in the text
 format: ``vllm:num_requests_running``/``waiting`` and ``vllm:kv_cache_usage_perc`` (running over
@@ -85,8 +90,11 @@ format: ``vllm:num_requests_running``/``waiting`` and ``vllm:kv_cache_usage_perc
 
 ``--dialect`` chooses the response fields: ``vllm`` (default: ``token_ids``,
 ``prompt_token_ids``, ``prompt_logprobs``), ``openai`` (the plain OpenAI completions API: text,
-``logprobs`` with per-token strings, ``echo``; vLLM's extra fields are ignored, as llama.cpp,
-TGI or a proxy would), ``text`` (text only: no logprobs, no ids, no echo).
+``logprobs`` with per-token strings, ``echo``; vLLM's extra fields are ignored, as TGI or a
+proxy would), ``llamacpp`` (llama.cpp's llama-server: ``logprobs`` in the chat API's shape,
+``{content: [{id, token, bytes, logprob, top_logprobs: [{id, token, bytes, logprob}]}]}``, no
+``token_ids`` field; ``echo`` and vLLM's fields ignored, ``ignore_eos`` honoured), ``text``
+(text only: no logprobs, no ids, no echo).
 
 Unknown command-line arguments are rejected (exit 2), as vLLM's parser does. ``--spawn-child``
 starts a child process in the server's process group, named like vLLM's ``EngineCore`` (via
