@@ -38,14 +38,11 @@ from autotune.gate import (
     Reference,
     TeacherRejected,
     TeacherUnsupported,
-    comparable_answers,
     compare,
-    compare_under_load,
     detect_teacher_mode,
     gather_completions,
+    judge_under_load,
     teacher_forced_logprobs,
-    under_load_tie_flips_by,
-    weakest_tie_rule,
 )
 from autotune.server.metrics import MetricsMap, ServerMetricsRecorder
 from autotune.spec.model import StudySpec, WorkloadSpec
@@ -201,24 +198,15 @@ async def run_gate(
 def under_load(
     reference: Reference, bench: BenchResult, workload: WorkloadSpec, sample: int
 ) -> dict[str, Any]:
-    """Benchmark answers against the reference (as ``objective._check_under_load``)."""
-    records = comparable_answers(
+    """Benchmark answers against the reference, as a trial's check does (``judge_under_load``)."""
+    judged = judge_under_load(
         reference, bench.samples, reference_requests(workload), sample, rounds=len(bench.repeats)
     )
-    divergences = []
-    rules: set[str | None] = set()
-    for record in records:
-        divergence, method = compare_under_load(
-            reference, record.prompt, record.token_ids, record.text
-        )
-        rules.add(under_load_tie_flips_by(reference, record.prompt, method))
-        if divergence is not None:
-            divergences.append(divergence)
     return {
-        "checked": len(records),
-        "divergent": len(divergences),
-        "tie_flips_by": weakest_tie_rule(rules),
-        "first_divergence": asdict(divergences[0]) if divergences else None,
+        "checked": judged.checked,
+        "divergent": len(judged.divergences),
+        "tie_flips_by": judged.tie_flips_by,
+        "first_divergence": asdict(judged.divergences[0]) if judged.divergences else None,
     }
 
 

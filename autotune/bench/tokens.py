@@ -217,3 +217,20 @@ def suspect_line(record: Mapping[str, Any]) -> str:
     if record.get("no_tokenizer"):
         line += f"; no tokenizer, so the count is the server's word ({record['no_tokenizer']})"
     return line
+
+
+def not_own_counts(counts: Mapping[str, Any]) -> dict[str, int]:
+    """How many answers of a benchmark (``BenchResult.counts``) were counted otherwise than by
+    autotune itself (the server's usage, or events), by how; empty when every one was."""
+    counted_by = counts.get("counted_by") or {}
+    return {how: n for how, n in counted_by.items() if how not in OWN_COUNTS}
+
+
+def uncountable_detail(why_no_tokenizer: str | None) -> str:
+    """Why autotune cannot count a server's tokens, and what the user gives it to count them."""
+    why = " ".join((why_no_tokenizer or "none found").split())  # one line, whatever it says
+    return (
+        "the server's answers carry no token ids and no tokenizer could be loaded "
+        f"({why}); speeds would be the server's own word. Give model.tokenizer (a "
+        "tokenizer.json, a folder with one, or a GGUF file) in the spec"
+    )

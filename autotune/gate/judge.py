@@ -9,6 +9,7 @@ correctness-under-load check (:func:`comparable_answers`, :func:`compare_under_l
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import regex
@@ -449,3 +450,43 @@ def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
         abs(x - y) for x, y in zip(a, b, strict=False) if x != float("-inf") and y != float("-inf")
     ]
     return max(diffs, default=0.0)
+
+
+@dataclass(frozen=True)
+class UnderLoadResult:
+    """The correctness-under-load check of one benchmark: what was compared, and how."""
+
+    #: the answers compared (never the answers seen): one a round at least
+    checked: int
+    divergences: tuple[Divergence, ...]
+    #: how many were compared by each method (token ids, text)
+    compared_by: dict[str, int] = field(default_factory=dict)
+    #: the weakest rule that excused a near-tie flip in any of them (None: none needed)
+    tie_flips_by: str | None = None
+
+
+def judge_under_load(
+    reference: Reference,
+    answers: Sequence[Any],
+    asked: Mapping[str, int],
+    limit: int,
+    *,
+    rounds: int = 1,
+) -> UnderLoadResult:
+    """Benchmark answers (``.prompt``, ``.token_ids``, ``.text``), at the batch shapes where
+    batching bugs live, against the reference: a sample of :func:`comparable_answers`, each
+    compared by token ids where it and the reference have them, else by its text."""
+    sample = comparable_answers(reference, answers, asked, limit, rounds=rounds)
+    divergences = []
+    methods: dict[str, int] = {}
+    rules: set[str | None] = set()
+    for record in sample:
+        divergence, method = compare_under_load(
+            reference, record.prompt, record.token_ids, record.text
+        )
+        methods[method] = methods.get(method, 0) + 1
+        rules.add(under_load_tie_flips_by(reference, record.prompt, method))
+        if divergence is not None:
+            divergences.append(divergence)
+    # the weaker rule wins the record: one answer excused by the margin alone is enough
+    return UnderLoadResult(len(sample), tuple(divergences), methods, weakest_tie_rule(rules))

@@ -31,7 +31,7 @@ from autotune.bench.host import HostSampler, visible_gpus
 from autotune.bench.limits import PROTOCOL_VIOLATION, request_bound_s
 from autotune.bench.loadcurve import record_curve, run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
-from autotune.bench.tokens import OWN_COUNTS, TokenCounter
+from autotune.bench.tokens import TokenCounter, not_own_counts, uncountable_detail
 from autotune.bench.traps import trial_traps
 from autotune.client.http import build_client, connections_for, transport_retries
 from autotune.client.stream import NoTokenWithin, StreamError
@@ -41,13 +41,10 @@ from autotune.gate import (
     CheckResult,
     Reference,
     collect_outputs,
-    comparable_answers,
     compare,
-    compare_under_load,
+    judge_under_load,
     record_reference,
     sanity_problem,
-    under_load_tie_flips_by,
-    weakest_tie_rule,
 )
 from autotune.server.metrics import ServerMetricsRecorder
 from autotune.server.process import ServerProcess
@@ -98,16 +95,6 @@ class TrialContext:
         """The model's tokenizer, loaded once per run: autotune counts the tokens of streams
         that carry no ids itself, never by the server's word (``bench/tokens.py``)."""
         return TokenCounter.for_model(self.spec.model.path, self.spec.model.tokenizer)
-
-
-def uncountable_detail(why_no_tokenizer: str | None) -> str:
-    """Why autotune cannot count a server's tokens, and what the user gives it to count them."""
-    why = " ".join((why_no_tokenizer or "none found").split())  # one line, whatever it says
-    return (
-        "the server's answers carry no token ids and no tokenizer could be loaded "
-        f"({why}); speeds would be the server's own word. Give "
-        "model.tokenizer (a tokenizer.json, a folder with one, or a GGUF file) in the spec"
-    )
 
 
 class EarlyStop(Exception):
@@ -508,11 +495,7 @@ class TrialRunner:
             trial.set_user_attr(names.HOST, (await asyncio.to_thread(host.stop)).to_dict())
         trial.set_user_attr(names.BENCH, bench_summary(bench))
         record_curve(trial, bench)
-        not_own = {
-            how: n
-            for how, n in (bench.counts.get("counted_by") or {}).items()
-            if how not in OWN_COUNTS
-        }
+        not_own = not_own_counts(bench.counts)
         if not_own:
             # a speed from the server's usage (or its events) is never scored: the objective
             # is autotune's own count or nothing
@@ -524,8 +507,7 @@ class TrialRunner:
         if bench.hang:
             if not server.alive():
                 raise server.failure("server_crashed", f"server died: {bench.hang}")
-            # alive and silent: the config's fault, never an infrastructure fault to retry
-            # (server.failure could read "address in use" in an old log line as port_taken)
+            # alive and silent: the config's fault, never re-read from the log as infrastructure
             raise CandidateError("hang", bench.hang, evidence={"log_tail": server.log_tail()})
         if bench.failed_requests:
             fraction = bench.failed_requests / max(1, bench.total_requests)
@@ -560,40 +542,29 @@ class TrialRunner:
         Each response is compared by token ids where it and the reference have them, else by
         its text. The stored count is of responses actually compared, never of responses seen.
         """
-        sample = comparable_answers(
+        judged = judge_under_load(
             reference,
             bench.samples,
             reference_requests(self.ctx.spec.workload),
             self.ctx.spec.check.under_load_sample,
             rounds=len(bench.repeats),
         )
-        divergences = []
-        methods: dict[str, int] = {}
-        rules: set[str | None] = set()
-        for record in sample:
-            divergence, method = compare_under_load(
-                reference, record.prompt, record.token_ids, record.text
-            )
-            methods[method] = methods.get(method, 0) + 1
-            rules.add(under_load_tie_flips_by(reference, record.prompt, method))
-            if divergence is not None:
-                divergences.append(divergence)
         check = dict(trial.user_attrs.get(names.CHECK) or {})
-        check["under_load_checked"] = len(sample)
-        check["under_load_compared_by"] = methods
-        # the weaker rule wins the record: one answer excused by the margin alone is enough
-        check["under_load_tie_flips_by"] = weakest_tie_rule(rules)
-        check["under_load_divergent"] = len(divergences)
-        if not sample:
+        check["under_load_checked"] = judged.checked
+        check["under_load_compared_by"] = judged.compared_by
+        check["under_load_tie_flips_by"] = judged.tie_flips_by
+        check["under_load_divergent"] = len(judged.divergences)
+        if not judged.checked:
             check["under_load_skipped"] = (
                 "no benchmark response used a reference prompt at its recorded length"
             )
         trial.set_user_attr(names.CHECK, check)
+        divergences = judged.divergences
         if divergences:
             first = divergences[0]
             raise CandidateError(
                 "incorrect_output",
-                f"{len(divergences)} of {len(sample)} benchmark responses "
+                f"{len(divergences)} of {judged.checked} benchmark responses "
                 f"diverged under load (first at {first.kind} {first.position})",
                 evidence={"first_divergence": asdict(first)},
             )
