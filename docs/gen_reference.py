@@ -162,7 +162,9 @@ SPEC_KEYS: dict[str, tuple[Key, ...]] = {
             "engine.command",
             "The argv that starts the server, no shell. vLLM: the launcher prefix (default "
             "<vllm_command>); `command`: the whole template, with `{port}`, `{host}`, "
-            "`{model}`, `{served_name}`, `{python}` filled per trial (required).",
+            "`{model}`, `{served_name}`, `{python}` filled per trial (required); llamacpp: the "
+            "server binary (default `llama-server`: on `PATH`, else the `make llama-server` "
+            "build in autotune's cache).",
             "EngineSpec.command",
             "the engine's",
         ),

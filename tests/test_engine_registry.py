@@ -13,6 +13,7 @@ import yaml
 from autotune.engines import registry
 from autotune.engines.base import Engine, LaunchConfig
 from autotune.engines.command import CommandEngine
+from autotune.engines.llamacpp.engine import LlamaCppEngine
 from autotune.engines.registry import build_engine, engine_class, engine_names
 from autotune.engines.vllm.engine import VllmEngine
 from autotune.engines.vllm.machine import CPU_BIND_ENV
@@ -50,8 +51,9 @@ def _entry_points(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
 
 
 def test_builtin_engines() -> None:
-    assert engine_names()[:2] == ("vllm", "command")
+    assert engine_names()[:3] == ("vllm", "command", "llamacpp")
     assert engine_class("vllm") is VllmEngine and engine_class("command") is CommandEngine
+    assert engine_class("llamacpp") is LlamaCppEngine
 
 
 def test_unknown_engine_names_the_known_ones() -> None:
@@ -62,7 +64,7 @@ def test_unknown_engine_names_the_known_ones() -> None:
 
 def test_an_entry_point_adds_an_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     _entry_points(monkeypatch, toy=f"{__name__}:ToyEngine")
-    assert engine_names() == ("vllm", "command", "toy")
+    assert engine_names() == ("vllm", "command", "llamacpp", "toy")
     assert engine_class("toy") is ToyEngine
 
 

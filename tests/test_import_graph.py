@@ -93,6 +93,7 @@ ENGINE_VOCABULARY = {
         r"return_token_ids|ignore_eos|prompt_logprobs|VLLM_|--speculative-config|vllm:"
         r"|vllm\.entrypoints|\bvllm serve\b"
     ),
+    "autotune/engines/llamacpp/": re.compile(r"LLAMA_ARG_|LLAMA_API_KEY|llamacpp:"),
 }
 VLLM_VOCABULARY = ENGINE_VOCABULARY["autotune/engines/vllm/"]
 #: (module, word) pairs outside engines/vllm/ that may use a vLLM word, and why
@@ -101,6 +102,8 @@ VOCABULARY_ALLOWED = {
     ("autotune/engines/dialect.py", "prompt_logprobs"),
     # the workload hash's fixed sampling fields: renaming them changes every study's hash
     ("autotune/spec/workload.py", "ignore_eos"),
+    # llama.cpp's server honours vLLM's fixed-length field under the same name
+    ("autotune/engines/llamacpp/dialect.py", "ignore_eos"),
 }
 #: the test doubles (the ``testing`` extra) speak vLLM's dialect on purpose
 VOCABULARY_EXEMPT_DIRS = ("autotune/testing/",)

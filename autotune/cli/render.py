@@ -432,14 +432,19 @@ def print_recheck(best, result) -> None:
 
 
 def print_validation(issues) -> int:
-    """One line per parameter; returns how many are invalid."""
+    """One line per parameter (an unchecked one says why); returns how many are invalid. The
+    texts are the engine's own (``[on|off|auto]``, a path in brackets): printed, never read as
+    markup."""
     bad = 0
     for issue in issues:
-        if issue.ok:
-            console.print(f"[green]OK[/]    {issue.parameter}  ({issue.target})")
-        else:
+        where = f"{escape(issue.parameter)}  ({escape(issue.target)})"
+        if not issue.ok:
             bad += 1
-            console.print(f"[red]ERROR[/] {issue.parameter}  ({issue.target}): {issue.error}")
+            console.print(f"[red]ERROR[/] {where}: {escape(issue.error)}")
+        elif issue.unchecked:
+            console.print(f"[yellow]NOT CHECKED[/] {where}: {escape(issue.unchecked)}")
+        else:
+            console.print(f"[green]OK[/]    {where}")
     return bad
 
 

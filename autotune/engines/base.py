@@ -125,6 +125,8 @@ class ValidationIssue:
     parameter: str
     target: str
     error: str | None
+    #: why the engine could not check this parameter (it is not known to be wrong, nor right)
+    unchecked: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -167,6 +169,11 @@ class Engine(abc.ABC):
     #: after each streamed answer, so a client that reuses it sees the next request dropped:
     #: False makes autotune's client open a new connection for every request to it.
     reuses_connections: bool = True
+    #: environment variables this engine's launch sets itself, and why a search space may not
+    #: tune them (the env forms of ``own_flags``; the API key's ``key_env`` is always refused)
+    own_env: Mapping[str, str] = {}
+    #: what to do when :meth:`version` says "not installed" (the preflight's message)
+    install_hint: str = ""
 
     @classmethod
     def command_problem(cls, command: Sequence[str]) -> str | None:
@@ -227,6 +234,13 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def version(self) -> str:
         """The installed engine's version, recorded in every trial."""
+
+    def launch_settings(self, settings: ServerSettings) -> ServerSettings:
+        """``settings`` as this engine's launch applies them: an engine that knows its own
+        defaults leaves out a flag set to the value it takes anyway, so a proposal equal to the
+        engine's default (llama.cpp's ``--cont-batching``, on unless turned off) launches
+        exactly as the baseline does. Default: unchanged (no knowledge of defaults)."""
+        return settings
 
     @abc.abstractmethod
     def build_launch(

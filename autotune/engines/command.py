@@ -155,12 +155,16 @@ class CommandEngine(Engine):
         return launch
 
     def validate_space(self, space) -> list[ValidationIssue]:
+        """Patches are refused; nothing else can be checked: the template starts a server
+        autotune knows nothing about, so every other parameter is reported unchecked."""
         issues = []
         for param in space.parameters:
-            error = None
+            error = unchecked = None
             if param.target.kind == "patch":
                 error = "patches need an engine that loads autotune's plugin (vllm)"
-            issues.append(ValidationIssue(param.name, param.target.describe(), error))
+            else:
+                unchecked = "the command engine cannot check parameters against its server"
+            issues.append(ValidationIssue(param.name, param.target.describe(), error, unchecked))
         return issues
 
     def export_config(self, settings: ServerSettings) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from autotune.engines.base import Engine
 from autotune.engines.command import CommandEngine
+from autotune.engines.llamacpp.engine import LlamaCppEngine
 from autotune.engines.vllm.engine import VllmEngine
 from autotune.errors import SpecError
 
@@ -20,7 +21,9 @@ if TYPE_CHECKING:
     from autotune.spec.model import StudySpec
 
 ENTRY_POINT_GROUP = "autotune.engines"
-BUILTIN: dict[str, type[Engine]] = {cls.name: cls for cls in (VllmEngine, CommandEngine)}
+BUILTIN: dict[str, type[Engine]] = {
+    cls.name: cls for cls in (VllmEngine, CommandEngine, LlamaCppEngine)
+}
 
 
 def _entry_points() -> dict[str, object]:

@@ -8,7 +8,8 @@ Two things TPE cannot know on its own, wrapped around it as one Optuna sampler:
   machine drops what *it* cannot run).
 * **early neighbours**: the first few sampled trials are one-change neighbours of the baseline
   (the baseline's values plus one parameter changed, every other one left at the engine's
-  default), pinned like ablation variants. TPE's random start-up on a space with a fault patch
+  default), pinned like ablation variants; a change the engine launches as its own default is
+  none. TPE's random start-up on a space with a fault patch
   and a lossy KV-cache dtype otherwise spends a newcomer's first trials on configurations the
   gate rejects, so a three-trial run shows no working loop. A neighbour comes only from a
   discrete parameter that no constraint names (its interplay with engine defaults is unknown),
@@ -68,6 +69,9 @@ def early_neighbours(
     constrained = set().union(*(c.names for c in space.constraints)) if space.constraints else set()
     gone = {(d.parameter, repr(d.value)) for d in dropped}
     baseline = space.baseline_values()
+    # what the baseline launches: a neighbour the engine launches the same way (a value equal
+    # to the engine's own default, ``Engine.launch_settings``) would measure the baseline again
+    baseline_launch = engine.launch_settings(space.resolve(baseline))
     ranked: list[tuple[int, int, Neighbour]] = []
     for index, param in enumerate(space.parameters):
         if param.name in constrained or param.when or param.type not in _DISCRETE:
@@ -83,6 +87,8 @@ def early_neighbours(
                 continue
             values = {**baseline, param.name: list(value) if param.type == "int_list" else value}
             if space.violated(values):
+                continue
+            if engine.launch_settings(space.resolve(values)) == baseline_launch:
                 continue
             ranked.append((rank, index, Neighbour(param.name, values[param.name], values)))
             break  # one neighbour per parameter

@@ -46,7 +46,9 @@ from autotune.server import oom
 HEALTH_POLL_S = 0.05
 #: seconds between SIGTERM and SIGKILL when a server is stopped; env AUTOTUNE_STOP_GRACE_S
 STOP_GRACE_S = 10.0
-_PORT_TAKEN = ("address already in use", "errno 98")
+#: (llama-server says only that it could not bind; on the loopback address autotune gives it, on
+#: a port just found free, another process took the port)
+_PORT_TAKEN = ("address already in use", "errno 98", "couldn't bind http server socket")
 _DISK_FULL = ("no space left on device",)
 #: how much of the end of a server log is searched for the reason and the root cause: enough
 #: to reach past what a dying engine prints after its error (vLLM: three processes' tracebacks,

@@ -76,10 +76,14 @@ def load_spec(path: str | Path) -> StudySpec:
     engine = _engine(doc, data["engine"], base)
     key_env = engine_class(engine.kind).key_env
     own_flags = engine_class(engine.kind).own_flags
+    own_env = engine_class(engine.kind).own_env
     words = [*engine.command, *engine.args]
     space = load_space(
         space_path,
-        reserved_env={key_env: "the engine's API key, which autotune sets per trial"},
+        reserved_env={
+            **own_env,
+            key_env: "the engine's API key, which autotune sets per trial",
+        },
         reserved_flags={  # "--model", "{served_name}": the template sets the flag
             **own_flags,
             **{

