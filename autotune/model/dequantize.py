@@ -2,7 +2,7 @@
 
 Why: vLLM 0.32 has no GGUF loader of its own, and the out-of-tree ``vllm-gguf-plugin``
 dequantizes with Triton kernels that need CUDA, so on a CPU machine vLLM can only serve a GGUF
-model as a dequantized copy (``/work/shared/REAL_ENGINES.md``). transformers keeps GGUF weights
+model as a dequantized copy (measured with vLLM 0.32). transformers keeps GGUF weights
 packed and refuses to save them, but its GGUF reader returns Hugging Face-named, dequantized
 tensors; this loads them into the architecture's model class built from the GGUF's own config
 and saves that, with the GGUF's tokenizer, as safetensors::
