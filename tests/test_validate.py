@@ -256,3 +256,23 @@ def test_nccl_list_syntax_without_vllm() -> None:
     assert algo("allreduce:Tree,Ring;allgather:ring") is None
     assert "collective" in (algo("allreduse:ring") or "")
     assert "NVLSTree" in (algo("NVLStree2") or "")
+
+
+def test_smollm2_study_validates_through_the_engine(vllm_ctx: object) -> None:
+    """``studies/smollm2-vllm.yaml``, the real model on vLLM's CPU build: every parameter
+    accepted by the installed vLLM; the baseline eager, unpatched, full-precision KV cache;
+    every known answer asked of a check prompt."""
+    from autotune.engines.vllm.engine import VllmEngine
+    from autotune.spec.load import load_spec
+
+    spec = load_spec(REPO / "studies" / "smollm2-vllm.yaml")
+    assert Path(spec.model.path).name == "bf16"  # the dequantized copy (`make smollm2`)
+    issues = VllmEngine(spec.engine, spec.model).validate_space(spec.space)
+    assert [i for i in issues if not i.ok] == []
+    baseline = spec.space.baseline_values()
+    assert baseline["enforce_eager"] is True
+    assert baseline["kv_cache_dtype"] == "auto"
+    assert baseline["qkv_shard_swap"] is False and baseline["attention_path"] == "custom_op"
+    assert {k.prompt for k in spec.check.known_answers} <= set(spec.check.prompts)
+    assert len(spec.check.known_answers) >= 3
+
