@@ -276,3 +276,14 @@ def test_smollm2_study_validates_through_the_engine(vllm_ctx: object) -> None:
     assert {k.prompt for k in spec.check.known_answers} <= set(spec.check.prompts)
     assert len(spec.check.known_answers) >= 3
 
+
+def test_the_gate_benchmarks_configs_fit_the_smollm2_space() -> None:
+    """``benchmarks/gate_real_configs.yaml``: every config is launchable in its spec's space
+    (checked by the benchmark's own loader), with at least 20 that must keep the output."""
+    from benchmarks.gate_real import CONFIGS, KEEP, REJECT, load_cases
+
+    spec, cases = load_cases(CONFIGS, "vllm")
+    assert spec.path == REPO / "studies" / "smollm2-vllm.yaml"
+    assert sum(c.expect == KEEP for c in cases) >= 20
+    rejected = {c.name for c in cases if c.expect == REJECT}
+    assert {"fp8_kv_cache", "qkv_shard_swap", "direct_call_compiled"} <= rejected
