@@ -152,3 +152,18 @@ def test_inspect_cli_on_this_vllm(demo_gguf: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "fused by vLLM at load" not in result.output
     assert "pip install vllm-gguf-plugin" in result.output
+
+
+@needs_unloadable_gguf
+def test_validate_checks_the_parameters_and_notes_the_refusal(
+    tmp_path: Path, demo_gguf: Path
+) -> None:
+    """``validate`` judges the parameters (exit 0 here) and says that ``run`` will refuse the
+    model on this machine, rather than letting "all valid" read as "ready to run"."""
+    result = CliRunner().invoke(
+        app, ["validate", str(_gguf_spec(tmp_path, demo_gguf))], env={"COLUMNS": "400"}
+    )
+    assert result.exit_code == 0, result.output
+    assert "parameters valid" in result.stdout
+    assert "autotune run will refuse this spec" in result.stderr
+    assert "pip install vllm-gguf-plugin" in " ".join(result.stderr.split())

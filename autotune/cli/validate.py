@@ -18,7 +18,8 @@ def validate(spec: Annotated[Path, typer.Argument(help="Study spec YAML.")]) -> 
     """Check every parameter against the installed engine; exit 2 on any error."""
     try:
         study_spec = load_spec(spec)
-        issues = build_engine(study_spec).validate_space(study_spec.space)
+        engine = build_engine(study_spec)
+        issues = engine.validate_space(study_spec.space)
     except AutotuneError as exc:
         raise fail(exc) from None
     bad = render.print_validation(issues)
@@ -26,6 +27,10 @@ def validate(spec: Annotated[Path, typer.Argument(help="Study spec YAML.")]) -> 
         err.print(f"{bad} of {len(issues)} parameters invalid in {study_spec.space.path}")
         raise typer.Exit(code=2)
     console.print(
-        f"all {len(issues)} parameters valid against {study_spec.engine.kind} "
-        f"{build_engine(study_spec).version()}"
+        f"all {len(issues)} parameters valid against {study_spec.engine.kind} {engine.version()}"
     )
+    # the parameters are the check; a model this engine cannot load here is worth a line, since
+    # `autotune run` will stop at its preflight
+    problem = engine.model_problem()
+    if problem is not None:
+        err.print(f"note: autotune run will refuse this spec on this machine: {problem}")
