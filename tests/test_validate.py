@@ -256,3 +256,34 @@ def test_nccl_list_syntax_without_vllm() -> None:
     assert algo("allreduce:Tree,Ring;allgather:ring") is None
     assert "collective" in (algo("allreduse:ring") or "")
     assert "NVLSTree" in (algo("NVLStree2") or "")
+
+
+def test_smollm2_study_validates_through_the_engine(vllm_ctx: object) -> None:
+    """``studies/smollm2-vllm.yaml``, the real model on vLLM's CPU build: every parameter
+    accepted by the installed vLLM; the baseline eager, unpatched, full-precision KV cache;
+    every known answer asked of a check prompt."""
+    from autotune.engines.vllm.engine import VllmEngine
+    from autotune.spec.load import load_spec
+
+    spec = load_spec(REPO / "studies" / "smollm2-vllm.yaml")
+    assert Path(spec.model.path).name == "bf16"  # the dequantized copy (`make smollm2`)
+    issues = VllmEngine(spec.engine, spec.model).validate_space(spec.space)
+    assert [i for i in issues if not i.ok] == []
+    baseline = spec.space.baseline_values()
+    assert baseline["enforce_eager"] is True
+    assert baseline["kv_cache_dtype"] == "auto"
+    assert baseline["qkv_shard_swap"] is False and baseline["attention_path"] == "custom_op"
+    assert {k.prompt for k in spec.check.known_answers} <= set(spec.check.prompts)
+    assert len(spec.check.known_answers) >= 3
+
+
+def test_the_gate_benchmarks_configs_fit_the_smollm2_space() -> None:
+    """``benchmarks/gate_real_configs.yaml``: every config is launchable in its spec's space
+    (checked by the benchmark's own loader), with at least 20 that must keep the output."""
+    from benchmarks.gate_real import CONFIGS, KEEP, REJECT, load_cases
+
+    spec, cases = load_cases(CONFIGS, "vllm")
+    assert spec.path == REPO / "studies" / "smollm2-vllm.yaml"
+    assert sum(c.expect == KEEP for c in cases) >= 20
+    rejected = {c.name for c in cases if c.expect == REJECT}
+    assert {"fp8_kv_cache", "qkv_shard_swap", "direct_call_compiled"} <= rejected

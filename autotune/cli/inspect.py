@@ -9,6 +9,7 @@ import typer
 
 from autotune.cli import render
 from autotune.cli.common import fail
+from autotune.engines.vllm.gguf import model_problem
 from autotune.errors import AutotuneError
 from autotune.model.reader import facts_as_rows, inspect_model
 from autotune.model.roofline import roofline_rows_for
@@ -39,7 +40,8 @@ def inspect_cmd(
     with --device or --bandwidth-gbs, the single-request decode roofline."""
     try:
         facts = inspect_model(model)
-        rows = facts_as_rows(facts)
+        problem = model_problem(str(model)) if facts.format == "gguf" else None
+        rows = facts_as_rows(facts, load_problem=problem)
         if device or bandwidth_gbs:
             rows += [("", "")] + roofline_rows_for(
                 facts,

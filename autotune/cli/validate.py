@@ -19,7 +19,8 @@ def validate(spec: Annotated[Path, typer.Argument(help="Study spec YAML.")]) -> 
     """Check every parameter against the installed engine; exit 2 on any error."""
     try:
         study_spec = load_spec(spec)
-        issues = build_engine(study_spec).validate_space(study_spec.space)
+        engine = build_engine(study_spec)
+        issues = engine.validate_space(study_spec.space)
     except AutotuneError as exc:
         raise fail(exc) from None
     bad = render.print_validation(issues)
@@ -28,12 +29,17 @@ def validate(spec: Annotated[Path, typer.Argument(help="Study spec YAML.")]) -> 
             f"{bad} of {len(issues)} parameters invalid in {escape(str(study_spec.space.path))}"
         )
         raise typer.Exit(code=2)
-    against = escape(f"{study_spec.engine.kind} {build_engine(study_spec).version()}")
+    against = escape(f"{study_spec.engine.kind} {engine.version()}")
     unchecked = sum(1 for issue in issues if issue.unchecked)
     if unchecked:
         console.print(
             f"{unchecked} of {len(issues)} parameters could not be checked against {against} "
             f"(no error found in the {len(issues) - unchecked} checked)"
         )
-        return
-    console.print(f"all {len(issues)} parameters valid against {against}")
+    else:
+        console.print(f"all {len(issues)} parameters valid against {against}")
+    # the parameters are the check; a model this engine cannot load here is worth a line, since
+    # `autotune run` will stop at its preflight
+    problem = engine.model_problem()
+    if problem is not None:
+        err.print(f"note: autotune run will refuse this spec on this machine: {escape(problem)}")

@@ -260,6 +260,12 @@ class Engine(abc.ABC):
         """After readiness: a reason the server is not running what was asked, or None."""
         return None
 
+    def model_problem(self) -> str | None:
+        """Why the installed engine cannot serve the spec's model on this machine (a format it
+        has no loader for here), with what to do instead, or None. Asked at preflight, before
+        any trial or baseline is spent. Default: no problem known."""
+        return None
+
     def validate_space(self, space: SearchSpace) -> list[ValidationIssue]:
         """Check each parameter against the installed engine. Default: nothing to check."""
         return [ValidationIssue(p.name, p.target.describe(), None) for p in space.parameters]

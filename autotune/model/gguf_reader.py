@@ -32,6 +32,32 @@ SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _GGUF_LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 
 
+#: the first four bytes of every GGUF file
+GGUF_MAGIC = b"GGUF"
+
+
+def has_gguf_magic(path: str | Path) -> bool:
+    """Whether the file at ``path`` starts with :data:`GGUF_MAGIC` (False when unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def gguf_model_file(path: str | Path) -> Path | None:
+    """The GGUF file a model path names, or None when it names no GGUF model: a ``.gguf`` file
+    or any file that starts with the GGUF magic (a renamed or extensionless download), or a
+    folder without ``config.json`` that holds ``.gguf`` files (its first one)."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p if p.suffix == ".gguf" or has_gguf_magic(p) else None
+    if p.is_dir() and not (p / "config.json").is_file():
+        found = sorted(p.glob("*.gguf"))
+        return found[0] if found else None
+    return None
+
+
 def gguf_parts(path: str | Path) -> list[Path]:
     """All files of a (possibly split) GGUF model, in part order.
 

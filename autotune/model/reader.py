@@ -57,8 +57,12 @@ def _count_str(n: float) -> str:
     return f"{n:,.0f}"
 
 
-def facts_as_rows(facts: ModelFacts) -> list[tuple[str, str]]:
-    """(label, value) pairs in display order, for a two-column table in the CLI."""
+def facts_as_rows(facts: ModelFacts, *, load_problem: str | None = None) -> list[tuple[str, str]]:
+    """(label, value) pairs in display order, for a two-column table in the CLI.
+
+    ``load_problem``: why the engine that fuses separate projections at load (vLLM) cannot
+    load this file here; the fused rows then say the tensors stay separate on disk instead of
+    promising a fusion that will not happen, and a note gives the reason."""
     a = facts.attention
     rows: list[tuple[str, str]] = [
         ("path", facts.path),
@@ -130,9 +134,16 @@ def facts_as_rows(facts: ModelFacts) -> list[tuple[str, str]]:
         )
     for f in facts.fused_projections:
         shards = " | ".join(f"{s.name}:{s.rows}" for s in f.shards) or "unknown"
-        where = "on disk" if f.on_disk else "fused by vLLM at load"
+        if f.on_disk:
+            where = "on disk"
+        elif load_problem is None:
+            where = "fused by vLLM at load"
+        else:
+            where = "separate on disk; this vLLM cannot load the file, see the note"
         rows.append((f"fused {f.kind}", f"{f.tensor} x{f.layers} [{shards}] ({where})"))
     rows.append(("tied embeddings", "yes" if facts.tied_embeddings else "no"))
     for n in facts.notes:
         rows.append(("note", n))
+    if load_problem is not None:
+        rows.append(("note", load_problem))
     return rows

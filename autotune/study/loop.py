@@ -137,6 +137,9 @@ def preflight(spec: StudySpec, engine: Engine, *, validate: bool = True) -> list
     if version == "not installed":
         hint = f" ({engine.install_hint})" if engine.install_hint else ""
         raise PreflightError(f"engine {spec.engine.kind!r} is not installed{hint}")
+    problem = engine.model_problem()
+    if problem is not None:
+        raise PreflightError(problem)
     if validate:
         bad = [i for i in engine.validate_space(spec.space) if not i.ok]
         if bad:

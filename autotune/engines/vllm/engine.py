@@ -22,7 +22,7 @@ from autotune.engines.base import (
     MetricsMap,
     ValidationIssue,
 )
-from autotune.engines.vllm import logs, machine, speculative, validate
+from autotune.engines.vllm import gguf, logs, machine, speculative, validate
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.engines.vllm.metrics import VLLM_METRICS
 from autotune.engines.vllm.profile import VllmProfiler
@@ -120,6 +120,11 @@ class VllmEngine(Engine):
                     f"autotune_patches?)"
                 )
         return None
+
+    def model_problem(self) -> str | None:
+        """A GGUF model that this vLLM cannot load (no loader, or the CPU build): see
+        ``gguf.py``."""
+        return gguf.model_problem(self.model_spec.path)
 
     def validate_space(self, space: SearchSpace) -> list[ValidationIssue]:
         return validate.validate_space(space, self.engine_spec.patch_dirs)
