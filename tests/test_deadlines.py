@@ -1,10 +1,8 @@
 """Issue #31 item 4: every request autotune sends ends, against standalone misbehaving
 servers (tests/servers/deadline_stream.py).
 
-The benchmark client's :func:`autotune.bench.phase.stream_request` is exercised on a real
-socket. Tests marked ``xfail(strict=True)`` describe behaviour that needs changes outside this
-branch's files (autotune/client/stream.py, autotune/bench/phase.py): they fail today, and
-``strict`` makes them fail the suite the day the change lands, so that the marker is removed.
+The benchmark client's :func:`autotune.bench.phase.stream_request` and the gate's
+:func:`autotune.gate.requests.complete_greedy` are exercised on a real socket.
 The outer ``asyncio.wait_for`` is only an "it ended at all" bound, never a timing verdict.
 """
 
@@ -135,3 +133,38 @@ def test_a_request_has_a_total_bound_beside_the_no_token_deadline(server: str) -
     assert not record.ok and record.hung
     assert "total bound of 1 s" in (record.error or "")
     assert 0 < len(record.token_times_s) < 100_000
+
+
+def _gate_ask(url: str, max_tokens: int):
+    """The gate's own greedy request (verification and the baseline's reference)."""
+    from autotune.gate.requests import complete_greedy
+
+    async def go():
+        async with httpx.AsyncClient(base_url=url, timeout=None) as client:
+            return await asyncio.wait_for(
+                complete_greedy(
+                    client, "m", "p", max_tokens, dialect=VLLM_DIALECT, deadline_s=TIMEOUT_S
+                ),
+                ENDED_AT_ALL_S,
+            )
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("server", ["runaway"], indirect=True)
+def test_the_gate_ends_a_stream_that_ignores_max_tokens(server: str) -> None:
+    """Verification and the reference are bounded too: a stream past max_tokens (plus its
+    slack) is the config's protocol violation, whatever the gate was asking."""
+    from autotune.client.bounds import PROTOCOL_VIOLATION
+    from autotune.client.stream import StreamError
+
+    with pytest.raises(StreamError, match=f"^{PROTOCOL_VIOLATION}.*max_tokens=8"):
+        _gate_ask(server, 8)
+
+
+@pytest.mark.parametrize("server", ["keepalive"], indirect=True)
+def test_the_gate_ends_a_stream_kept_alive_by_comments(server: str) -> None:
+    from autotune.client.stream import NoTokenWithin
+
+    with pytest.raises(NoTokenWithin):
+        _gate_ask(server, 8)

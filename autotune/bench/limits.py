@@ -2,8 +2,8 @@
 
 * the no-token deadline (``workload.request_timeout_s``,
   :class:`autotune.client.stream.TokenDeadline`): only a token restarts it;
-* the max_tokens cap (:func:`runaway_cap`): a stream past it is the config's protocol failure
-  (:data:`PROTOCOL_VIOLATION`, recorded ``protocol_violation``);
+* the max_tokens cap (``client/bounds.py``, shared with the gate): a stream past it is the
+  config's protocol failure, recorded ``protocol_violation``;
 * the total bound (:func:`request_bound_s`): from the baseline's own end-to-end time, so a
   stream trickling a token just inside every deadline ends too.
 """
@@ -15,9 +15,6 @@ from typing import Any
 
 from autotune import names
 from autotune.bench.tokens import TokenCounter
-
-#: the start of a benchmark error that is the config's protocol failure, not a fault
-PROTOCOL_VIOLATION = "protocol violation"
 
 
 def streamed_tokens(
@@ -32,12 +29,6 @@ def streamed_tokens(
     if counter.available:
         return counter.count("".join(text))
     return len(times) // 4
-
-
-def runaway_cap(max_tokens: int) -> int:
-    """The most tokens a stream may send for ``max_tokens`` before it is ended as a protocol
-    violation: ``max_tokens`` plus a slack of max(8, 10%)."""
-    return max_tokens + max(8, max_tokens // 10)
 
 
 #: a benchmark request may take this many times the baseline's e2e p99 in all: far beyond any

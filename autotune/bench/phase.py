@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 
 from autotune import names
-from autotune.bench.limits import PROTOCOL_VIOLATION, runaway_cap, streamed_tokens
+from autotune.bench.limits import streamed_tokens
 from autotune.bench.tokens import (
     BY_EVENTS,
     BY_IDS,
@@ -51,6 +51,7 @@ from autotune.bench.tokens import (
     NO_TOKENIZER,
     TokenCounter,
 )
+from autotune.client.bounds import PROTOCOL_VIOLATION, runaway_cap
 from autotune.client.choice import token_ids
 from autotune.client.send import TRANSPORT_ERRORS, open_raw_stream
 from autotune.client.stream import (

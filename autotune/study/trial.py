@@ -28,11 +28,12 @@ import optuna
 from autotune import _proc, names
 from autotune._proc import free_port
 from autotune.bench.host import HostSampler, visible_gpus
-from autotune.bench.limits import PROTOCOL_VIOLATION, request_bound_s
+from autotune.bench.limits import request_bound_s
 from autotune.bench.loadcurve import record_curve, run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
 from autotune.bench.tokens import TokenCounter, not_own_counts, uncountable_detail
 from autotune.bench.traps import trial_traps
+from autotune.client.bounds import PROTOCOL_VIOLATION
 from autotune.client.http import build_client, connections_for, transport_retries
 from autotune.client.stream import NoTokenWithin, StreamError
 from autotune.engines.base import Engine
@@ -352,10 +353,12 @@ class TrialRunner:
             # request still queued behind it.
             if not server.alive():
                 raise server.failure("server_crashed", f"server died: {exc}") from None
-            raise server.failure("hang", str(exc)) from None
+            raise CandidateError("hang", str(exc)) from None  # the config's, never a retry
         except StreamError as exc:
             if not server.alive():
                 raise server.failure("server_crashed", f"server died: {exc}") from None
+            if str(exc).startswith(PROTOCOL_VIOLATION):  # streamed past max_tokens
+                raise CandidateError("protocol_violation", f"verification: {exc}") from None
             raise server.failure("request_errors", f"verification: {exc}") from None
         except (httpx.TransportError, httpx.HTTPStatusError) as exc:
             if not server.alive():
