@@ -46,3 +46,8 @@ def request_bound_s(baseline: Any, request_timeout_s: float) -> float | None:
     if not e2e_ms:
         return None
     return max(2 * request_timeout_s, REQUEST_BOUND_FACTOR * e2e_ms / 1000.0)
+
+
+#: a benchmark may lose at most this share of its requests (a rare dropped connection) and
+#: still be scored, in a trial and in ``bench --url``; more is ``request_errors``
+MAX_FAILED_FRACTION = 0.02

@@ -24,6 +24,7 @@ import httpx
 
 from autotune import names
 from autotune.bench.host import HostSampler
+from autotune.bench.limits import MAX_FAILED_FRACTION
 from autotune.bench.loadcurve import run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
 from autotune.bench.tokens import TokenCounter, cross_check, suspect_line
@@ -48,9 +49,6 @@ from autotune.server.metrics import MetricsMap, ServerMetricsRecorder
 from autotune.spec.model import StudySpec, WorkloadSpec
 from autotune.spec.workload import describe, reference_requests
 from autotune.storage import load_study
-
-#: a benchmark with more failed requests than this fraction is reported failed (as a trial)
-MAX_FAILED_FRACTION = 0.02
 
 
 @dataclass

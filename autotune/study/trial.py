@@ -31,7 +31,7 @@ from autotune.bench.host import HostSampler, visible_gpus
 from autotune.bench.limits import request_bound_s
 from autotune.bench.loadcurve import record_curve, run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
-from autotune.bench.tokens import TokenCounter, not_own_counts, uncountable_detail
+from autotune.bench.tokens import TokenCounter, uncountable_detail
 from autotune.bench.traps import trial_traps
 from autotune.client.bounds import PROTOCOL_VIOLATION
 from autotune.client.http import build_client, connections_for, transport_retries
@@ -54,6 +54,7 @@ from autotune.space.settings import ServerSettings
 from autotune.spec.model import StudySpec
 from autotune.spec.workload import reference_requests
 from autotune.study.cleanup import reclaim, trial_dead_reason, worker_record
+from autotune.study.outcome import bench_failure
 from autotune.study.record import (
     TrialOutcome,
     record_duplicate,
@@ -68,8 +69,6 @@ from autotune.study.results import verified_baseline
 from autotune.study.termination import interrupted_detail
 
 HOST = "127.0.0.1"
-#: a benchmark with more failed requests than this fraction fails the trial
-MAX_FAILED_FRACTION = 0.02
 #: seconds between two looks at a trial this worker waits for (the baseline, a duplicate)
 HOLDER_POLL_S = 1.0
 
@@ -498,43 +497,9 @@ class TrialRunner:
             trial.set_user_attr(names.HOST, (await asyncio.to_thread(host.stop)).to_dict())
         trial.set_user_attr(names.BENCH, bench_summary(bench))
         record_curve(trial, bench)
-        not_own = not_own_counts(bench.counts)
-        if not_own:
-            # a speed from the server's usage (or its events) is never scored: the objective
-            # is autotune's own count or nothing
-            raise CandidateError(
-                "uncountable",
-                f"{sum(not_own.values())} answers counted by {sorted(not_own)}: "
-                + uncountable_detail(self.ctx.token_counter.unavailable),
-            )
-        if bench.hang:
-            if not server.alive():
-                raise server.failure("server_crashed", f"server died: {bench.hang}")
-            # alive and silent: the config's fault, never re-read from the log as infrastructure
-            raise CandidateError("hang", bench.hang, evidence={"log_tail": server.log_tail()})
-        if bench.failed_requests:
-            fraction = bench.failed_requests / max(1, bench.total_requests)
-            if not server.alive():
-                raise server.failure(
-                    "server_crashed",
-                    f"server died during the benchmark ({bench.failed_requests} requests failed)",
-                )
-            # one stream past max_tokens is the config's fault whatever the fraction: the
-            # server does not do what it was asked, and its figures count tokens never asked for
-            broken = [e for e in bench.errors if (e or "").startswith(PROTOCOL_VIOLATION)]
-            if broken:
-                raise CandidateError(
-                    "protocol_violation",
-                    f"{len(broken)} of {bench.total_requests} requests: {broken[0]}",
-                    evidence={"log_tail": server.log_tail(), "errors": broken[:5]},
-                )
-            if fraction > MAX_FAILED_FRACTION:
-                hung = all((e or "").startswith("hang") for e in bench.errors)
-                raise server.failure(
-                    "hang" if hung else "request_errors",
-                    f"{bench.failed_requests} of {bench.total_requests} "
-                    f"requests failed: {bench.errors[0]}",
-                )
+        failure = bench_failure(bench, server, self.ctx.token_counter)
+        if failure is not None:
+            raise failure
         return bench
 
     def _check_under_load(
