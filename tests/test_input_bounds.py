@@ -193,3 +193,12 @@ def test_file_growing_past_the_bound_while_read_is_refused(tmp_path: Path) -> No
     assert read_bounded(path, what="x", limit=100) == b"a" * 100
     with pytest.raises(SpecError, match="larger than"):
         read_bounded(path, what="x", limit=99)
+
+
+def test_compare_refuses_an_oversized_argument_unparsed(tmp_path: Path) -> None:
+    """`compare` reads its arguments (specs or exported configs) under the same bound."""
+    path = write(tmp_path)
+    body = path.read_text()
+    path.write_text(body + "#" * (MAX_YAML_BYTES + 1 - len(body.encode())) + "\n")
+    line = assert_bad_input(invoke("compare", str(path), str(path)), tmp_path, str(path))
+    assert "1 MiB" in line

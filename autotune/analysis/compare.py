@@ -25,7 +25,9 @@ from typing import Any
 import yaml
 
 from autotune import names
-from autotune.analysis.confirm import gain_with_ci, t975
+from autotune._files import MAX_YAML_BYTES, read_bounded
+from autotune._stats import positive_interval
+from autotune.analysis.confirm import gain_with_ci
 from autotune.analysis.remeasure import Variant, measure_variants
 from autotune.engines import build_engine
 from autotune.engines.base import EXPORT_API_KEY
@@ -117,7 +119,9 @@ def kind_of(arg: str) -> str:
     path = Path(arg)
     if not path.is_file():
         raise SpecError("not a file, nor NAME@URL (a study name and its storage URL)", key=arg)
-    text = path.read_text(encoding="utf-8", errors="replace")
+    # a regular file under the bound, as every input: never a device, a FIFO or 50 MB of YAML
+    raw = read_bounded(path, what="compare argument", limit=MAX_YAML_BYTES, key=arg)
+    text = raw.decode("utf-8", errors="replace")
     if text.startswith("# autotune export"):
         return "config"
     try:
@@ -219,11 +223,12 @@ def _side(ref: StudyRef) -> StudySide:
 
 
 def _stat(values: list[float]) -> MetricStat:
+    """Median and 95% interval of a metric's samples; every metric is a rate or a latency, so
+    the interval is the log-scale one (``_stats.positive_interval``): never below zero."""
     ci = None
     if len(values) >= 2:
-        mean = statistics.fmean(values)
-        half = t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-        ci = (mean - half, mean + half)
+        interval = positive_interval(values)
+        ci = (interval.low, interval.high)
     return MetricStat(tuple(values), statistics.median(values), ci)
 
 
