@@ -165,3 +165,29 @@ def test_the_same_trial_on_a_quiet_machine_is_not_noisy(tmp_path) -> None:
     if host["noisy"]:
         pytest.skip(f"other load started during the quiet check: {host['reasons']}")
     assert host["reasons"] == [] and "others_cpu_share" in host
+
+
+def test_every_gpu_is_sampled_when_the_trial_names_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain run on a GPU machine sets no CUDA_VISIBLE_DEVICES: the server may use every GPU,
+    so every GPU is sampled (before, none was, and a busy GPU went unflagged). A UUID names
+    its device as an index does; an empty value names none."""
+    from autotune.bench.host import visible_gpus
+
+    def fake_smi(args: list[str]) -> list[list[str]]:
+        if args[0].startswith("--query-gpu"):
+            return [
+                ["0", "GPU-a", "1980", "1980", "0x0000000000000000", "4", "4", "16", "16"],
+                ["1", "GPU-b", "1980", "1980", "0x0000000000000000", "4", "4", "16", "16"],
+            ]
+        return [["GPU-b", "4242"]]
+
+    monkeypatch.setattr("autotune.bench.host._smi", fake_smi)
+    assert visible_gpus({}) is None
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == ()
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-b, 0"}) == ("GPU-b", "0")
+    every = _trial_like(HostSampler({7}, gpus=visible_gpus({})), seconds=0.1).to_dict()
+    assert set(every["gpu"]["devices"]) == {"0", "1"}
+    assert every["noisy"] is True and any("GPU 1: other processes [4242]" in r
+                                          for r in every["reasons"])  # fmt: skip
+    by_uuid = _trial_like(HostSampler({7}, gpus=("GPU-b",)), seconds=0.1).to_dict()
+    assert set(by_uuid["gpu"]["devices"]) == {"1"}

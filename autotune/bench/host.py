@@ -158,17 +158,21 @@ _GPU_FIELDS = (
 )
 
 
-def gpu_snapshot(gpus: Sequence[int], exclude: set[int]) -> dict[str, Any]:
-    """One look at the trial's GPUs; ``{"available": False, "why": ...}`` where none."""
-    if not gpus:
+def gpu_snapshot(gpus: Sequence[int | str] | None, exclude: set[int]) -> dict[str, Any]:
+    """One look at the trial's GPUs (by index or UUID; None: every GPU of the machine);
+    ``{"available": False, "why": ...}`` where none."""
+    if gpus is not None and not gpus:
         return {"available": False, "why": "no GPUs named for this trial"}
+    named = None if gpus is None else {str(g) for g in gpus}
     rows = _smi([f"--query-gpu={_GPU_FIELDS}"])
     if rows is None:
         return {"available": False, "why": "nvidia-smi not found or failed"}
     apps = _smi(["--query-compute-apps=gpu_uuid,pid"]) or []
     out: dict[str, Any] = {"available": True, "devices": {}}
     for row in rows:
-        if len(row) < 9 or not row[0].isdigit() or int(row[0]) not in gpus:
+        if len(row) < 9 or not row[0].isdigit():
+            continue
+        if named is not None and row[0] not in named and row[1] not in named:
             continue
         others = sorted(
             int(p)
@@ -228,7 +232,7 @@ class HostSampler:
     def __init__(
         self,
         exclude_pids: Callable[[], set[int]] | set[int] | frozenset[int],
-        gpus: Sequence[int] = (),
+        gpus: Sequence[int | str] | None = (),
         interval_s: float = SAMPLE_INTERVAL_S,
     ) -> None:
         if callable(exclude_pids):
@@ -236,7 +240,8 @@ class HostSampler:
         else:
             fixed = set(exclude_pids)
             self._exclude = lambda: fixed
-        self._gpus = tuple(gpus)
+        #: the trial's GPUs (indices or UUIDs); None: every GPU the machine has
+        self._gpus = None if gpus is None else tuple(gpus)
         self._interval = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -248,7 +253,7 @@ class HostSampler:
 
     def _sample(self, cpu: _CpuCounter, snaps: list[dict[str, Any]], count: list[int]) -> None:
         cpu.sample()
-        if self._gpus:
+        if self._gpus is None or self._gpus:
             snaps.append(gpu_snapshot(self._gpus, _tree(set(self._exclude()))))
         count[0] += 1
 
@@ -289,7 +294,7 @@ class HostSampler:
             )
         if steal is not None and steal > STEAL_SHARE_LIMIT:
             reasons.append(f"steal time {steal:.1%} (limit {STEAL_SHARE_LIMIT:.0%})")
-        if self._gpus:
+        if self._gpus is None or self._gpus:
             gpu, gpu_reasons = _gpu_reasons(self._snaps)
             reasons += gpu_reasons
         else:
@@ -337,9 +342,11 @@ def judge_interval_noise(
     )
 
 
-def visible_gpus(env: Mapping[str, str]) -> tuple[int, ...]:
-    """The GPU indices a launch may use, from its ``CUDA_VISIBLE_DEVICES`` (a parallel
-    worker's device set, or the user's); none when it is unset or names devices by UUID."""
-    value = env.get("CUDA_VISIBLE_DEVICES", "")
-    parts = [p.strip() for p in value.split(",") if p.strip()]
-    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else ()
+def visible_gpus(env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The GPUs a launch may use, from its ``CUDA_VISIBLE_DEVICES`` (a parallel worker's
+    device set, or the user's), as indices or UUIDs; None when it is unset: the server may use
+    every GPU the machine has, so every one is sampled (an empty value names none)."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return tuple(p.strip() for p in value.split(",") if p.strip())
