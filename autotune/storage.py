@@ -239,8 +239,9 @@ def dashboard_command(url: str, artifacts: Path, port: int) -> tuple[list[str], 
     return [*argv, "--artifact-dir", str(artifacts)], env
 
 
-def password_off_argv(url: str) -> tuple[str, dict[str, str]]:
-    """``url`` without its password, and the env that carries the password instead."""
+def password_off_argv(url: str, *, who: str = "the dashboard") -> tuple[str, dict[str, str]]:
+    """``url`` without its password, and the env that carries the password instead (``who``
+    names the process that gets it, for the refusal where no env var can carry it)."""
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -255,7 +256,7 @@ def password_off_argv(url: str) -> tuple[str, dict[str, str]]:
         or (var == "MYSQL_PWD" and parsed.get_driver_name() != "mysqldb")
     ):
         raise SpecError(
-            f"--storage: the dashboard cannot be given the password of a "
+            f"--storage: {who} cannot be given the password of a "
             f"{parsed.drivername} URL without putting it on its command line; use a "
             "PostgreSQL URL, or one without a password (e.g. a ~/.pgpass or socket login)"
         )

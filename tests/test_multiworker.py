@@ -508,3 +508,38 @@ def test_worker_seeds_are_distinct_and_within_the_range_run_accepts() -> None:
     seeds = [worker_seed(top - 1, index) for index in range(4)]
     assert seeds == [top - 1, top, 0, 1]
     assert [worker_seed(7, index) for index in range(3)] == [7, 8, 9]
+
+
+@needs_pg
+def test_a_parallel_workers_argv_carries_no_storage_password(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every user of the machine reads a process's argv (ps): a worker gets the storage URL
+    without its password, and the password in PGPASSWORD, as the dashboard does. (The test's
+    PostgreSQL trusts its socket, so a password in the URL is accepted and ignored.)"""
+    from sqlalchemy.engine import make_url
+
+    from autotune.study import parallel
+    from autotune.study.loop import RunOptions
+
+    secret = "s3cret-pw-for-the-test"
+    url = make_url(pg_url).set(password=secret).render_as_string(hide_password=False)
+    token = f"mp{uuid.uuid4().hex[:10]}"
+    spec = write_spec(tmp_path, token=token)
+    started: list[tuple[list[str], dict[str, str]]] = []
+
+    class Stop(Exception):
+        pass
+
+    def popen(argv, **kwargs):
+        started.append((list(argv), dict(kwargs.get("env") or {})))
+        raise Stop
+
+    monkeypatch.setattr(parallel.subprocess, "Popen", popen)
+    options = RunOptions(trials=2, storage_url=url, study_name=token)
+    with contextlib.suppress(Stop):
+        parallel.run_parallel(spec, options, workers=2, plan=DevicePlanSpec(), say=lambda *_: None)
+    assert started, "no worker was started"
+    argv, env = started[0]
+    assert not any(secret in a for a in argv), argv
+    assert env.get("PGPASSWORD") == secret

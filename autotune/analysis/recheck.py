@@ -51,6 +51,7 @@ from autotune.errors import SpecError
 from autotune.spec.load import load_spec
 from autotune.storage import open_storage
 from autotune.study.export import read_record
+from autotune.study.hardware import describe_machine
 
 DEFAULT_MIN_EFFECT = 0.10
 WRONG, SLOWER, BASELINE_BROKEN, OK = "wrong", "slower", "baseline_broken", "ok"
@@ -190,6 +191,7 @@ def run_recheck(
         storage=open_storage(url), study_name=name, directions=spec.objective.directions
     )
     study.set_user_attr(names.SPEC_PATH, str(spec.path))
+    study.set_user_attr(names.MACHINE, describe_machine())  # where the recheck measured
     study.set_user_attr(names.RECHECK_OF, {"file": str(best_path.resolve()), **record})
     baseline_values = spec.space.baseline_values()
     variants = [

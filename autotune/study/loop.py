@@ -236,9 +236,12 @@ def open_study(
     chosen = strategy.record_sampler(study, sampler_name)
     if chosen != first_choice:  # resumed without --sampler: the study's own strategy
         study.sampler = make_sampler(chosen)
+    if created or names.MACHINE not in study.user_attrs:
+        # the report's "hardware"; a study made before this was recorded gets the machine it
+        # resumes on, rather than "not recorded" for ever
+        study.set_user_attr(names.MACHINE, describe_machine())
     if created:
         study.set_user_attr(names.SPEC_PATH, str(spec.path))
-        study.set_user_attr(names.MACHINE, describe_machine())  # the report's "hardware"
         study.set_metric_names(list(spec.objective.metrics))  # `show` reads each one's interval
         # The baseline is trial 0: engine defaults, no patches. It records the reference.
         study.enqueue_trial(

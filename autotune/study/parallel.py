@@ -43,7 +43,7 @@ from autotune.errors import SpecError
 from autotune.spec.load import load_spec
 from autotune.spec.model import StudySpec
 from autotune.spec.workload import check_workload
-from autotune.storage import artifact_dir_for, is_sqlite, resolve_url
+from autotune.storage import artifact_dir_for, is_sqlite, password_off_argv, resolve_url
 from autotune.study.loop import open_study, preflight, roofline_record, storage_url_for
 from autotune.study.termination import terminated_by
 from autotune.study.warm_start import warm_start_from
@@ -421,6 +421,10 @@ def run_parallel(
     log_dir = artifact_dir_for(url, name, options.artifact_dir) / "workers"
     log_dir.mkdir(parents=True, exist_ok=True)
     child_env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="160")
+    # a worker's argv is visible to every user of the machine (ps): the storage URL goes there
+    # without its password, which the worker's database client reads from its env instead
+    worker_url, password_env = password_off_argv(url, who="a --parallel worker")
+    child_env.update(password_env)
 
     running: list[_Worker] = []
     interrupted = False
@@ -432,7 +436,7 @@ def run_parallel(
                 argv = worker_argv(
                     spec_path,
                     trials=share,
-                    storage_url=url,
+                    storage_url=worker_url,
                     study_name=name,
                     env=device.env,
                     seed=seed,
