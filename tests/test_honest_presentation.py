@@ -296,3 +296,26 @@ def test_a_text_only_reference_shows_no_drift_nobody_measured():
     line = reference_line(_reference(with_logprobs))
     assert "logprob tolerance 0.0100 (baseline drift 0.0000)" in line
     assert "compared by token ids" in line
+
+
+def test_the_report_and_show_say_what_the_measurement_was_exposed_to(study_setup, monkeypatch):
+    """The confirmation's host_noise (other work, not the configs, set its interval) is in the
+    report, and a trial's flagged measurement traps are in `show`."""
+    from rich.console import Console
+
+    from autotune.cli import render
+
+    _, url, study = study_setup
+    noise = "host noise, not the configs, decides this interval: 3 of 4 rounds were noisy"
+    study.set_user_attr(names.CONFIRMATION, {**_confirmation(-0.1, 0.8), "host_noise": noise})
+    page = build_report(study, ReportSource(url))
+    assert "id='host-noise'" in page and "3 of 4 rounds were noisy" in page
+
+    trap = "prefix cache hit rate 82% (repeated prompts measured a warm cache)"
+    flagged = verified_trial(names.SEARCH, 20, 120.0, [2, 20, 40])
+    flagged.user_attrs[names.TRAPS] = {"prefix_cache": {"flagged": True}, "flagged": [trap]}
+    study.add_trial(flagged)
+    out = Console(width=250, record=True)
+    monkeypatch.setattr(render, "console", out)
+    render.print_report(url, "honest")
+    assert f"trial 2: {trap}" in out.export_text()

@@ -289,6 +289,8 @@ def measurement_lines(trials: Iterable[Any], best: Iterable[int] = ()) -> list[s
         suspect = trial.user_attrs.get(names.MEASUREMENT_SUSPECT)
         if suspect:
             lines.append(f"trial {trial.number}: {suspect_line(suspect)}")
+        for trap in (trial.user_attrs.get(names.TRAPS) or {}).get("flagged") or ():
+            lines.append(f"trial {trial.number}: {trap}")  # bench/traps.py: warm cache, ...
         shape = trial.user_attrs.get(names.STREAM_SHAPE) or {}
         if shape.get("bursty"):
             lines.append(

@@ -308,6 +308,8 @@ def _confirmation_html(data: dict | None) -> str:
         )
     else:
         verdict = ""
+    if data.get("host_noise"):  # other work on the machine, not the configs, set the interval
+        verdict += f"<div class='warn' id='host-noise'>{esc(data['host_noise'])}</div>"
     return f"<h3>Confirmation</h3>{verdict}{table}"
 
 
