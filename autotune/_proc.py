@@ -215,9 +215,15 @@ def stop_group(
         _signal_all(None, fresh, sig)
         done.update(fresh)
 
+    def finish(survivors: list[int]) -> list[int]:
+        # the last look found none alive, but a tracked process that died since (a vLLM worker
+        # whose engine core went first) is now our zombie: collect it, or it stays for the run
+        _reap(tracked)
+        return survivors
+
     members = members_now()
     if not members:
-        return []
+        return finish([])
     signal_new(members, signal.SIGTERM, termed)
     if pgid is not None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -226,20 +232,20 @@ def stop_group(
     while time.monotonic() < deadline:
         members = members_now()
         if not members:
-            return []
+            return finish([])
         signal_new(members, signal.SIGTERM, termed)  # forked since: they get theirs
         time.sleep(0.05)
     deadline = time.monotonic() + kill_wait_s
     while True:
         members = members_now()
         if not members:
-            return []
+            return finish([])
         signal_new(members, signal.SIGKILL, killed_pids)
         _signal_all(pgid, members, signal.SIGKILL)  # again: a kill may race a fork
         if time.monotonic() >= deadline:
             break
         time.sleep(0.05)
-    return members_now()
+    return finish(members_now())
 
 
 def _reap(tracked: Mapping[int, float | None] | None) -> None:

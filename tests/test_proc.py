@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 import optuna
+import psutil
 from optuna.trial import TrialState
 
 from autotune import _proc, names
@@ -412,3 +413,27 @@ def test_a_retry_of_a_pinned_trial_keeps_its_pin(tmp_path: Path) -> None:
     assert queued.user_attrs[names.PINNED] == {"x": trial.params["x"]}
     assert queued.user_attrs[names.RETRY_OF] == trial.number
     assert queued.user_attrs[names.ROLE] == "retry"
+
+
+def test_no_zombie_of_a_stopped_server_is_left_behind(tmp_path: Path) -> None:
+    """autotune is the subreaper of what it starts: a server's child that outlives its parent
+    is re-parented here, and when it dies it is autotune's zombie. Every process the tracker
+    saw is collected by the end of stop(), whenever it died (before, one that died after the
+    last look stayed a zombie for the rest of the run: one per vLLM worker per trial)."""
+    for round_ in range(3):
+        tag = f"zomb{round_}{uuid.uuid4().hex[:6]}"
+        server = ServerProcess(
+            launch_config(tag, "--spawn-child"), tmp_path / f"{tag}.log", startup_timeout_s=30
+        )
+        try:
+            server.start()
+            asyncio.run(start_ready(server))
+            seen = set(server.descendants_seen())
+            assert seen, "the fake server's child was not seen"
+        finally:
+            server.stop()
+        me = psutil.Process()
+        zombies = {
+            c.pid for c in me.children() if c.pid in seen and c.status() == psutil.STATUS_ZOMBIE
+        }
+        assert not zombies, f"round {round_}: zombies of the stopped server {zombies}"
