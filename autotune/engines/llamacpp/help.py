@@ -22,6 +22,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
+from autotune._proc import run_captured
 from autotune.errors import AutotuneError
 
 #: the column where an entry's help text starts
@@ -226,14 +227,7 @@ def server_help(program: str) -> ServerHelp:
 @functools.lru_cache(maxsize=8)
 def _read_help(path: str, mtime_ns: int) -> ServerHelp:
     try:
-        done = subprocess.run(
-            [path, "--help"],
-            capture_output=True,
-            text=True,
-            timeout=_HELP_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
+        done = run_captured([path, "--help"], _HELP_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise HelpError(f"`{path} --help` failed: {type(exc).__name__}: {exc}") from None
     parsed = parse_help(done.stdout)
