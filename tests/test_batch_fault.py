@@ -145,3 +145,41 @@ def test_prompt_shared_by_check_and_workload_is_judged_at_its_own_length(tmp_pat
         check = trial.user_attrs[names.CHECK]
         assert check["under_load_divergent"] == 0
         assert 0 < check["under_load_checked"] < spec.workload.num_requests
+
+
+LATE_SPACE = """
+parameters:
+  fault:
+    type: categorical
+    choices: [null, wrong_late]
+    baseline: null
+    target: {flag: --fault}
+"""
+
+
+def test_a_server_wrong_only_in_its_last_round_is_caught(tmp_path: Path) -> None:
+    """Right for its first 3 rounds of benchmark requests (a warm-up, then 1 single + 8 load
+    requests a round), wrong from the 4th: a sample of 2 answers would fall in rounds 1 and 3;
+    the check takes one a round at least, so the last round is seen and the trial rejected."""
+    spec_path = write_fake_spec(
+        tmp_path,
+        LATE_SPACE,
+        name="late",
+        args=("--decode-ms", "1", "--fault-after", str(1 + 3 * 9)),
+        workload={"concurrency": 4, "num_requests": 8, "max_tokens": 8, "repeats": 4},
+    )
+    raw = yaml.safe_load(spec_path.read_text())
+    raw["check"]["under_load_sample"] = 2
+    raw["workload"]["warmup_requests"] = 1
+    raw["workload"]["single_requests"] = 1
+    spec_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    study = run_baseline_then(spec_path, {"fault": "wrong_late"})
+    baseline, late = study.trials
+    assert baseline.state == TrialState.COMPLETE, baseline.user_attrs
+    assert late.user_attrs[names.FAIL_REASON] == "incorrect_output", late.user_attrs.get(
+        names.FAIL_DETAIL
+    )
+    check = late.user_attrs[names.CHECK]
+    assert check["passed"] is True  # the quiet check, before the benchmark, was right
+    assert check["under_load_checked"] >= 4  # one a round, not the 2 asked for
+    assert 1 <= check["under_load_divergent"] < check["under_load_checked"]

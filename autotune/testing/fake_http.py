@@ -205,6 +205,11 @@ class FakeServer:
             self._bench_count = getattr(self, "_bench_count", 0) + 1
             if self._bench_count == self.opts.fault_after:
                 return _error(500, "Internal Server Error (injected, once)", "InternalServerError")
+        if fault == "wrong_late" and params.include_usage:
+            # right until the --fault-after-th benchmark request, whitespace from then on
+            self._bench_count = getattr(self, "_bench_count", 0) + 1
+            if self._bench_count > self.opts.fault_after:
+                self.scheduler.wrong_from = 0
         if fault == "healthy_but_broken":
             return _error(
                 500,

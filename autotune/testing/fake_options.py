@@ -38,6 +38,7 @@ FAULTS = (
     "no_metrics",
     "stale_keepalive",
     "one_500_in_bench",
+    "wrong_late",
 )
 #: which response fields the server speaks: vLLM's (token ids, prompt_logprobs), the plain
 #: OpenAI completions API (text, logprobs, echo), llama.cpp's llama-server's (logprobs in the

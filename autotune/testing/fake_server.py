@@ -80,6 +80,9 @@ Faults (``--fault NAME`` or env ``FAKE_FAULT``), each mimicking a failure real e
 * ``no_metrics``: ``/metrics`` answers 404, as a server without Prometheus metrics.
 * ``one_500_in_bench``: the ``--fault-after``-th benchmark request (streamed with
   ``stream_options.include_usage``) answers 500, once; every other request is served.
+* ``wrong_late``: right for its first ``--fault-after`` benchmark requests (streamed with
+  ``stream_options.include_usage``), then every token is wrong (whitespace, as ``wrong_text``):
+  a server that goes wrong in a late benchmark round, which only a sample of every round sees.
 * ``stale_keepalive``: llama.cpp's llama-server's connections: every answer advertises
   ``Keep-Alive``, but a connection that carried a streamed answer is closed when the next
   request arrives on it, unanswered (a client that pools connections loses that request).
