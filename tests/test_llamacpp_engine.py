@@ -595,3 +595,19 @@ def test_the_help_fixture_is_what_this_build_says() -> None:
     if binary.version_line(REAL) != captured:
         pytest.skip(f"{REAL} is not the captured build ({captured}): recapture the fixtures")
     assert server_help(REAL) == HELP
+
+
+def test_the_report_names_a_llamacpp_studys_model(tmp_path: Path) -> None:
+    """The report's model line comes from the spec, whatever flag the engine spells it with
+    (llama-server takes -m): before, a llama.cpp study was "model unknown"."""
+    import optuna
+
+    from autotune import names
+    from autotune.report.html import build_report
+    from autotune.study.results import ReportSource
+
+    path = llama_spec(tmp_path, SPACE_OK)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'r.db'}", study_name="r")
+    study.set_user_attr(names.SPEC_PATH, str(path))
+    page = build_report(study, ReportSource(f"sqlite:///{tmp_path / 'r.db'}"))
+    assert f"<th>model</th><td>{tmp_path / 'model.gguf'} (served as smol)</td>" in page

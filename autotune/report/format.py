@@ -69,16 +69,19 @@ def row_of(report: StudyReport, number: int) -> TrialRow:
     return next(r for r in report.rows if r.number == number)
 
 
-def model_of(trials: list[FrozenTrial], source: ReportSource) -> str:
-    for trial in trials:
-        argv = (trial.user_attrs.get(names.SERVER) or {}).get("argv") or []
-        for flag in ("--model", "--served-model-name"):
-            if flag in argv and argv.index(flag) + 1 < len(argv):
-                return str(argv[argv.index(flag) + 1])
-        for i, word in enumerate(argv[:-1]):
-            if word in ("serve",) and not argv[i + 1].startswith("-"):
-                return str(argv[i + 1])
-    return "unknown (no trial started a server)"
+def model_of(spec_path: str | None) -> str:
+    """The model the study tuned, as its spec names it (``model.path``, and the name it was
+    served under): every engine spells its model flag its own way (``--model``, ``-m``), the
+    spec once."""
+    if not spec_path:
+        return "unknown (the study records no spec)"
+    try:
+        model = load_spec(Path(spec_path)).model
+    except (AutotuneError, OSError):
+        return f"unknown (the spec {spec_path} no longer loads)"
+    if model.served_name and model.served_name != model.path:
+        return f"{model.path} (served as {model.served_name})"
+    return model.path
 
 
 def engine_of(trials: list[FrozenTrial], report: StudyReport, source: ReportSource) -> str:

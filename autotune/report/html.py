@@ -184,7 +184,7 @@ def _header(
         f"{m} ({d})" for m, d in zip(report.metric_names, report.directions, strict=False)
     )
     rows = [
-        ("model", model_of(trials, source)),
+        ("model", model_of(source.spec_path or report.attrs.get(names.SPEC_PATH))),
         ("engine", engine_of(trials, report, source)),
         ("objective", objective or ", ".join(report.directions)),
         ("hardware", hardware),
