@@ -207,3 +207,19 @@ def test_the_report_shows_a_trials_flagged_traps(tmp_path) -> None:
     )
     page = build_report(study, ReportSource(url))
     assert "measurement traps" in page and "prefix cache hit 90%" in page
+
+
+def test_every_vllm_launch_asks_for_its_cudagraph_table(tmp_path) -> None:
+    """The eager-batch trap reads vLLM's CUDA-graph table from the log: a launch without
+    --cudagraph-metrics never prints it, and the trap could never fire."""
+    from autotune.engines.vllm.engine import VllmEngine
+    from autotune.space.settings import ServerSettings
+    from autotune.spec.model import EngineSpec, ModelSpec
+
+    engine = VllmEngine(
+        EngineSpec(kind="vllm", command=VllmEngine.default_command),
+        ModelSpec(path=str(tmp_path), served_name="m"),
+    )
+    launch = engine.build_launch(ServerSettings(), host="127.0.0.1", port=1, api_key="k" * 32)
+    assert "--cudagraph-metrics" in launch.argv
+    assert "cudagraph-metrics" not in engine.export_config(ServerSettings())

@@ -66,6 +66,9 @@ class VllmEngine(Engine):
             host,
             "--port",
             str(port),
+            # its CUDA-graph table is the evidence of batches run eagerly, outside the captured
+            # sizes (bench/traps.py eager_batches); observability only, never exported
+            "--cudagraph-metrics",
         ]
         if model.tokenizer:
             argv += ["--tokenizer", model.tokenizer]
