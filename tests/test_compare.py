@@ -98,3 +98,22 @@ def test_compare_intervals_of_positive_figures_never_go_below_zero() -> None:
     low, high = stat.ci
     assert 0 < low < 120.0 and high > 3300.0
     assert stat.median == 150.0
+
+
+def test_two_studies_under_different_workloads_claim_no_gain() -> None:
+    """Two engines on one model compare only under one load: studies whose pinned workloads
+    differ get their figures side by side and a note, never a gain; the same workload does."""
+    from autotune.analysis.compare import StudyRef, StudySide, _workload_notes
+
+    def side(workload: dict | None) -> StudySide:
+        ref = StudyRef("x", "sqlite://", "x")
+        return StudySide(
+            ref, 0, {}, {}, {}, ("output_tokens_per_s",), ("maximize",), None, workload
+        )
+
+    four = {"hash": "a" * 64, "source": "inline"}
+    eight = {"hash": "b" * 64, "source": "inline"}
+    assert _workload_notes(side(four), side(four)) == ()
+    (note,) = _workload_notes(side(four), side(eight))
+    assert "different workloads" in note and "no gain is claimed" in note
+    assert "no workload" in _workload_notes(side(None), side(four))[0]

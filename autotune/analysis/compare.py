@@ -16,6 +16,7 @@ interval on the log ratio: real when the interval excludes zero.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from autotune.analysis.confirm import gain_with_ci
 from autotune.analysis.remeasure import Variant, measure_variants
 from autotune.engines import build_engine
 from autotune.engines.base import EXPORT_API_KEY
-from autotune.errors import SpecError
+from autotune.errors import AutotuneError, SpecError
 from autotune.spec.load import load_spec
 from autotune.spec.model import StudySpec
 from autotune.storage import check_study_name, load_study, resolve_url, sqlite_file
@@ -69,6 +70,10 @@ class StudySide:
     verdicts: dict[str, int]
     objective: tuple[str, ...]
     directions: tuple[str, ...]
+    #: the engine and its version the study ran (two engines compare on one model too)
+    engine: str | None = None
+    #: the study's pinned workload (``names.WORKLOAD``: its hash and source), if recorded
+    workload: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,8 @@ class StudyComparison:
     metric: str | None
     gain: float | None
     gain_ci: tuple[float, float] | None
+    #: what the reader must know before reading a gain (e.g. two different workloads)
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -163,8 +170,10 @@ def compare_studies(a: str, b: str) -> StudyComparison:
     changed = tuple(n for n in param_names if side_a.params.get(n) != side_b.params.get(n))
     metric = side_a.objective[0] if side_a.objective else None
     gain, ci = None, None
+    notes = _workload_notes(side_a, side_b)
     if (
-        metric
+        not notes
+        and metric
         and side_b.objective[:1] == (metric,)
         and metric in side_a.metrics
         and metric in side_b.metrics
@@ -178,7 +187,31 @@ def compare_studies(a: str, b: str) -> StudyComparison:
                 gain = math.expm1(
                     sign * (math.log(statistics.median(sb)) - math.log(statistics.median(sa)))
                 )
-    return StudyComparison(side_a, side_b, changed, metric, gain, ci)
+    return StudyComparison(side_a, side_b, changed, metric, gain, ci, notes)
+
+
+def _engine_of(study: Any, version: str | None) -> str | None:
+    """``kind version`` of the engine a study ran (the kind from its spec, where it loads)."""
+    kind = None
+    with contextlib.suppress(AutotuneError, OSError, TypeError, KeyError):
+        kind = load_spec(Path(study.user_attrs[names.SPEC_PATH])).engine.kind
+    return " ".join(p for p in (kind, version) if p) or None
+
+
+def _workload_notes(a: StudySide, b: StudySide) -> tuple[str, ...]:
+    """Why the two sides' figures do not compare: each study pins its workload's hash, and two
+    studies measured under different loads say nothing about which config (or engine) is
+    faster, however far apart their figures are."""
+    hashes = [(side.workload or {}).get("hash") for side in (a, b)]
+    if None in hashes:
+        return ("a study records no workload: its figures may not compare with the other's",)
+    if hashes[0] != hashes[1]:
+        return (
+            f"the studies measured different workloads ({hashes[0][:12]}: "
+            f"{a.workload.get('source')}; {hashes[1][:12]}: {b.workload.get('source')}): "
+            "their figures are shown, but no gain is claimed. Give both specs the same workload",
+        )
+    return ()
 
 
 def _side(ref: StudyRef) -> StudySide:
@@ -197,8 +230,12 @@ def _side(ref: StudyRef) -> StudySide:
             }.items()
         )
     )
+    engine = _engine_of(study, report.engine_version)
+    workload = study.user_attrs.get(names.WORKLOAD)
     if not best:
-        return StudySide(ref, None, {}, {}, verdicts, objective, report.directions)
+        return StudySide(
+            ref, None, {}, {}, verdicts, objective, report.directions, engine, workload
+        )
     winner = best[0]
     params = dict(winner.user_attrs.get(names.PARAMS_RESOLVED) or winner.params)
     same = [
@@ -219,6 +256,8 @@ def _side(ref: StudyRef) -> StudySide:
         verdicts,
         objective,
         report.directions,
+        engine,
+        workload,
     )
 
 

@@ -84,6 +84,7 @@ def _print_studies(c: StudyComparison) -> None:
     table.add_column(f"A: {escape(c.a.ref.label)}", overflow="fold")
     table.add_column(f"B: {escape(c.b.ref.label)}", overflow="fold")
     table.add_row("study", escape(c.a.ref.name), escape(c.b.ref.name))
+    table.add_row("engine", escape(c.a.engine or "-"), escape(c.b.engine or "-"))
     table.add_row("objective", ", ".join(c.a.objective), ", ".join(c.b.objective))
     table.add_row(
         "best trial",
@@ -108,7 +109,9 @@ def _print_studies(c: StudyComparison) -> None:
         )
     console.print(table)
     console.print(f"params that differ: {', '.join(c.changed) or 'none'}")
-    if c.metric:
+    for note in c.notes:
+        console.print(f"[yellow]{escape(note)}[/]")
+    if c.metric and not c.notes:
         console.print(f"{c.metric}: {verdict_line(c)}")
 
 
