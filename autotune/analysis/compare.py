@@ -31,11 +31,12 @@ from autotune._stats import positive_interval
 from autotune.analysis.confirm import gain_with_ci
 from autotune.analysis.remeasure import Variant, measure_variants
 from autotune.engines import build_engine
-from autotune.engines.base import EXPORT_API_KEY
+from autotune.engines.export_files import ExportFormatError, env_path_for
 from autotune.errors import AutotuneError, SpecError
 from autotune.spec.load import load_spec
 from autotune.spec.model import StudySpec
 from autotune.storage import check_study_name, load_study, resolve_url, sqlite_file
+from autotune.study.export import render_files
 from autotune.study.loop import RunOptions, open_study, run_study, storage_url_for
 from autotune.study.results import (
     ReportSource,
@@ -275,18 +276,13 @@ def _stat(values: list[float]) -> MetricStat:
 
 
 def config_values(spec: StudySpec, path: Path) -> dict[str, Any]:
-    """The search-space values whose export is exactly the config in ``path`` (its YAML and
-    the ``.env`` beside it). SpecError naming the file and the key that has no match."""
+    """The search-space values whose export is exactly the config in ``path`` (its main file
+    and the ``.env`` beside it, read by the engine that wrote them). SpecError naming the file
+    and the key that has no match."""
 
     engine = build_engine(spec)
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise SpecError(f"cannot read the config: {exc}".splitlines()[0], file=str(path)) from None
-    if not isinstance(config, dict):
-        raise SpecError("not a mapping of engine options", file=str(path))
-    env = _read_env(path.with_suffix(".env"))
-    target = (config, env)
+    target = _read_export(engine, path)
+    config, env = target
     values: dict[str, Any] = {}
     for param in spec.space.parameters:
         if not spec.space.is_active(param, values):
@@ -295,7 +291,7 @@ def config_values(spec: StudySpec, path: Path) -> dict[str, Any]:
         if param.type == "bool":
             candidates = [True, False]
         elif not candidates:
-            candidates = _numbers_at(param, config, env)
+            candidates = _numbers_at(engine, param, config, env)
         chosen = _MISSING
         best_size = -1
         for candidate in candidates:
@@ -306,10 +302,12 @@ def config_values(spec: StudySpec, path: Path) -> dict[str, Any]:
             values[param.name] = chosen
     if _exported(spec, engine, values) != target:
         config_now, env_now = _exported(spec, engine, values)
-        key = next(
-            (k for k in config if config_now.get(k) != config[k]),
-            next((f"env {k}" for k in env if env_now.get(k) != env[k]), None),
-        ) or next((k for k in config_now if k not in config), "?")
+        key = (
+            next((k for k in config if config_now.get(k, _MISSING) != config[k]), None)
+            or next((f"env {k}" for k in env if env_now.get(k, _MISSING) != env[k]), None)
+            or next((k for k in config_now if k not in config), None)
+            or next((f"env {k}" for k in env_now if k not in env), "?")
+        )
         raise SpecError(
             "this config is not one of the spec's search space (or was exported for another "
             f"spec): no parameter value gives {key!r} as written",
@@ -320,17 +318,31 @@ def config_values(spec: StudySpec, path: Path) -> dict[str, Any]:
 
 
 _MISSING = object()
+#: where ``compare`` renders an export it matches against: the name only shapes the text
+#: (a script names its .env), which the engine's reading leaves out
+_RENDERED = Path("compare.export")
+
+
+def _read_export(engine: Any, path: Path) -> tuple[dict, dict]:
+    """The export at ``path`` and its ``.env`` (none: no variables), as the engine reads it."""
+    env_path = env_path_for(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        env_text = env_path.read_text(encoding="utf-8") if env_path.is_file() else ""
+        exported = engine.parse_export(text, env_text)
+    except OSError as exc:
+        raise SpecError(f"cannot read the config: {exc}".splitlines()[0], file=str(path)) from None
+    except ExportFormatError as exc:
+        raise SpecError(str(exc), file=str(path)) from None
+    return exported.config, exported.env
 
 
 def _exported(spec: StudySpec, engine: Any, values: dict[str, Any]) -> tuple[dict, dict]:
-    """What ``export.export_values`` writes for ``values``: the config and the .env file."""
-
-    settings = spec.space.resolve(values)
-    env = {k: v.replace("{api_key}", EXPORT_API_KEY) for k, v in spec.engine.env.items()}
-    env.update(settings.env)
-    env.update(engine.patch_env(settings))
-    config = yaml.safe_load(yaml.safe_dump(engine.export_config(settings), sort_keys=False))
-    return config, {k: str(v) for k, v in env.items()}
+    """What ``export.export_values`` writes for ``values``, read back as :func:`_read_export`
+    reads the files."""
+    files = render_files(spec, engine, values, _RENDERED)
+    exported = engine.parse_export(files.body, files.env_text)
+    return exported.config, exported.env
 
 
 def _footprint(spec: StudySpec, engine: Any, values: dict[str, Any]) -> tuple[dict, dict]:
@@ -362,12 +374,14 @@ def _size(footprint: tuple[dict, dict]) -> int:
     return sum(len(p) for p in footprint)
 
 
-def _numbers_at(param: Any, config: dict, env: dict) -> list[Any]:
-    """An int/float/int_list parameter's value as written at its target."""
+def _numbers_at(engine: Any, param: Any, config: dict, env: dict) -> list[Any]:
+    """An int/float/int_list parameter's value as written at its target (a flag where the
+    engine's export writes it: a config key, or an environment variable)."""
     target = param.target
     raw: Any = _MISSING
     if target.kind == "flag":
-        raw = config.get(target.name.lstrip("-"), _MISSING)
+        part, key = engine.exported_at(target.name)
+        raw = (config if part == "config" else env).get(key, _MISSING)
     elif target.kind == "env":
         raw = env.get(target.name, _MISSING)
     elif target.kind == "json":
@@ -383,17 +397,6 @@ def _numbers_at(param: Any, config: dict, env: dict) -> list[Any]:
         return [int(raw) if param.type == "int" else float(raw)]
     except (TypeError, ValueError):
         return []
-
-
-def _read_env(path: Path) -> dict[str, str]:
-    if not path.is_file():
-        return {}
-    env = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if "=" in line and not line.lstrip().startswith("#"):
-            k, v = line.split("=", 1)
-            env[k.strip()] = v.replace("${API_KEY}", EXPORT_API_KEY)
-    return env
 
 
 def compare_configs(

@@ -32,7 +32,7 @@ def ablate(
     ] = None,
     output: Annotated[
         Path | None,
-        typer.Option("-o", "--output", help="Write the minimal config as YAML (like export)."),
+        typer.Option("-o", "--output", help="Write the minimal config as export does."),
     ] = None,
     min_effect: Annotated[
         float,

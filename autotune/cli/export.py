@@ -17,16 +17,22 @@ from autotune.cli.options import (
 )
 from autotune.errors import AutotuneError
 from autotune.storage import load_study
-from autotune.study.export import export_best
+from autotune.study.export import default_output, export_best
 
 
 def export(
     spec: SpecOpt = DEFAULT_SPEC,
     study: StudyOpt = None,
     storage: StorageOpt = None,
-    output: Annotated[Path, typer.Option("-o", "--output", help="YAML file to write.")] = Path(
-        "best.yaml"
-    ),
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "-o",
+            "--output",
+            help="File to write, with its .env beside it (default: best.yaml, a config file, "
+            "for vLLM and the command engine; best.sh, a launch script, for llama.cpp).",
+        ),
+    ] = None,
     pareto: Annotated[
         bool, typer.Option("--pareto", help="Export the whole Pareto front.")
     ] = False,
@@ -40,12 +46,17 @@ def export(
         ),
     ] = False,
 ) -> None:
-    """Write the best verified config as YAML for `vllm serve --config FILE`."""
+    """Write the best verified config in the engine's own terms: a YAML file for `vllm serve
+    --config FILE`, a launch script for llama.cpp's llama-server; a .env file beside it."""
     try:
         study_spec, url, name = open_spec(spec, study, storage)
         loaded = load_study(url, name)
         results = export_best(
-            study_spec, loaded, output, pareto=pareto, require_confirmed=not allow_unconfirmed
+            study_spec,
+            loaded,
+            output or default_output(study_spec),
+            pareto=pareto,
+            require_confirmed=not allow_unconfirmed,
         )
     except AutotuneError as exc:
         raise fail(exc) from None

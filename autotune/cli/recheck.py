@@ -17,7 +17,7 @@ from autotune.errors import AutotuneError
 
 
 def recheck(
-    best: Annotated[Path, typer.Argument(help="A YAML written by `autotune export`.")],
+    best: Annotated[Path, typer.Argument(help="A file written by `autotune export`.")],
     spec: Annotated[
         Path | None,
         typer.Option("--spec", help="Study spec (default: the one recorded at export)."),

@@ -15,19 +15,24 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.engines.dialect import OPENAI, RequestDialect
+from autotune.engines.export_files import EXPORT_API_KEY as EXPORT_API_KEY  # its old home
+from autotune.engines.export_files import (
+    ExportedSettings,
+    ExportFiles,
+    env_file_text,
+    read_yaml_export,
+    yaml_body,
+)
 from autotune.patching import FAILED_MARKER, PATCH_DIRS_ENV, PATCHES_ENV
 from autotune.space.settings import ServerSettings
 
 if TYPE_CHECKING:
     from autotune.space.model import SearchSpace
     from autotune.spec.model import EngineSpec, ModelSpec
-
-#: the API key as an exported config spells it: a shell variable the user sets, never the
-#: per-trial key (``autotune export`` writes it; ``compare`` and ``recheck`` read it back)
-EXPORT_API_KEY = "$API_KEY"
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,8 @@ class Engine(abc.ABC):
     own_env: Mapping[str, str] = {}
     #: what to do when :meth:`version` says "not installed" (the preflight's message)
     install_hint: str = ""
+    #: the suffix of the file ``autotune export`` writes when no ``-o`` names one
+    export_suffix: str = ".yaml"
 
     @classmethod
     def command_problem(cls, command: Sequence[str]) -> str | None:
@@ -287,6 +294,36 @@ class Engine(abc.ABC):
     def launch_command(self, settings: ServerSettings, config_file: str) -> list[str]:
         """The command a user runs to start the exported config."""
         return [*self.engine_spec.command, "--config", config_file]
+
+    def render_export(
+        self, settings: ServerSettings, env: Mapping[str, str], out: Path
+    ) -> ExportFiles:
+        """The files ``autotune export`` writes to ``out`` (and its ``.env``) for ``settings``,
+        in this engine's own terms; ``env`` is what the server's environment needs (the spec's,
+        the trial's, the patch selection). Default: :meth:`export_config` as a YAML config
+        file, the env as ``NAME=value`` lines, :meth:`launch_command` to start it."""
+        config = self.export_config(settings)
+        return ExportFiles(
+            body=yaml_body(config),
+            config=config,
+            env=dict(env),
+            env_text=env_file_text(env),
+            command=self.launch_command(settings, str(out)),
+            launch_env=dict(env),
+        )
+
+    def parse_export(self, text: str, env_text: str) -> ExportedSettings:
+        """An export's main file (header and all) and its ``.env`` text read back, as
+        ``autotune compare`` matches them: the same settings always read back the same from
+        what :meth:`render_export` writes. Raises ``ExportFormatError`` (a ValueError) for a
+        text this engine's export does not write."""
+        return read_yaml_export(text, env_text)
+
+    def exported_at(self, flag: str) -> tuple[str, str]:
+        """Where an export holds ``flag``'s value, as :meth:`parse_export` reads it back:
+        ``("config", key)`` or ``("env", variable)``. Default: the config key, the flag
+        without its dashes."""
+        return ("config", flag.lstrip("-"))
 
     def profiler(self, trace_dir: Any) -> Any:
         """How to profile this engine's server into ``trace_dir`` (``autotune profile``): an

@@ -1,29 +1,32 @@
-"""Write the best correct configuration as a config file the engine itself accepts.
+"""Write the best correct configuration in the engine's own terms.
 
-For vLLM that is a YAML file for ``vllm serve --config FILE`` (keys are long flag names, JSON
-flags nested mappings). Environment variables and patches cannot live in that file, so they are
-written as comments at its top, with the exact launch command, and as a ``.env`` file beside it.
-Only verified, feasible trials are ever exported (``report.best_trials``).
+The main file is autotune's ``#`` header (the verdict, the measurements, the environment, the
+``# autotune-record:`` line that ``autotune recheck`` reads back, the launch command) and a body
+the engine renders (``Engine.render_export``), with a ``.env`` file beside it. For vLLM the body
+is a YAML file for ``vllm serve --config FILE`` (keys are long flag names, JSON flags nested
+mappings) and the ``.env`` holds what cannot live in it; for llama.cpp, whose server reads no
+config file, the body is a shell script that starts it and the ``.env`` holds its flags as its
+own environment variables. Only verified, feasible trials are ever exported
+(``report.best_trials``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 
 from autotune import names
 from autotune._files import write_files_atomically
 from autotune.bench.tokens import suspect_line
 from autotune.engines import build_engine
-from autotune.engines.base import EXPORT_API_KEY
+from autotune.engines.base import EXPORT_API_KEY, Engine
+from autotune.engines.export_files import ExportFiles, bash_word, env_path_for
 from autotune.errors import SpecError
 from autotune.gate.reference import describe_checks
 from autotune.spec.model import StudySpec
@@ -37,42 +40,9 @@ from autotune.study.results import (
     verified_baseline,
 )
 
-#: where the API key goes in an exported launch: the user's shell expands it
 #: the header line of every exported file that ``autotune recheck`` reads back
 RECORD_PREFIX = "# autotune-record: "
 RECORD_VERSION = 1
-
-
-def _shell_word(text: str) -> str:
-    """``text`` quoted for a POSIX shell, except ``$API_KEY``, left to expand (in double
-    quotes): ``Bearer $API_KEY`` -> ``'Bearer '"$API_KEY"``, one word once expanded."""
-    if EXPORT_API_KEY not in text:
-        return _quote(text)
-    return f'"{EXPORT_API_KEY}"'.join(
-        _quote(part) if part else "" for part in text.split(EXPORT_API_KEY)
-    )
-
-
-def _quote(text: str) -> str:
-    """``shlex.quote``, on one line: a word with a line break or another character that is not
-    printable (``python -c`` with a two-line script, a choice written ``"a\\nb"``) is written
-    ``$'...'`` with that character escaped. shlex kept the line break, which ended the header's
-    ``#`` comment: the rest of the word was read as YAML (a broken file, or a stray key)."""
-    if all(c == " " or c.isprintable() for c in text):
-        return shlex.quote(text)
-    return "$'" + "".join(_escaped(c) for c in text) + "'"
-
-
-def _escaped(char: str) -> str:
-    """One character inside ``$'...'`` (bash, zsh, ksh, POSIX 2024): ``\\xHH`` is a byte, so
-    characters past ASCII are ``\\uHHHH`` (UTF-8 in a UTF-8 locale)."""
-    if char in "\\'":
-        return "\\" + char
-    if char == " " or char.isprintable():
-        return char
-    if ord(char) < 128:
-        return f"\\x{ord(char):02x}"
-    return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}"
 
 
 @dataclass(frozen=True)
@@ -198,12 +168,7 @@ def export_values(
     The header's ``# autotune-record:`` line is what ``autotune recheck`` reads back."""
     engine = build_engine(spec)
     settings = spec.space.resolve(values)
-    config = engine.export_config(settings)
-    # A spec's ``{api_key}`` (command engine env) is the user's own key at launch time.
-    env = {k: v.replace("{api_key}", EXPORT_API_KEY) for k, v in spec.engine.env.items()}
-    env.update(settings.env)
-    env.update(engine.patch_env(settings))
-    command = engine.launch_command(settings, str(out))
+    files = render_files(spec, engine, values, out)
     metrics = metrics or {}
     header = [f"# autotune export: study {spec.name}, {title}", *notes]
     if verified:
@@ -211,9 +176,9 @@ def export_values(
     for name in spec.objective.metrics:
         if name in metrics:
             header.append(f"#   {name}: {metrics[name]}")
-    if env:
+    if files.env:
         header.append("# Environment this config needs (also in the .env file beside it):")
-        header += [f"#   {k}={v}" for k, v in env.items()]
+        header += [f"#   {k}={v}" for k, v in files.env.items()]
     if settings.patches:
         header.append(f"# Patches (applied by autotune's vLLM plugin): {dict(settings.patches)}")
     header.append(
@@ -229,21 +194,39 @@ def export_values(
         )
     )
     header.append("# Launch:")
-    words = [f"{k}={_shell_word(v)}" for k, v in env.items()] + [_shell_word(c) for c in command]
-    header.append("#   " + " ".join(words))
-    text = "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False)
+    words = [f"{k}={bash_word(v)}" for k, v in files.launch_env.items()]
+    header.append("#   " + " ".join(words + [bash_word(c) for c in files.command]))
+    text = "\n".join(header) + "\n" + files.body
     # The config and its .env are one export: both are written, or neither. A config that
     # needs no environment still gets its (empty) .env, so an older export's .env never
     # stands beside it as if it belonged to it.
-    env_path = out.with_suffix(".env")
-    env_text = "".join(f"{k}={v.replace(EXPORT_API_KEY, '${API_KEY}')}\n" for k, v in env.items())
-    write_files_atomically(
-        {out: text, env_path: env_text or "# this configuration needs no environment variables\n"},
-        option="--output",
-    )
+    env_path = env_path_for(out)
+    write_files_atomically({out: text, env_path: files.env_text}, option="--output")
     return ExportResult(
-        path=out, trial_number=number, config=config, env=env, command=command, env_path=env_path
+        path=out,
+        trial_number=number,
+        config=files.config,
+        env=files.env,
+        command=files.command,
+        env_path=env_path,
     )
+
+
+def render_files(spec: StudySpec, engine: Engine, values: dict[str, Any], out: Path) -> ExportFiles:
+    """What an export of ``values`` to ``out`` holds, in the engine's terms (written by
+    :func:`export_values`, read back against by ``autotune compare``)."""
+    settings = spec.space.resolve(values)
+    # A spec's ``{api_key}`` (command engine env) is the user's own key at launch time.
+    env = {k: v.replace("{api_key}", EXPORT_API_KEY) for k, v in spec.engine.env.items()}
+    env.update(settings.env)
+    env.update(engine.patch_env(settings))
+    return engine.render_export(settings, env, out)
+
+
+def default_output(spec: StudySpec) -> Path:
+    """The file ``autotune export`` writes when no ``-o`` names one: ``best`` with the engine's
+    suffix (``best.yaml`` for a config file, ``best.sh`` for a launch script)."""
+    return Path("best" + build_engine(spec).export_suffix)
 
 
 def export_best(
@@ -345,7 +328,8 @@ def export_best(
         ]
     results = []
     for trial in best:
-        path = out.with_name(f"{out.stem}-trial{trial.number}{out.suffix or '.yaml'}")
+        suffix = out.suffix or build_engine(spec).export_suffix
+        path = out.with_name(f"{out.stem}-trial{trial.number}{suffix}")
         results.append(export_trial(spec, trial, path, baseline_metrics=base_metrics))
     return results
 
@@ -377,14 +361,14 @@ def record_line(
 
 
 def read_record(path: Path) -> dict[str, Any]:
-    """The record of an exported YAML; a :class:`SpecError` (exit 2) naming the file otherwise."""
+    """The record of an exported file; a :class:`SpecError` (exit 2) naming the file otherwise."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror or exc}", file=str(path)) from None
     for line in text.splitlines():
         if not line.startswith("#"):
-            break  # the header ends where the YAML body starts
+            break  # the header ends where the engine's body starts
         if line.startswith(RECORD_PREFIX):
             try:
                 record = json.loads(line[len(RECORD_PREFIX) :])

@@ -6,7 +6,8 @@ Prometheus ``/metrics`` the trial's server-side evidence (``metrics.py``); ``--l
 puts each logged line's level in the log, so a failure is read from the engine's error lines
 only (``logs.py``). The per-trial API key travels in ``LLAMA_API_KEY``, never in argv. The
 binary is found as ``binary.py`` says; every flag is checked against its own ``--help``
-(``help.py``, ``validate.py``).
+(``help.py``, ``validate.py``). Its export is a launch script and the ``LLAMA_ARG_*``
+variables it hands the server (``export.py``).
 
 A flag whose value equals the default the binary's help states is left out of the launch
 (:meth:`LlamaCppEngine.launch_settings`): ``--cont-batching`` is on unless turned off, so a
@@ -18,12 +19,20 @@ with one runs other defaults than its help states, for the baseline as for every
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.engines.base import Engine, LaunchConfig, MetricsMap, ValidationIssue
-from autotune.engines.llamacpp import binary, logs, validate
+from autotune.engines.export_files import (
+    EXPORT_API_KEY,
+    ExportedSettings,
+    ExportFiles,
+    env_path_for,
+)
+from autotune.engines.llamacpp import binary, export, logs, validate
 from autotune.engines.llamacpp.dialect import LLAMACPP_DIALECT
-from autotune.engines.llamacpp.help import HelpError, ServerHelp, server_help
+from autotune.engines.llamacpp.help import HelpError, ServerHelp, canonical, server_help
 from autotune.engines.llamacpp.metrics import LLAMACPP_METRICS
 from autotune.space.settings import ServerSettings
 
@@ -43,6 +52,7 @@ class LlamaCppEngine(Engine):
     key_env = _KEY
     default_command = (binary.PROGRAM,)
     install_hint = binary.INSTALL_HINT
+    export_suffix = ".sh"
     #: llama-server advertises keep-alive but closes the connection after a streamed answer
     reuses_connections = False
     own_flags = {
@@ -171,11 +181,11 @@ class LlamaCppEngine(Engine):
     def server_metrics_map(self) -> MetricsMap:
         return LLAMACPP_METRICS
 
-    # --- export ----------------------------------------------------------------------------
+    # --- export: a launch script and its LLAMA_ARG_* variables (``export.py``) -----------
 
     def export_config(self, settings: ServerSettings) -> dict[str, Any]:
         """The trial's flags as ``{flag without dashes: value}`` (llama-server reads no config
-        file of its own; :meth:`launch_command` is the complete command)."""
+        file of its own; :meth:`render_export` writes what starts it)."""
         config: dict[str, Any] = {}
         for flag, value in self.launch_settings(settings).flags.items():
             if value is None or value is False:
@@ -184,16 +194,65 @@ class LlamaCppEngine(Engine):
         return config
 
     def launch_command(self, settings: ServerSettings, config_file: str) -> list[str]:
-        """The whole command: llama-server takes every setting as a flag (no config file)."""
+        """The exported script, run by ``sh`` (it needs no execute bit)."""
+        return ["sh", config_file]
+
+    def render_export(
+        self, settings: ServerSettings, env: Mapping[str, str], out: Path
+    ) -> ExportFiles:
+        """A ``sh`` script that sources the ``.env`` beside it and starts llama-server, the
+        tuned flags in that ``.env`` as llama-server's own variables (``export.py``)."""
+        found = self._help_or_none()
+        kept = self.launch_settings(settings)
+        variables: dict[str, str] = {}
+        on_line: dict[str, Any] = {}
+        for flag, value in kept.flags.items():
+            if value is None or value is False:
+                continue
+            setting = export.env_setting(found, flag, value, self.engine_spec.args)
+            if setting is None:
+                on_line[flag] = value
+            else:
+                variables[setting[0]] = setting[1]
+        command = list(self.engine_spec.command)
+        command[0] = self.program() or command[0]
         argv = [
-            *self.engine_spec.command,
+            *command,
             "-m",
             self.model_spec.path,
             "--alias",
             self.model_spec.served_name,
+            "--host",
+            export.HOST,
+            "--port",
+            export.PORT,
             *self.engine_spec.args,
+            *ServerSettings(flags=on_line, json_flags=kept.json_flags).flag_argv(),
         ]
-        return argv + self.launch_settings(settings).flag_argv()
+        env_file = env_path_for(out)
+        full_env = {**env, **variables, _KEY: EXPORT_API_KEY}
+        return ExportFiles(
+            body=export.script_body(argv, script=out, env_file=env_file),
+            config=self.export_config(settings),
+            env=full_env,
+            env_text=export.env_text(full_env, out),
+            command=self.launch_command(settings, str(out)),
+        )
+
+    def parse_export(self, text: str, env_text: str) -> ExportedSettings:
+        return export.read_export(text, env_text)
+
+    def exported_at(self, flag: str) -> tuple[str, str]:
+        """The flag's ``LLAMA_ARG_*`` variable when the export can set it there, else its place
+        on the script's command line."""
+        located = export.flag_env(self._help_or_none(), flag, self.engine_spec.args)
+        return ("env", located[1]) if located else ("config", flag.lstrip("-"))
+
+    def _help_or_none(self) -> ServerHelp | None:
+        try:
+            return self.server_help()
+        except HelpError:
+            return None
 
 
 def is_default(found: ServerHelp, flag: str, value: Any) -> bool:
@@ -203,8 +262,7 @@ def is_default(found: ServerHelp, flag: str, value: Any) -> bool:
     if entry is None or value is None or value is False:
         return False
     if value is True:  # a switch: on, unless ``flag`` is one of its negative spellings
-        spelled = "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
-        return entry.switch_default() is (spelled not in entry.negations)
+        return entry.switch_default() is (canonical(flag) not in entry.negations)
     if not entry.takes_value or entry.default is None or entry.default_is_sentinel:
         return False
     if isinstance(value, list | tuple):

@@ -115,7 +115,7 @@ class ServerHelp:
     def flag(self, spelling: str) -> HelpFlag | None:
         """The entry ``spelling`` sets (positively or negatively). llama.cpp reads ``_`` as
         ``-`` in a ``--`` spelling, so ``--cache_type_k`` is ``--cache-type-k``."""
-        wanted = "--" + spelling[2:].replace("_", "-") if spelling.startswith("--") else spelling
+        wanted = canonical(spelling)
         for entry in self.flags:
             if wanted in entry.names or wanted in entry.negations:
                 return entry
@@ -133,6 +133,11 @@ class ServerHelp:
 
     def env_names(self) -> list[str]:
         return [n for e in self.flags for n in e.env_names]
+
+
+def canonical(spelling: str) -> str:
+    """A flag as help lists it: llama.cpp reads ``_`` as ``-`` in a ``--`` spelling."""
+    return "--" + spelling[2:].replace("_", "-") if spelling.startswith("--") else spelling
 
 
 def parse_help(text: str) -> ServerHelp:
