@@ -9,7 +9,9 @@ thread adds realistic trials never crash.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -116,17 +118,53 @@ def test_readers_survive_a_live_study(study_setup, tmp_path: Path) -> None:
                 return
             i += 1
 
+    def reader(index: int) -> None:
+        # show, report, compare and export, each from its own connection, all at once
+        from rich.console import Console
+
+        from autotune.cli import render
+
+        quiet = Console(file=open(tmp_path / f"show{index}.txt", "w"), width=200)  # noqa: SIM115
+        try:
+            for round_ in range(5):
+                study = optuna.load_study(study_name="snap", storage=url)
+                build_report(study, ReportSource(url))
+                load_report(url, "snap")
+                with render_to(render, quiet):
+                    render.print_report(url, "snap")
+                compare_mod._side(compare_mod.StudyRef("snap", url, "snap"))
+                out = tmp_path / f"best{index}-{round_}.yaml"
+                export_best(spec, study, out, require_confirmed=False)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            quiet.file.close()
+
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
+    readers = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(3)]
     try:
-        for round_ in range(15):
-            study = optuna.load_study(study_name="snap", storage=url)
-            build_report(study, ReportSource(url))
-            load_report(url, "snap")
-            compare_mod._side(compare_mod.StudyRef("snap", url, "snap"))
-            export_best(spec, study, tmp_path / f"best{round_}.yaml", require_confirmed=False)
+        for r in readers:
+            r.start()
+        for r in readers:
+            r.join(timeout=600)
     finally:
         stop.set()
         thread.join(timeout=120)
-    assert not thread.is_alive()
+    assert not thread.is_alive() and not any(r.is_alive() for r in readers)
     assert not errors, errors
+
+
+_RENDER_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def render_to(render, console) -> Iterator[None]:
+    """``render.console`` swapped for ``console`` while one reader prints (the module global
+    is shared by the threads, so one swaps it at a time)."""
+    with _RENDER_LOCK:
+        saved, render.console = render.console, console
+        try:
+            yield
+        finally:
+            render.console = saved
