@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.engines.dialect import OPENAI, RequestDialect
-from autotune.engines.export_files import EXPORT_API_KEY as EXPORT_API_KEY  # its old home
 from autotune.engines.export_files import (
     ExportedSettings,
     ExportFiles,

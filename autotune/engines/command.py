@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from autotune._proc import run_captured
 from autotune.engines.base import (
-    EXPORT_API_KEY,
     Engine,
     LaunchConfig,
     MetricsMap,
     ValidationIssue,
 )
+from autotune.engines.export_files import EXPORT_API_KEY
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.engines.vllm.machine import CPU_BIND_ENV
 from autotune.engines.vllm.metrics import VLLM_METRICS

@@ -25,8 +25,8 @@ from autotune import names
 from autotune._files import write_files_atomically
 from autotune.bench.tokens import suspect_line
 from autotune.engines import build_engine
-from autotune.engines.base import EXPORT_API_KEY, Engine
-from autotune.engines.export_files import ExportFiles, bash_word, env_path_for
+from autotune.engines.base import Engine
+from autotune.engines.export_files import EXPORT_API_KEY, ExportFiles, bash_word, env_path_for
 from autotune.errors import SpecError
 from autotune.gate.reference import describe_checks
 from autotune.spec.model import StudySpec
