@@ -96,3 +96,12 @@ def test_a_real_llamacpp_study_gates_measures_and_records_its_evidence(tmp_path:
     assert "--parallel" in server["argv"] and "--cache-type-k" in server["argv"]
     for trial in (baseline, tuned):
         assert trial.user_attrs[names.SERVER]["stopped_cleanly"] is True
+
+    # show names the model (llama-server takes it as -m; the spec says it once)
+    from typer.testing import CliRunner
+
+    from autotune.cli.app import app
+
+    shown = CliRunner().invoke(app, ["show", "--study", spec.name, "--storage", url])
+    assert shown.exit_code == 0, shown.output
+    assert f"model: {GGUF.resolve()} (served as smollm2)" in shown.output

@@ -21,6 +21,7 @@ from autotune.analysis.profile import COVERAGE_BAND, sort_profiles, table_rows
 from autotune.bench.tokens import suspect_line
 from autotune.errors import PreflightError
 from autotune.gate.reference import Capabilities, describe_checks
+from autotune.report.format import model_of
 from autotune.server.metrics import preemption_notes
 from autotune.storage import load_study
 from autotune.study.results import (
@@ -195,6 +196,7 @@ def print_report(
         "ttft_p95_ms": "TTFT p95 ms",
         "itl_p95_ms": "ITL p95 ms",
     }
+    console.print(f"model: {escape(model_of(report.attrs.get(names.SPEC_PATH)))}")
     table = Table(title=f"study {report.name} ({', '.join(report.directions)})")
     objective = report.metric_names[0] if report.metric_names else None
     cols = ("#", "role", "verdict", "params", *metric_cols.values(), "±95% (n)", "start s")
