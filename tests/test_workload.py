@@ -29,7 +29,10 @@ parameters:
 
 
 def _spec_with(tmp_path, workload: dict, name: str = "wl"):
+    """A fake spec with ``workload``, its model folder without a tokenizer (these tests are of
+    what a workload does when it has none: lengths in words, said so)."""
     path = write_fake_spec(tmp_path, SPACE, name=name)
+    (tmp_path / "model" / "tokenizer.json").unlink(missing_ok=True)
     raw = yaml.safe_load(path.read_text())
     raw["workload"].pop("prompts")
     raw["workload"].update(workload)
