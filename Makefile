@@ -63,7 +63,7 @@ browser:
 	  echo "note: no /usr/bin/chromium (apt-get install chromium): the browser test is skipped"
 
 test: setup model browser
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rfEs $(PYTEST_ARGS)
 
 # The documentation site: the generated reference pages must be current (docs/gen_reference.py
 # --check names the stale ones), then MkDocs builds site/; --strict fails on a broken link.
