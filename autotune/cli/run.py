@@ -118,7 +118,8 @@ def run(
         ),
     ] = False,
 ) -> None:
-    """Tune: run N trials of the study (resuming it if it exists), then confirm the best."""
+    """Tune, then confirm the best: N server launches in all, the baseline, the search and the
+    confirmation (resuming the study if it exists, within the same N)."""
     try:
         if sampler is not None:
             check_sampler_name(sampler)
