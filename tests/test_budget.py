@@ -134,14 +134,43 @@ def test_race_goes_on_while_the_ranking_is_open():
     assert race_step({}, base, 1.0, rounds=2, max_rounds=4).stop == ALL_ELIMINATED
 
 
+def test_the_confirmations_rounds_leave_a_dropped_candidate_out():
+    """What ``measure_variants`` is asked to launch round by round (``confirm._Race``): every
+    variant first, then the baseline and the candidates still racing, then nothing."""
+    from autotune.analysis.confirm import _Race
+    from autotune.analysis.remeasure import Variant, VariantMeasurements
+    from autotune.study.record import TrialOutcome
+
+    def measured(label, *values):
+        m = VariantMeasurements(Variant(label, {}))
+        m.outcomes = [TrialOutcome(0, "confirm", "correct", (v,)) for v in values]
+        return m
+
+    race = _Race(1.0, 4, 0.0)
+    labels = ["baseline", "trial 3", "trial 5"]
+    assert race.next_round({k: measured(k) for k in labels}, 0) == labels
+    # after two rounds trial 5 is clearly below trial 3, and trial 3's gain is still open
+    results = {
+        "baseline": measured("baseline", 100.0, 160.0),
+        "trial 3": measured("trial 3", 150.0, 151.0),
+        "trial 5": measured("trial 5", 90.0, 91.0),
+    }
+    assert race.next_round(results, 2) == ["baseline", "trial 3"]
+    assert race.eliminated == ["trial 5"] and race.stopped_by is None
+    results["baseline"] = measured("baseline", 100.0, 160.0, 101.0, 99.0)
+    results["trial 3"] = measured("trial 3", 150.0, 151.0, 150.5, 150.2)
+    assert race.next_round(results, 4) == []
+    assert race.stopped_by == BUDGET  # its planned 4 rounds, the gain still open
+
+
 # --- the CLI against the fake server -----------------------------------------------------------
 
 SPACE = """
 parameters:
   decode_ms:
     type: categorical
-    choices: [2, 4]
-    baseline: 4
+    choices: [2, 20]
+    baseline: 20
     target: {flag: --decode-ms}
   fault:
     type: categorical
@@ -155,7 +184,7 @@ def test_run_with_three_trials_launches_at_most_three_servers(tmp_path):
     spec_path = write_fake_spec(tmp_path, SPACE, name="budget3")
     spec = load_spec(spec_path)
     study, _ = open_study(spec, spec.default_storage())
-    study.enqueue_trial({"decode_ms": 2, "fault": None})  # twice as fast: it measures better
+    study.enqueue_trial({"decode_ms": 2, "fault": None})  # ten times as fast: it measures better
     ran = CliRunner().invoke(app, ["run", "--spec", str(spec_path), "--trials", "3"])
     assert ran.exit_code == 0, ran.output
     assert "budget: 3 launches = 1 baseline + 2 search; no confirmation fits" in ran.output
