@@ -421,6 +421,24 @@ def parse_json_object(body: str | bytes, what: str) -> dict[str, Any]:
     raise NotJsonObject(f"{what}: {excerpt(text) or '(an empty body)'}")
 
 
+class ServerProgress:
+    """When any request of one phase last received a token (``time.perf_counter`` seconds).
+
+    Shared by the requests sent at once to one server, so that a request's no-token deadline
+    counts the *server's* silence, not its own: a server with one slot and eight requests at
+    its door streams to one while the others wait for their first token, politely queued, for
+    as long as the queue ahead of them takes. That wait is a queue, and it is measured (in TTFT);
+    it becomes a hang only when nothing at all has streamed for the deadline. A server that
+    starves one request while serving others is still bounded: once the others finish, the
+    silence counts.
+    """
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = float("-inf")
+
+
 class TokenDeadline:
     """The no-token deadline of one request, with one timer for the whole request.
 
@@ -434,7 +452,8 @@ class TokenDeadline:
     headers are no token. ``deadline_s`` None: no deadline.
 
     The scope must not span a ``yield`` of an async generator (the cancellation would land in
-    the consumer): use it around the reading loop itself.
+    the consumer): use it around the reading loop itself. With ``progress`` the wait is the
+    server's silence (:class:`ServerProgress`): the reader stores each arrival there too.
     """
 
     def __init__(
@@ -444,8 +463,11 @@ class TokenDeadline:
         *,
         clock: Callable[[], float] = time.perf_counter,
         total_s: float | None = None,
+        progress: ServerProgress | None = None,
     ) -> None:
         self.deadline_s = deadline_s
+        #: tokens of the other requests to the same server (None: this request alone counts)
+        self.progress = progress
         #: the request's whole time, tokens or not (None: no such bound)
         self.total_s = total_s
         #: whether it was ``total_s``, not the no-token deadline, that ended the request
@@ -470,8 +492,11 @@ class TokenDeadline:
         return await self._scope.__aexit__(*exc_info)
 
     def _arm(self) -> None:
-        elapsed = self._clock() - self.origin
+        now = self._clock()
+        elapsed = now - self.origin
         idle = elapsed - self.last
+        if self.progress is not None:  # queued behind requests that stream: not idle
+            idle = min(idle, now - self.progress.last)
         loop = asyncio.get_running_loop()
         waits = []
         if self.deadline_s is not None:
