@@ -181,6 +181,38 @@ def test_a_server_silent_to_every_request_is_a_hang_after_one_deadline_of_silenc
     assert hung and hung[0].e2e_s >= 1.0
 
 
+def run_raw_gate(handler: Handler, *, prompts: int, deadline_s: float):
+    """The gate's verification requests, all at once, to ``handler``."""
+    from autotune.gate.requests import gather_completions
+
+    async def go():
+        async with (
+            raw_server(handler) as url,
+            connect(url, "k", max_connections=8, timeout_s=30.0) as client,
+        ):
+            names = [f"p{i}" for i in range(prompts)]
+            return await gather_completions(
+                client, "m", names, dict.fromkeys(names, 8), dialect=VLLM_DIALECT,
+                concurrent=True, deadline_s=deadline_s,
+            )  # fmt: skip
+
+    return asyncio.run(go())
+
+
+def test_the_gate_s_requests_queued_at_one_slot_are_waiting_not_hung():
+    """The gate's batched verification (every check prompt at once) against one slot: the
+    last waits about four of its deadlines for a first token while the others stream."""
+    answers = run_raw_gate(one_slot_server(8, 0.25), prompts=3, deadline_s=1.0)
+    assert [a.text for a in answers] == [" t0 t1 t2 t3 t4 t5 t6 t7"] * 3
+
+
+def test_the_gate_s_requests_to_a_server_silent_to_all_are_a_hang():
+    from autotune.client.stream import NoTokenWithin
+
+    with pytest.raises(NoTokenWithin, match="got no token within 1 s"):
+        run_raw_gate(one_slot_server(4, 0.05, serve=1), prompts=2, deadline_s=1.0)
+
+
 def test_a_connection_dropped_mid_answer_is_an_error_not_a_hang():
     async def handler(reader, writer, _n):
         await read_request(reader)
