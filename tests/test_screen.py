@@ -9,8 +9,10 @@ from __future__ import annotations
 import optuna
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
+from typer.testing import CliRunner
 
 from autotune import names
+from autotune.cli.app import app
 from autotune.spec.load import load_spec
 from autotune.spec.model import ObjectiveSpec
 from autotune.study.loop import RunOptions, open_study, run_study
@@ -141,3 +143,11 @@ def test_a_clearly_slower_config_is_measured_for_one_round_only(tmp_path) -> Non
         spent = trial.user_attrs[names.TIME_S]
         assert {"startup", "gate", "measurement", "teardown"} <= spent.keys()
         assert trial.user_attrs[names.SERVER]["startup_parts"] == {}  # the double says none
+    # show says which trial was screened and where the study's time went
+    shown = CliRunner().invoke(app, ["show", "--spec", str(spec_path)])
+    assert shown.exit_code == 0, shown.output
+    screened_line = "screened after one round (clearly slower than the leader, not measured on)"
+    assert f"{screened_line}: trial {slow.number}" in shown.output
+    assert "where the time went:" in shown.output
+    assert "measurement:" in shown.output and "over 3 trial(s), 1 of them screened" in shown.output
+    assert "failure details" not in shown.output  # slower is not a failure

@@ -14,6 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from optuna.trial import TrialState, create_trial
+
+from autotune import names
 from autotune.engines.command import CommandEngine
 from autotune.engines.llamacpp.engine import LlamaCppEngine
 from autotune.engines.llamacpp.startup import startup_parts as llamacpp_parts
@@ -21,6 +24,7 @@ from autotune.engines.vllm.engine import CACHE_ROOT_ENV, VllmEngine
 from autotune.engines.vllm.startup import startup_parts as vllm_parts
 from autotune.spec.model import EngineSpec, ModelSpec
 from autotune.study.phase_clock import PhaseClock
+from autotune.study.results import time_spent
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -208,3 +212,49 @@ def test_the_warm_start_benchmark_explains_itself() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "ABBA" in result.stdout and "--pairs" in result.stdout
+
+
+def _finished(role: str, time_s: dict | None, parts: dict | None = None, reason: str = ""):
+    attrs: dict = {names.ROLE: role}
+    if time_s is not None:
+        attrs[names.TIME_S] = time_s
+    if parts is not None:
+        attrs[names.SERVER] = {"startup_parts": parts}
+    if reason:
+        attrs[names.FAIL_REASON] = reason
+    return create_trial(
+        state=TrialState.PRUNED if reason else TrialState.COMPLETE,
+        value=None if reason else 1.0,
+        user_attrs=attrs,
+    )
+
+
+def test_where_the_time_went_adds_the_search_and_keeps_the_confirmation_apart() -> None:
+    trials = [
+        _finished(
+            names.BASELINE,
+            {"startup": 30.0, "gate": 2.0, "measurement": 10.0, "teardown": 1.0},
+            {"weights": 5.0, "compile": 20.0},
+        ),
+        _finished(
+            names.SEARCH,
+            {"startup": 20.0, "gate": 2.0, "measurement": 2.0, "teardown": 1.0},
+            {"weights": 5.0},  # a warm start: no compile line
+            reason=names.SCREENED,
+        ),
+        _finished(names.CONFIRM, {"startup": 25.0, "gate": 2.0, "measurement": 10.0}),
+        _finished(names.SEARCH, None),  # made before trials recorded their phases
+    ]
+    spent = time_spent(trials)
+    assert spent.phases == {"startup": 50.0, "gate": 4.0, "measurement": 12.0, "teardown": 2.0}
+    assert spent.startup_parts == {"weights": 10.0, "compile": 20.0}
+    assert spent.confirmation == 37.0
+    assert (spent.trials, spent.unrecorded, spent.screened) == (3, 1, 1)
+    assert spent.total == 105.0
+    lines = spent.lines()
+    assert lines[0] == "startup: 50.0 s (48%); of it weights 10.0 s, compile 20.0 s"
+    assert "confirmation: 37.0 s (35%)" in lines
+    assert lines[-1] == (
+        "over 3 trial(s), 1 of them screened after one round; 1 trial(s) without a record"
+    )
+    assert time_spent([_finished(names.SEARCH, None)]).lines() == []
