@@ -174,7 +174,10 @@ def test_each_engine_reads_its_own_log_and_a_command_server_states_nothing() -> 
     assert command.startup_parts(VLLM_GPU.splitlines()) == {}
 
 
-def test_vllm_trials_share_the_studys_compile_cache_unless_the_spec_sets_one(tmp_path) -> None:
+def test_vllm_trials_share_the_studys_compile_cache_unless_the_spec_sets_one(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.delenv(CACHE_ROOT_ENV, raising=False)
     vllm, llamacpp, command = _engines()
     assert vllm.compile_cache_env(tmp_path) == {CACHE_ROOT_ENV: str(tmp_path)}
     assert llamacpp.compile_cache_env(tmp_path) == {}
@@ -184,6 +187,8 @@ def test_vllm_trials_share_the_studys_compile_cache_unless_the_spec_sets_one(tmp
         ModelSpec("m", "m"),
     )
     assert own.compile_cache_env(tmp_path) == {}
+    monkeypatch.setenv(CACHE_ROOT_ENV, "/exported")  # the user's shell chose one too
+    assert vllm.compile_cache_env(tmp_path) == {}
 
 
 def test_the_phase_clock_adds_up_each_phase() -> None:

@@ -10,6 +10,7 @@ it never shows in ``ps`` or in stored trial records.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -110,8 +111,10 @@ class VllmEngine(Engine):
     def compile_cache_env(self, cache_dir: Path) -> dict[str, str]:
         """``VLLM_CACHE_ROOT`` (where vLLM keeps its torch.compile cache) in ``cache_dir``, so
         a trial whose compiled graph an earlier trial of the study made reads it back instead
-        of compiling again; never over a cache root the spec's own env chose."""
-        if CACHE_ROOT_ENV in self.engine_spec.env:
+        of compiling again; never over a cache root the spec's env or autotune's own
+        environment chose (vLLM's default, ``~/.cache/vllm``, is shared by every launch of the
+        user: the study's own folder keeps one study's starts from depending on another's)."""
+        if CACHE_ROOT_ENV in self.engine_spec.env or CACHE_ROOT_ENV in os.environ:
             return {}
         return {CACHE_ROOT_ENV: str(cache_dir)}
 
