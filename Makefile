@@ -28,9 +28,11 @@ $(VENV)/.setup-$(ENGINE): pyproject.toml
 	$(PY) -c "import vllm, optuna, autotune; print('autotune ready: vllm', vllm.__version__, '/ optuna', optuna.__version__)"
 	touch $@
 
-# The demo model's weights are committed; this rebuilds them only if they are missing.
+# The demo model's weights are committed; this rebuilds them only if they are missing, and
+# writes their GGUF for llama.cpp (studies/demo-llamacpp.yaml) once.
 model: venv
 	test -f models/demo/model.safetensors || $(PY) -m autotune.testing.demo_model --out models/demo
+	test -f models/demo/demo-q8_0.gguf || $(PY) -m autotune.testing.demo_gguf
 
 demo: venv model
 	$(VENV)/bin/autotune run --trials $(TRIALS) --spec $(SPEC)

@@ -39,6 +39,12 @@ GOODPUT = "goodput"  # the goodput search: value, SLOs, every level probed
 SERVER_METRICS = "server_metrics"  # the server's own /metrics over the benchmark
 EARLY_PROPOSAL = "early_proposal"  # label of the one-change neighbour this trial runs (guide.py)
 ROUND = "round"  # which interleaved round of a re-measurement a variant's trial belongs to
+#: the one-round screen (study/screen.py): this trial's interval, the leader's, the decision
+SCREEN = "screen"
+#: seconds of each phase of the trial (study/phase_clock.py): startup, gate, measurement, ...
+TIME_S = "time_s"
+#: the verdict of a correct trial whose first round lay clearly below the leader's interval
+SCREENED = "screened"
 # --- study attribute keys ----------------------------------------------------------------------
 REFERENCE = "reference"
 SPEC_PATH = "spec_path"
@@ -105,6 +111,7 @@ CANDIDATE_REASONS: dict[str, str] = {
     "constraint_violated": "the sampled parameters violate a search-space constraint",
     "duplicate": "another worker is running the same parameters right now (not launched)",
     "pruned_early": "correct, but clearly slower than earlier trials after its first repeat",
+    SCREENED: "correct, but its first round's interval lies below the leader's: not measured on",
 }
 INFRA_REASONS: dict[str, str] = {
     "port_taken": "the chosen port was taken by another process",

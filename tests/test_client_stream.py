@@ -123,6 +123,96 @@ def test_a_stream_that_stops_is_a_hang_naming_the_token_it_waited_for():
     assert record.e2e_s >= 0.5  # no token for one deadline, after the second token
 
 
+def one_slot_server(tokens: int, gap_s: float, *, serve: int | None = None) -> Handler:
+    """A server with one slot, as llama-server with ``--parallel 1``: requests wait their turn
+    (no byte until then), each streams ``tokens`` tokens ``gap_s`` apart. ``serve``: after that
+    many answers it goes silent for good (the connection stays open)."""
+    slot = asyncio.Lock()
+    served = 0
+
+    async def handler(reader, writer, _n):
+        nonlocal served
+        await read_request(reader)
+        async with slot:
+            if serve is not None and served >= serve:
+                await asyncio.Event().wait()
+            writer.write(STREAM_HEAD)
+            for i in range(tokens):
+                writer.write(chunked(event(i)))
+                await writer.drain()
+                await asyncio.sleep(gap_s)
+            writer.write(chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            await writer.drain()
+            served += 1
+
+    return handler
+
+
+def run_raw_phase(handler: Handler, *, requests: int, deadline_s: float):
+    async def go():
+        async with (
+            raw_server(handler) as url,
+            connect(url, "k", max_connections=8, timeout_s=30.0) as client,
+        ):
+            return await run_phase(
+                client, "m", ["p"], requests, requests, 8, dialect=VLLM_DIALECT,
+                read_timeout_s=deadline_s,
+            )  # fmt: skip
+
+    return asyncio.run(go())
+
+
+def test_a_request_queued_behind_streaming_ones_is_waiting_not_hung():
+    """Three requests at once to one slot, 8 tokens 0.25 s apart each: the third waits about
+    4 s for its first token, four no-token deadlines of its own, while the server streams to
+    the others all along. That is a queue (its TTFT says so), not a hang."""
+    result = run_raw_phase(one_slot_server(8, 0.25), requests=3, deadline_s=1.0)
+    assert result.hang is None, result.hang
+    assert all(r.ok for r in result.records) and len(result.records) == 3
+    assert max(r.ttft_s for r in result.records) > 1.0  # one of them did queue past a deadline
+
+
+def test_a_server_silent_to_every_request_is_a_hang_after_one_deadline_of_silence():
+    """The same server answers one request, then goes silent: the queued one is hung once
+    nothing at all has streamed for the deadline."""
+    result = run_raw_phase(one_slot_server(4, 0.05, serve=1), requests=2, deadline_s=1.0)
+    assert result.hang is not None and "waiting for the first token" in result.hang
+    hung = [r for r in result.records if r.hung]
+    assert hung and hung[0].e2e_s >= 1.0
+
+
+def run_raw_gate(handler: Handler, *, prompts: int, deadline_s: float):
+    """The gate's verification requests, all at once, to ``handler``."""
+    from autotune.gate.requests import gather_completions
+
+    async def go():
+        async with (
+            raw_server(handler) as url,
+            connect(url, "k", max_connections=8, timeout_s=30.0) as client,
+        ):
+            names = [f"p{i}" for i in range(prompts)]
+            return await gather_completions(
+                client, "m", names, dict.fromkeys(names, 8), dialect=VLLM_DIALECT,
+                concurrent=True, deadline_s=deadline_s,
+            )  # fmt: skip
+
+    return asyncio.run(go())
+
+
+def test_the_gate_s_requests_queued_at_one_slot_are_waiting_not_hung():
+    """The gate's batched verification (every check prompt at once) against one slot: the
+    last waits about four of its deadlines for a first token while the others stream."""
+    answers = run_raw_gate(one_slot_server(8, 0.25), prompts=3, deadline_s=1.0)
+    assert [a.text for a in answers] == [" t0 t1 t2 t3 t4 t5 t6 t7"] * 3
+
+
+def test_the_gate_s_requests_to_a_server_silent_to_all_are_a_hang():
+    from autotune.client.stream import NoTokenWithin
+
+    with pytest.raises(NoTokenWithin, match="got no token within 1 s"):
+        run_raw_gate(one_slot_server(4, 0.05, serve=1), prompts=2, deadline_s=1.0)
+
+
 def test_a_connection_dropped_mid_answer_is_an_error_not_a_hang():
     async def handler(reader, writer, _n):
         await read_request(reader)

@@ -260,6 +260,18 @@ def test_an_edited_export_is_refused_naming_what_no_value_gives(
     assert str(out) in str(info.value)
 
 
+def test_an_exported_number_outside_the_space_is_refused_naming_its_parameter(
+    printer_spec, tmp_path
+):
+    """``--threads-batch 9`` in a space of 1..4: the flag's value reads back as a number, but
+    no trial of this space could have run it; compare must not measure it under the spec's name."""
+    out = tmp_path / "best.sh"
+    export_values(printer_spec, VALUES, out, title="a")
+    out.write_text(out.read_text().replace("--threads-batch 2", "--threads-batch 9"))
+    with pytest.raises(SpecError, match="9 is outside the domain of parameter 'threads_batch'"):
+        config_values(printer_spec, out)
+
+
 def test_a_config_file_is_no_llama_cpp_export(printer_spec, tmp_path):
     odd = tmp_path / "best.yaml"
     odd.write_text("# autotune export: study x, trial 1\nthreads: 3\n")

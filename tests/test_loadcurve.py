@@ -291,3 +291,36 @@ def test_the_precision_test_on_samples_is_the_stopping_rules():
     assert gain_is_precise((100.0, 100.1), (50.0, 50.05), 1.0, 0.03)
     assert not gain_is_precise((100.0, 140.0), (50.0, 70.0), 1.0, 0.03)
     assert gain_is_precise((100.0,), (50.0, 70.0), 1.0, 0.03)  # one round: nothing to settle
+
+
+def test_a_stop_rule_ends_the_rounds_and_skips_the_goodput_search(tmp_path):
+    """``stop_rule`` is asked after every round the precision rule would go on from (never
+    after the last), and a reason it returns is the benchmark's ``stopped_by``."""
+    workload = WorkloadSpec(
+        prompts=("1 2 3",),
+        max_tokens=4,
+        concurrency=1,
+        num_requests=2,
+        single_requests=1,
+        warmup_requests=0,
+        repeats=4,
+        target_precision=0,
+        slos=(SloSpec("itl_p50_ms", "<=", 1000.0),),
+    )
+    asked: list[tuple[int, int]] = []
+
+    def never(index, rounds):
+        asked.append((index, len(rounds)))
+        return None
+
+    def after_two(index, rounds):
+        return "enough" if index == 1 else None
+
+    with server(tmp_path, "--decode-ms", "1") as proc:
+        full = bench(proc.url, workload, stop_rule=never)
+        cut = bench(proc.url, workload, stop_rule=after_two)
+    assert asked == [(0, 1), (1, 2), (2, 3)]  # round 4 ends by the workload's own rule
+    assert len(full.repeats) == 4 and full.stopped_by == "repeats"
+    assert full.goodput is not None
+    assert len(cut.repeats) == 2 and cut.stopped_by == "enough"
+    assert cut.goodput is None and "goodput" not in cut.metrics

@@ -1,4 +1,4 @@
-"""Objectives, SLO constraints, confirmation, Pareto export and early pruning, on the fake server
+"""Objectives, SLO constraints, confirmation and Pareto export, on the fake server
 (command engine): --max-num-seqs really caps its batch (queueing raises TTFT) and
 --enforce-eager really makes its steps 1.3x slower."""
 
@@ -127,26 +127,6 @@ def test_multi_objective_front_and_pareto_export(tmp_path):
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in tmp_path.glob("front-trial*.yaml"))
     assert written == sorted(f"front-trial{t.number}.yaml" for t in front)
-
-
-def test_clearly_losing_trial_is_pruned_after_its_first_repeat(tmp_path):
-    spec_path = write_fake_spec(
-        tmp_path,
-        SPACE,
-        name="prune",
-        args=("--decode-ms", "6"),
-        workload={**WORKLOAD, "repeats": 2, "num_requests": 8},
-    )
-    fast = [FAST_FEASIBLE] * 5
-    spec, study = run_enqueued(spec_path, [*fast, SLOW_FEASIBLE])
-    last = study.trials[-1]
-    assert last.params == SLOW_FEASIBLE
-    assert last.state == optuna.trial.TrialState.PRUNED
-    assert last.user_attrs[names.FAIL_REASON] == "pruned_early"
-    assert last.user_attrs[names.CORRECT] is True  # verified, just slower
-    assert list(last.intermediate_values) == [0]  # one repeat measured, the second saved
-    assert names.CORRECTNESS_CONSTRAINT in last.constraints
-    assert last.constraints[names.CORRECTNESS_CONSTRAINT] == 0.0
 
 
 def test_confirmation_interval_is_honest_about_two_rounds():

@@ -11,12 +11,14 @@ from autotune.errors import CandidateError, InfrastructureError
 from autotune.spec.model import ObjectiveSpec, SloSpec
 from autotune.study.record import (
     record_duplicate,
-    record_early_stop,
     record_failure,
     record_measured,
+    record_screened,
     running_duplicate,
     trim,
 )
+from autotune.study.results import best_trials, is_verified_feasible, report_of
+from autotune.study.screen import ScreenResult
 
 
 @pytest.fixture
@@ -77,12 +79,29 @@ def test_an_infrastructure_fault_sets_no_constraint(study) -> None:
     assert _constraint(study.trials[0], names.CORRECTNESS_CONSTRAINT) is None
 
 
-def test_an_early_stop_is_correct_but_pruned(study) -> None:
+def test_a_screened_trial_is_correct_but_pruned_and_never_best(study) -> None:
+    leader = study.ask()
+    record_measured(
+        leader, names.SEARCH, ObjectiveSpec(("decode_tokens_per_s",)), {"decode_tokens_per_s": 10.0}
+    )
+    study.tell(leader, 10.0)
     trial = study.ask()
-    outcome = record_early_stop(trial, names.SEARCH, {"decode_tokens_per_s": 3.0})
-    assert outcome.verdict == "pruned_early"
-    assert trial.user_attrs[names.CORRECT] is True
-    assert trial.user_attrs[names.FAIL_REASON] == "pruned_early"
+    screen = ScreenResult("decode_tokens_per_s", 3.0, (2.8, 3.2), 0, (9.5, 10.5), True)
+    outcome = record_screened(trial, names.SEARCH, {"decode_tokens_per_s": 3.0}, screen)
+    # PRUNED, as trial.py ends it: never feasible, never best, not counted as a failure
+    study.tell(trial, state=TrialState.PRUNED)
+    frozen = study.trials[trial.number]
+    assert outcome.verdict == names.SCREENED and not outcome.infrastructure
+    assert frozen.user_attrs[names.CORRECT] is True
+    assert frozen.user_attrs[names.FAIL_REASON] == names.SCREENED
+    assert frozen.user_attrs[names.METRICS] == {"decode_tokens_per_s": 3.0}
+    assert frozen.user_attrs[names.SCREEN]["leader"] == 0
+    assert frozen.user_attrs[names.SCREEN]["verdict"] == names.SCREENED
+    assert "trial 0" in frozen.user_attrs[names.FAIL_DETAIL]
+    assert _constraint(frozen, names.CORRECTNESS_CONSTRAINT) == 0.0
+    assert not is_verified_feasible(frozen)
+    assert [t.number for t in best_trials(study)] == [leader.number]
+    assert report_of(study).failures_by_reason == {}  # slower is not a failure
 
 
 def test_a_duplicate_takes_its_holders_verdict_and_constraint(study) -> None:

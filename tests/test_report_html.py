@@ -71,6 +71,11 @@ def test_report_is_self_contained_and_has_every_section(studies) -> None:
     assert "incorrect" in page and "oom" in page and "startup_failed" in page
     assert "first divergence" in page and "class='expected'" in page and "class='got'" in page
     assert "CUDA out of memory" in page and "class='log-tail'" in page
+    # where the time went: the search's phases, then the confirmation's trials apart
+    time = page[page.index("<section id='time'>") :]
+    time = time[: time.index("</section>")]
+    for phase in ("startup", "gate", "measurement", "teardown", "confirmation"):
+        assert f"<tr><td>{phase}</td>" in time
     # one load level per launch here: said, not drawn
     assert "Not measured: this study's trials measured one load level" in page
 

@@ -287,3 +287,59 @@ def test_the_gate_benchmarks_configs_fit_the_smollm2_space() -> None:
     assert sum(c.expect == KEEP for c in cases) >= 20
     rejected = {c.name for c in cases if c.expect == REJECT}
     assert {"fp8_kv_cache", "qkv_shard_swap", "direct_call_compiled"} <= rejected
+
+
+def test_the_gate_benchmarks_llamacpp_configs_launch_what_they_name() -> None:
+    """The llama.cpp section: each lossy K-cache case sets the one ``--cache-type-k`` parameter
+    (the extra file widens the study's, it does not add a second one: with two, the flag was on
+    the command line twice and the q4_1/q5_0 cases launched f16), and the cases whose drift is
+    about the engine's own are ``either``, counted apart."""
+    from benchmarks.gate_real import CONFIGS, EITHER, KEEP, REJECT, case_values, load_cases
+
+    spec, cases = load_cases(CONFIGS, "llamacpp")
+    on_k_flag = [p.name for p in spec.space.parameters if p.target.name == "--cache-type-k"]
+    assert on_k_flag == ["cache_type_k"]
+    by_name = {c.name: c for c in cases}
+    for kind in ("q4_0", "q4_1", "q5_0"):
+        name = f"cache_k_{kind}"
+        assert by_name[name].expect == REJECT
+        assert case_values(spec.space, by_name[name])["cache_type_k"] == kind
+    assert {c.name for c in cases if c.expect == EITHER} == {"flash_attn_off", "cache_k_q8_0"}
+    assert sum(c.expect == KEEP for c in cases) >= 20
+
+
+def test_the_gate_benchmark_refuses_two_parameters_on_one_flag(tmp_path: Path) -> None:
+    """A benchmark-only parameter on a flag the study already tunes is a SpecError naming both."""
+    from autotune.errors import SpecError
+    from autotune.spec.load import load_spec
+    from benchmarks.gate_real import _with_parameters
+
+    spec = load_spec(REPO / "studies" / "smollm2-llamacpp.yaml")
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(
+        "parameters:\n  k_again:\n    type: categorical\n    choices: [f16, q4_1]\n"
+        "    baseline: f16\n    target: {flag: --cache-type-k}\n",
+        encoding="utf-8",
+    )
+    both = "--cache-type-k is set by both 'cache_type_k' and 'k_again'"
+    with pytest.raises(SpecError, match=both):
+        _with_parameters(spec, load_space(extra))
+
+
+def test_the_gate_benchmark_counts_either_apart() -> None:
+    """An ``either`` case is never a mistake, whichever verdict it gets; its keeps are counted."""
+    from benchmarks.gate_real import EITHER, KEEP, REJECT, counts
+
+    rows = [
+        {"expected": EITHER, "verdict": KEEP},
+        {"expected": EITHER, "verdict": REJECT},
+        {"expected": KEEP, "verdict": REJECT},
+        {"expected": REJECT, "verdict": REJECT},
+    ]
+    c = counts(rows)
+    assert (c["expected_either"], c["either_kept"], c["false_rejects"], c["false_accepts"]) == (
+        2,
+        1,
+        1,
+        0,
+    )

@@ -292,6 +292,16 @@ def config_values(spec: StudySpec, path: Path) -> dict[str, Any]:
             candidates = [True, False]
         elif not candidates:
             candidates = _numbers_at(engine, param, config, env)
+            outside = [c for c in candidates if not param.contains(c)]
+            if outside:
+                # measuring it would compare a config the study could never have proposed,
+                # under the spec's name; an edited export is not a trial of this space
+                raise SpecError(
+                    f"{outside[0]!r} is outside the domain of parameter {param.name!r} "
+                    f"({_domain(param)}): this config is not one of the spec's search space",
+                    file=str(path),
+                    key=param.target.describe(),
+                )
         chosen = _MISSING
         best_size = -1
         for candidate in candidates:
@@ -372,6 +382,11 @@ def _contains(whole: Any, part: Any) -> bool:
 
 def _size(footprint: tuple[dict, dict]) -> int:
     return sum(len(p) for p in footprint)
+
+
+def _domain(param: Any) -> str:
+    step = f" step {param.step}" if param.step else ""
+    return f"{param.low}..{param.high}{step}"
 
 
 def _numbers_at(engine: Any, param: Any, config: dict, env: dict) -> list[Any]:

@@ -21,7 +21,7 @@ from autotune.engines import build_engine
 from autotune.errors import InfrastructureError
 from autotune.spec.model import StudySpec
 from autotune.storage import artifact_dir_for, artifact_store
-from autotune.study.loop import quiet_optuna
+from autotune.study.loop import COMPILE_CACHE_DIR, quiet_optuna
 from autotune.study.record import TrialOutcome
 from autotune.study.trial import TrialContext, TrialRunner
 
@@ -78,6 +78,7 @@ def measure_variants(
         on_phase=on_phase or (lambda _n, _p: None),
         study=study,
         allow_pruning=False,
+        compile_cache=artifacts_path / COMPILE_CACHE_DIR,
     )
     runner = TrialRunner(ctx)
     results = {v.label: VariantMeasurements(v) for v in variants}

@@ -192,9 +192,15 @@ async def run_benchmark(
     phase_hook: Callable[[str, str], Awaitable[None]] | None = None,
     counter: TokenCounter = NO_TOKENIZER,
     request_bound_s: float | None = None,
+    stop_rule: Callable[[int, Sequence[dict[str, float]]], str | None] | None = None,
 ) -> BenchResult:
     """Warm up once, then rounds of (single-request decode, load at every level) until
     ``focus``'s interval is precise enough (see the module docstring), then the goodput search.
+
+    ``stop_rule(index, rounds)`` is asked after each round the precision rule would go on
+    from; a reason it returns ends the measurement there (``stopped_by`` is that reason, and
+    no goodput search follows): the trial's screen (``study/screen.py``) stops a config whose
+    first round is clearly worse than the leader's.
 
     A hung request ends the benchmark at once (``BenchResult.hang``): a trial whose server went
     silent costs one ``request_timeout_s``, not one per phase and wave. ``request_bound_s``
@@ -245,6 +251,7 @@ async def run_benchmark(
         return result
 
     hang, stopped_by, goodput = None, None, None
+    cut_short = False  # stopped by ``stop_rule``
     meter = ClientMeter()
     try:
         # the client's own CPU and event-loop lag: a client that cannot keep up measures itself
@@ -272,7 +279,11 @@ async def run_benchmark(
                     stopped_by = "request_errors"  # the caller decides what failures mean
                     break
                 stopped_by = _stop_reason(workload, rounds, names, start)
-            if workload.slos and stopped_by != "request_errors":
+                if stopped_by is None and stop_rule is not None:
+                    ruled = stop_rule(index, rounds)
+                    if ruled is not None:
+                        stopped_by, cut_short = ruled, True
+            if workload.slos and stopped_by != "request_errors" and not cut_short:
 
                 async def probe(level: int) -> Probe:
                     return await _probe(phase, workload, level)

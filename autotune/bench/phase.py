@@ -58,6 +58,7 @@ from autotune.client.stream import (
     CUT_SHORT,
     DONE,
     UNPARSED,
+    ServerProgress,
     SseReader,
     StreamError,
     TokenDeadline,
@@ -211,12 +212,15 @@ async def stream_request(
     read_timeout_s: float | None = 30.0,
     counter: TokenCounter = NO_TOKENIZER,
     total_timeout_s: float | None = None,
+    progress: ServerProgress | None = None,
 ) -> RequestRecord:
     """Send one streaming completion and time every chunk. Never raises for server faults.
 
     ``read_timeout_s`` is the longest wait for any token (the first included): a request that
-    waits longer is recorded ``hung``; a slow request that keeps streaming never is. Tokens are
-    counted by ids, else by ``counter`` on the text (see ``bench/tokens.py``).
+    waits longer is recorded ``hung``; a slow request that keeps streaming never is. With
+    ``progress`` (shared by the requests of one phase) the wait is the server's silence: a
+    request queued behind others that stream is waiting, not hung. Tokens are counted by ids,
+    else by ``counter`` on the text (see ``bench/tokens.py``).
     """
     body = completion_body(
         dialect,
@@ -237,7 +241,9 @@ async def stream_request(
         # test needs): one clock read per chunk, one json.loads per event, the deadline a stored
         # number (protocol.TokenDeadline), no per-chunk timer, no httpx objects per chunk.
         async with (
-            TokenDeadline(read_timeout_s, start, total_s=total_timeout_s) as deadline,
+            TokenDeadline(
+                read_timeout_s, start, total_s=total_timeout_s, progress=progress
+            ) as deadline,
             open_raw_stream(client, "/v1/completions", body) as stream,
         ):
             tokens.retries = stream.transport_retries
@@ -255,6 +261,8 @@ async def stream_request(
                     break
                 if len(times) != count:  # only a token resets the deadline, not any byte
                     deadline.last = now
+                    if progress is not None:
+                        progress.last = start + now
                     if (
                         len(times) > cap
                         and (
@@ -461,11 +469,14 @@ async def run_phase(
     """``num_requests`` requests, prompts taken round-robin, at most ``concurrency`` at once.
     ``max_tokens`` is one length for all, or one per prompt (``WorkloadSpec.output_tokens``).
 
-    The first hung request ends the phase: the requests still in flight or queued are cancelled
-    (a hung server would make each of them wait its own deadline, one wave after another), and
-    the result's ``hang`` names the request, the phase and the deadline.
+    A request is hung when the server streamed no token to any request of the phase for
+    ``read_timeout_s`` (:class:`ServerProgress`). The first hung request ends the phase: the
+    requests still in flight or queued are cancelled (a hung server would make each of them
+    wait its own deadline, one wave after another), and the result's ``hang`` names the
+    request, the phase and the deadline.
     """
     semaphore = asyncio.Semaphore(concurrency)
+    progress = ServerProgress()  # a request queued behind streaming ones is not hung
 
     async def one(index: int) -> RequestRecord:
         async with semaphore:
@@ -478,6 +489,7 @@ async def run_phase(
                 read_timeout_s=read_timeout_s,
                 counter=counter,
                 total_timeout_s=total_timeout_s,
+                progress=progress,
             )
 
     start = time.perf_counter()

@@ -25,13 +25,18 @@ from autotune.report.format import model_of
 from autotune.server.metrics import preemption_notes
 from autotune.storage import load_study
 from autotune.study.results import (
+    NOT_MEASURED_ON,
     baseline_headline,
     baseline_reason,
     best_trials,
     report_of,
     request_troubles,
     snapshot,
+    time_spent,
 )
+
+#: verdicts that are no failure (a screened trial is correct, only clearly slower)
+NOT_FAILED = ("correct", "running", "waiting", *NOT_MEASURED_ON)
 
 # Wide tables when the output is a file or a pipe (CI logs, `| less`), not 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 180)
@@ -213,11 +218,7 @@ def print_report(
     rows = report.rows if limit is None else report.rows[-limit:]
     for row in rows:
         params = " ".join(f"{k}={short(v)}" for k, v in row.params.items())
-        style = (
-            "bold green"
-            if row.is_best
-            else ("red" if row.verdict not in ("correct", "running", "waiting") else "")
-        )
+        style = "bold green" if row.is_best else ("red" if row.verdict not in NOT_FAILED else "")
         table.add_row(
             f"{row.number}{' *' if row.is_best else ''}",
             row.role,
@@ -248,6 +249,17 @@ def print_report(
         console.print(f"[yellow]measurement:[/] {escape(line)}", soft_wrap=True)
     for note in preemption_notes(rows):
         console.print(f"[yellow]preemptions:[/] {escape(note)}")
+    screened = [r for r in report.rows if r.verdict == names.SCREENED]
+    if screened:
+        console.print(
+            f"screened after one round (clearly slower than the leader, not measured on): "
+            f"trial {', '.join(str(r.number) for r in screened)}"
+        )
+    spent = time_spent(trials).lines()
+    if spent:
+        console.print("where the time went:")
+        for line in spent:
+            console.print(f"  {escape(line)}", soft_wrap=True)
     if report.reference:
         console.print(reference_line(report.reference))
         for notice in gate_notices(report.reference.get("capabilities")):
@@ -334,7 +346,7 @@ def interval_cell(ci: list[float] | None, value: float | None) -> str:
 
 def print_failure_details(rows) -> None:
     """Each failed trial's whole detail, root cause included (the table cuts it at 80)."""
-    failed = [r for r in rows if r.detail and r.verdict not in ("correct", "running", "waiting")]
+    failed = [r for r in rows if r.detail and r.verdict not in NOT_FAILED]
     if not failed:
         return
     console.print("failure details:")

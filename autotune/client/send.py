@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ import aiohttp
 import httpx
 
 from autotune.client.http import StreamingClient
+from autotune.client.stream import ServerProgress, await_while_served
 
 #: connect/write bounds of a streamed request; reading is bounded per token by the caller
 _STREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=10.0, pool=None)
@@ -34,15 +36,29 @@ _STREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=10.0, pool=None)
 
 @contextlib.asynccontextmanager
 async def open_stream(
-    client: httpx.AsyncClient, path: str, body: dict[str, Any], *, deadline_s: float | None
+    client: httpx.AsyncClient,
+    path: str,
+    body: dict[str, Any],
+    *,
+    deadline_s: float | None,
+    progress: ServerProgress | None = None,
 ) -> AsyncIterator[httpx.Response]:
     """POST ``body`` and hand back the streaming response once its headers arrived.
 
     The wait for the headers counts as waiting for the first token (a server that accepted the
-    request and never answers sends none): it raises ``TimeoutError`` after ``deadline_s``.
+    request and never answers sends none): it raises ``TimeoutError`` after ``deadline_s``, or
+    with ``progress`` once the server has streamed nothing to any of its requests for that long
+    (a server that holds a queued request's headers until a slot is free is not hung).
     """
-    async with asyncio.timeout(deadline_s):
-        response, _retries = await _send_streaming(client, path, body)  # counted on client
+    if progress is not None and deadline_s is not None:
+        sent = _send_streaming(client, path, body)
+        since = time.perf_counter()
+        response, _retries = await await_while_served(
+            sent, since=since, deadline_s=deadline_s, progress=progress
+        )
+    else:
+        async with asyncio.timeout(deadline_s):
+            response, _retries = await _send_streaming(client, path, body)  # counted on client
     try:
         yield response
     finally:

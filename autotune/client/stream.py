@@ -24,13 +24,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
 
 from autotune.engines.dialect import RequestDialect
 from autotune.errors import excerpt
+
+T = TypeVar("T")
 
 
 def completion_body(
@@ -92,7 +94,11 @@ class NoTokenWithin(Exception):
 
 
 async def sse_payloads(
-    response: httpx.Response, start: float, *, token_deadline_s: float | None = None
+    response: httpx.Response,
+    start: float,
+    *,
+    token_deadline_s: float | None = None,
+    progress: ServerProgress | None = None,
 ) -> AsyncIterator[tuple[bytes, float]]:
     """Yield (data payload, arrival time since ``start``) of each server-sent event, read by an
     :class:`SseReader` (which raises :class:`StreamError` for an error the stream reports
@@ -102,19 +108,27 @@ async def sse_payloads(
     long (the caller turns it into :class:`NoTokenWithin` with its own names). Only a payload
     that carries part of the answer restarts that clock (:func:`carries_answer`): SSE comments
     (``: keepalive``), empty events and chunks without text keep a stream open but prove
-    nothing, and a server sending only those is hung.
+    nothing, and a server sending only those is hung. With ``progress`` (shared by requests
+    sent at once to one server) the wait is the server's silence to all of them: a request
+    queued behind others that stream is waiting, not hung (:class:`ServerProgress`).
     """
     reader = SseReader()
     quiet = _Quiet()
-    async for lines, now in _sse_lines(response, start, token_deadline_s, quiet):
+    async for lines, now in _sse_lines(response, start, token_deadline_s, quiet, progress):
         for line in lines:
             payload = reader.feed(line)
             if payload is not None:
-                quiet.last = now if carries_answer(payload) else quiet.last
+                if carries_answer(payload):
+                    quiet.last = now
+                    if progress is not None:
+                        progress.last = start + now
                 yield payload, now
         payload = reader.pause()
         if payload is not None:
-            quiet.last = now if carries_answer(payload) else quiet.last
+            if carries_answer(payload):
+                quiet.last = now
+                if progress is not None:
+                    progress.last = start + now
             yield payload, now
     payload = reader.close()
     if payload is not None:
@@ -160,6 +174,7 @@ async def _sse_lines(
     start: float,
     token_deadline_s: float | None,
     quiet: _Quiet | None = None,
+    progress: ServerProgress | None = None,
 ) -> AsyncIterator[tuple[list[bytes], float]]:
     """The body's lines as they complete, with their arrival time; at the end, the last line
     even without its newline.
@@ -173,16 +188,24 @@ async def _sse_lines(
     chunks = response.aiter_bytes()
     while True:
         try:
-            # One deadline per chunk, never spanning a ``yield``: a timeout that fired while the
-            # consumer held the event would cancel the consumer instead of raising here.
-            # the time left counts from the last data payload, not from the last byte
-            left = token_deadline_s
-            if token_deadline_s is not None and quiet is not None:
-                left = token_deadline_s - (time.perf_counter() - start - quiet.last)
-                if left <= 0:
-                    raise TimeoutError
-            async with asyncio.timeout(left):
-                data = await anext(chunks)
+            if progress is not None and token_deadline_s is not None:
+                data = await await_while_served(
+                    anext(chunks),
+                    since=start + (quiet.last if quiet is not None else 0.0),
+                    deadline_s=token_deadline_s,
+                    progress=progress,
+                )
+            else:
+                # One deadline per chunk, never spanning a ``yield``: a timeout that fired while
+                # the consumer held the event would cancel the consumer instead of raising here.
+                # the time left counts from the last data payload, not from the last byte
+                left = token_deadline_s
+                if token_deadline_s is not None and quiet is not None:
+                    left = token_deadline_s - (time.perf_counter() - start - quiet.last)
+                    if left <= 0:
+                        raise TimeoutError
+                async with asyncio.timeout(left):
+                    data = await anext(chunks)
         except StopAsyncIteration:
             break
         buffer += data
@@ -190,6 +213,37 @@ async def _sse_lines(
         yield lines, time.perf_counter() - start
     if buffer:
         yield [buffer], time.perf_counter() - start
+
+
+async def await_while_served(
+    awaitable: Awaitable[T],
+    *,
+    since: float,
+    deadline_s: float,
+    progress: ServerProgress,
+) -> T:
+    """``awaitable``'s result, waited for while the server streams to this request or to another
+    of ``progress``'s; ``TimeoutError`` once it has been silent to all of them for ``deadline_s``
+    (this request's own wait counts from ``since``, a ``time.perf_counter`` instant).
+
+    The wait runs as a task that a deadline check does not cancel (a cancelled ``anext`` would
+    close the body's iterator): it is re-armed while others are served, and the task is
+    cancelled only when the request is given up.
+    """
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            now = time.perf_counter()
+            left = deadline_s - min(now - since, now - progress.last)
+            if left <= 0:
+                raise TimeoutError
+            done, _ = await asyncio.wait({task}, timeout=left)
+            if done:
+                return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 class StreamError(Exception):
@@ -421,6 +475,24 @@ def parse_json_object(body: str | bytes, what: str) -> dict[str, Any]:
     raise NotJsonObject(f"{what}: {excerpt(text) or '(an empty body)'}")
 
 
+class ServerProgress:
+    """When any request of one phase last received a token (``time.perf_counter`` seconds).
+
+    Shared by the requests sent at once to one server, so that a request's no-token deadline
+    counts the *server's* silence, not its own: a server with one slot and eight requests at
+    its door streams to one while the others wait for their first token, politely queued, for
+    as long as the queue ahead of them takes. That wait is a queue, and it is measured (in TTFT);
+    it becomes a hang only when nothing at all has streamed for the deadline. A server that
+    starves one request while serving others is still bounded: once the others finish, the
+    silence counts.
+    """
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = float("-inf")
+
+
 class TokenDeadline:
     """The no-token deadline of one request, with one timer for the whole request.
 
@@ -434,7 +506,8 @@ class TokenDeadline:
     headers are no token. ``deadline_s`` None: no deadline.
 
     The scope must not span a ``yield`` of an async generator (the cancellation would land in
-    the consumer): use it around the reading loop itself.
+    the consumer): use it around the reading loop itself. With ``progress`` the wait is the
+    server's silence (:class:`ServerProgress`): the reader stores each arrival there too.
     """
 
     def __init__(
@@ -444,8 +517,11 @@ class TokenDeadline:
         *,
         clock: Callable[[], float] = time.perf_counter,
         total_s: float | None = None,
+        progress: ServerProgress | None = None,
     ) -> None:
         self.deadline_s = deadline_s
+        #: tokens of the other requests to the same server (None: this request alone counts)
+        self.progress = progress
         #: the request's whole time, tokens or not (None: no such bound)
         self.total_s = total_s
         #: whether it was ``total_s``, not the no-token deadline, that ended the request
@@ -470,8 +546,11 @@ class TokenDeadline:
         return await self._scope.__aexit__(*exc_info)
 
     def _arm(self) -> None:
-        elapsed = self._clock() - self.origin
+        now = self._clock()
+        elapsed = now - self.origin
         idle = elapsed - self.last
+        if self.progress is not None:  # queued behind requests that stream: not idle
+            idle = min(idle, now - self.progress.last)
         loop = asyncio.get_running_loop()
         waits = []
         if self.deadline_s is not None:

@@ -324,6 +324,19 @@ class Engine(abc.ABC):
         without its dashes."""
         return ("config", flag.lstrip("-"))
 
+    def startup_parts(self, log_lines: Sequence[str]) -> dict[str, float]:
+        """The server's startup broken into its parts, in seconds, as its own log says them
+        (vLLM: weights, torch.compile, CUDA-graph capture, KV cache profiling). A part the log
+        does not state is absent, never 0: a made-up zero would read as "free". Default: none
+        (a server autotune does not know says nothing autotune can read)."""
+        return {}
+
+    def compile_cache_env(self, cache_dir: Path) -> dict[str, str]:
+        """The env that points the engine's compile cache at ``cache_dir``, shared by the
+        trials of one study (a warm start reuses what an earlier trial compiled); empty when
+        the engine has none, or the spec's own env already chose where it lives."""
+        return {}
+
     def profiler(self, trace_dir: Any) -> Any:
         """How to profile this engine's server into ``trace_dir`` (``autotune profile``): an
         object with ``json_flag()``, ``recipe``, ``decode_body()``, ``start()`` and ``stop()``

@@ -23,6 +23,7 @@ from autotune.client.stream import (
     CUT_SHORT,
     NotJsonObject,
     NoTokenWithin,
+    ServerProgress,
     StreamError,
     bad_shape,
     completion_body,
@@ -48,6 +49,7 @@ async def complete_greedy(
     fixed_length: bool = False,
     deadline_s: float | None = 60.0,
     phase: str = "verification",
+    progress: ServerProgress | None = None,
 ) -> Completion:
     """A greedy completion, streamed, with whatever the server gives beside the text.
 
@@ -70,7 +72,7 @@ async def complete_greedy(
     rejected: httpx.HTTPStatusError | None = None
     for variant in variants:
         try:
-            return await _stream_completion(client, dialect, variant, deadline_s, phase)
+            return await _stream_completion(client, dialect, variant, deadline_s, phase, progress)
         except httpx.HTTPStatusError as exc:
             if exc.response.status_code not in (400, 422):
                 raise
@@ -85,6 +87,7 @@ async def _stream_completion(
     body: dict[str, Any],
     deadline_s: float | None,
     phase: str,
+    progress: ServerProgress | None = None,
 ) -> Completion:
     prompt = body["prompt"]
     text: list[str] = []
@@ -99,12 +102,14 @@ async def _stream_completion(
     # a token's text may be split over events, so only a stream far past the limit is cut)
     cap = runaway_cap(int(body["max_tokens"]))
     try:
-        async with open_stream(client, "/v1/completions", body, deadline_s=deadline_s) as response:
+        async with open_stream(
+            client, "/v1/completions", body, deadline_s=deadline_s, progress=progress
+        ) as response:
             if response.status_code != 200:
                 await response.aread()
                 response.raise_for_status()
             async for payload, _now in sse_payloads(
-                response, time.perf_counter(), token_deadline_s=deadline_s
+                response, time.perf_counter(), token_deadline_s=deadline_s, progress=progress
             ):
                 events += 1
                 if payload == b"[DONE]":
@@ -282,7 +287,12 @@ async def gather_completions(
     concurrent: bool,
     deadline_s: float | None,
 ) -> list[Completion]:
-    """Fixed-length greedy completions of ``prompts``, one after another or all at once."""
+    """Fixed-length greedy completions of ``prompts``, one after another or all at once.
+
+    All at once, a server with fewer slots than prompts queues some of them: their no-token
+    deadline counts the server's silence to all of them (:class:`ServerProgress`), not their
+    own wait in the queue."""
+    progress = ServerProgress() if concurrent else None
 
     async def one(prompt: str) -> Completion:
         return await complete_greedy(
@@ -293,6 +303,7 @@ async def gather_completions(
             dialect=dialect,
             fixed_length=True,
             deadline_s=deadline_s,
+            progress=progress,
         )
 
     if concurrent:

@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial
 from autotune import names
 from autotune.errors import AutotuneError
 from autotune.spec.load import load_spec
-from autotune.study.results import ReportSource, StudyReport, TrialRow
+from autotune.study.results import NOT_MEASURED_ON, ReportSource, StudyReport, TrialRow
 
 #: one colour per verdict, shared by every plot and the tables (failure reasons not listed
 #: here get the fallback)
@@ -39,7 +39,8 @@ VERDICT_COLOURS = {
 OTHER_COLOUR = "#555555"
 
 
-OK_VERDICTS = ("correct", "running", "waiting")
+#: verdicts that are no failure (a screened trial is correct, only clearly slower)
+OK_VERDICTS = ("correct", "running", "waiting", *NOT_MEASURED_ON)
 
 
 def diff_table(base: dict[str, Any], other: dict[str, Any], labels: Sequence[str]) -> str:

@@ -67,6 +67,7 @@ from autotune.study.results import (
     report_of,
     request_troubles,
     snapshot,
+    time_spent,
     verified_baseline,
 )
 
@@ -121,6 +122,7 @@ def build_report(study: optuna.Study, source: ReportSource) -> str:
         progress_section(study, report, trials, figures),
         importance_section(study, report, trials, figures),
         _failures(report, trials),
+        _time_html(trials),
         load_curves_section(report, figures),
         pareto_section(study, report, trials, figures),
         ablation_section(report, figures),
@@ -362,6 +364,38 @@ def _failures(report: StudyReport, trials: list[FrozenTrial]) -> str:
             )
     out.append("</section>")
     return "".join(out)
+
+
+def _time_html(trials: list[FrozenTrial]) -> str:
+    """Where the study's time went: each phase of the search's trials (startup with the parts
+    its engine's log stated), and the confirmation's trials apart. Nothing for a study whose
+    trials recorded no phases (made before they did)."""
+    spent = time_spent(trials)
+    if not spent.trials:
+        return ""
+    total = spent.total or 1.0
+    rows = []
+    for phase, seconds in [*spent.phases.items(), ("confirmation", spent.confirmation)]:
+        rows.append(
+            f"<tr><td>{esc(phase)}</td><td>{seconds:.1f}</td><td>{seconds / total:.0%}</td></tr>"
+        )
+        if phase == "startup":
+            rows += [
+                f"<tr class='muted'><td>&nbsp;&nbsp;of it {esc(part)}</td>"
+                f"<td>{value:.1f}</td><td>{value / total:.0%}</td></tr>"
+                for part, value in spent.startup_parts.items()
+            ]
+    notes = [f"{spent.trials} trial(s) recorded their phases"]
+    if spent.screened:
+        notes.append(f"{spent.screened} screened after one round")
+    if spent.unrecorded:
+        notes.append(f"{spent.unrecorded} without a record")
+    return (
+        "<section id='time'><h2>Where the time went</h2><table><tr><th>phase</th>"
+        "<th>seconds</th><th>share</th></tr>" + "".join(rows) + "</table>"
+        f"<p class='muted'>{esc('; '.join(notes))}. Startup parts are what the engine's log "
+        "states; a part it does not state is not shown.</p></section>"
+    )
 
 
 def _request_troubles_html(trials: list[FrozenTrial]) -> str:

@@ -264,10 +264,15 @@ def _open_storage(url: str, attempts: int = 4) -> optuna.storages.RDBStorage:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+#: the study's shared compile cache, in its artifact folder
+COMPILE_CACHE_DIR = "compile-cache"
+
+
 def build_pruner() -> optuna.pruners.BasePruner:
-    """Stop a verified trial after its first benchmark repeat when it is in the bottom quarter
-    of the trials measured so far at that repeat (never before 5 trials have finished)."""
-    return optuna.pruners.PercentilePruner(75.0, n_startup_trials=5, n_warmup_steps=0)
+    """No Optuna pruner: a trial is stopped short by its screen (``study/screen.py``: one
+    round, then on only if its interval overlaps the leader's), never by a percentile of the
+    intermediate values, which knows nothing of how noisy a round is."""
+    return optuna.pruners.NopPruner()
 
 
 def run_study(
@@ -333,6 +338,9 @@ def run_study(
         on_phase=on_phase or (lambda _n, _p: None),
         study=study,
         extra_env=dict(extra_env or {}),
+        # one compile cache for the study's trials: a config whose graph an earlier trial
+        # compiled starts warm (vLLM's torch.compile cache; engines without one ignore it)
+        compile_cache=artifacts_path / COMPILE_CACHE_DIR,
     )
     study.set_user_attr(names.ENGINE_VERSION, engine.version())
     if roofline is not None and names.ROOFLINE not in study.user_attrs:

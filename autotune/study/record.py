@@ -4,6 +4,8 @@ The verdict policy (see ``docs/design/architecture.md``):
 
 * correct and measured -> COMPLETE with the objective value(s), constraint ``correct`` = 0
   (and one constraint per SLO, positive when violated);
+* correct, but its first round clearly worse than the leader's (``screen.py``) -> PRUNED
+  ``screened`` with that round's metrics, constraint ``correct`` = 0: never best;
 * a configuration fault (wrong output, crash, OOM, rejected flags, ...) -> PRUNED with
   constraint ``correct`` = 1: the sampler learns the region is bad, yet no speed is made up
   for a config that was never measured, and it can never be the best trial;
@@ -21,7 +23,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.artifacts import upload_artifact
@@ -29,6 +31,9 @@ from optuna.artifacts import upload_artifact
 from autotune import names
 from autotune.errors import CandidateError, InfrastructureError, TrialFailure
 from autotune.spec.model import ObjectiveSpec
+
+if TYPE_CHECKING:
+    from autotune.study.screen import ScreenResult
 
 _LOG_TAIL_CHARS = 6000
 #: how far a chain of duplicates (a duplicate whose holder itself took an outcome) is followed
@@ -61,13 +66,20 @@ def record_failure(trial: optuna.Trial, role: str, exc: TrialFailure) -> TrialOu
     return TrialOutcome(trial.number, role, exc.reason, None, infrastructure=infra)
 
 
-def record_early_stop(trial: optuna.Trial, role: str, metrics: dict[str, float]) -> TrialOutcome:
-    """Verified correct and measured, just clearly slower: no correctness constraint."""
+def record_screened(
+    trial: optuna.Trial, role: str, metrics: dict[str, float], screen: ScreenResult
+) -> TrialOutcome:
+    """Verified correct, measured for one round and clearly worse than the leader
+    (``screen.py``): its one round's metrics, the screen's record and the reason, and no
+    correctness constraint (the config is not bad, only slower). The caller ends it PRUNED,
+    so it is never best, never exported, never a confirmation candidate."""
     trial.set_user_attr(names.METRICS, {k: round(v, 4) for k, v in metrics.items()})
     trial.set_user_attr(names.CORRECT, True)
-    trial.set_user_attr(names.FAIL_REASON, "pruned_early")
+    trial.set_user_attr(names.FAIL_REASON, names.SCREENED)
+    trial.set_user_attr(names.FAIL_DETAIL, screen.detail()[:2000])
+    trial.set_user_attr(names.SCREEN, screen.to_dict())
     trial.set_constraint(names.CORRECTNESS_CONSTRAINT, 0.0)
-    return TrialOutcome(trial.number, role, "pruned_early")
+    return TrialOutcome(trial.number, role, names.SCREENED)
 
 
 def record_measured(

@@ -25,6 +25,8 @@ from autotune.storage import load_study
 
 #: what `show`, the report and `export` say when the confirmation's interval includes no change
 NO_CONFIRMED_WINNER = "no confirmed winner: the baseline stands"
+#: verdicts of correct configs stopped short as clearly slower: never best, and no failure
+NOT_MEASURED_ON = (names.SCREENED, "pruned_early")
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,11 @@ class StudyReport:
 
 
 def is_verified_feasible(trial: FrozenTrial) -> bool:
-    """Correct, measured, and within every constraint: the only trials that can be best."""
+    """Correct, measured, and within every constraint: the only trials that can be best. A
+    screened trial (one round, clearly worse: PRUNED) never is, whatever its state says."""
     if trial.state != TrialState.COMPLETE or trial.user_attrs.get(names.CORRECT) is not True:
+        return False
+    if trial.user_attrs.get(names.FAIL_REASON) in NOT_MEASURED_ON:
         return False
     return all(v <= 0.0 for v in trial.constraints.values())
 
@@ -226,7 +231,8 @@ def report_of(study: optuna.Study, *, trials: Sequence[FrozenTrial] | None = Non
     trials = snapshot(study) if trials is None else trials
     best = {t.number for t in best_trials(study, trials=trials)}
     rows = tuple(row_of(t, best) for t in trials)
-    reasons = Counter(r.verdict for r in rows if r.verdict not in ("correct", "running", "waiting"))
+    not_failed = ("correct", "running", "waiting", *NOT_MEASURED_ON)
+    reasons = Counter(r.verdict for r in rows if r.verdict not in not_failed)
     metric_names = tuple(study.metric_names or []) if study.metric_names else ()
     attrs = dict(study.user_attrs)
     reference = attrs.pop(names.REFERENCE, None)
@@ -347,3 +353,81 @@ def request_troubles(trials: Sequence[FrozenTrial]) -> list[RequestTrouble]:
             )
         )
     return out
+
+
+# --- where the time went ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimeSpent:
+    """Seconds the study's trials spent, summed from each trial's ``time_s`` and startup parts.
+
+    ``phases`` (startup, gate, measurement, teardown) are the search's trials (every role but
+    the confirmation's); ``startup_parts`` split their startup as the engine's log states it
+    (a part no trial's log stated is absent); ``confirmation`` is the confirmation's trials'
+    time, all phases together. ``trials`` counts the trials with a record, ``unrecorded`` those
+    without (older studies, trials that never launched)."""
+
+    phases: dict[str, float]
+    startup_parts: dict[str, float]
+    confirmation: float
+    trials: int
+    unrecorded: int
+    screened: int
+
+    @property
+    def total(self) -> float:
+        return sum(self.phases.values()) + self.confirmation
+
+    def lines(self) -> list[str]:
+        """What ``show`` prints under "where the time went" (nothing when nothing recorded)."""
+        if not self.trials:
+            return []
+        total = self.total or 1.0
+        out = []
+        for phase, seconds in self.phases.items():
+            line = f"{phase}: {seconds:.1f} s ({seconds / total:.0%})"
+            if phase == "startup" and self.startup_parts:
+                parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.startup_parts.items())
+                line += f"; of it {parts}"
+            out.append(line)
+        out.append(f"confirmation: {self.confirmation:.1f} s ({self.confirmation / total:.0%})")
+        tail = f"over {self.trials} trial(s)"
+        if self.screened:
+            tail += f", {self.screened} of them screened after one round"
+        if self.unrecorded:
+            tail += f"; {self.unrecorded} trial(s) without a record"
+        out.append(tail)
+        return out
+
+
+def time_spent(trials: Sequence[FrozenTrial]) -> TimeSpent:
+    """The study's time by phase (see :class:`TimeSpent`)."""
+    phases: dict[str, float] = {}
+    parts: dict[str, float] = {}
+    confirmation, counted, unrecorded, screened = 0.0, 0, 0, 0
+    for trial in trials:
+        if trial.state in (TrialState.RUNNING, TrialState.WAITING):
+            continue
+        spent = trial.user_attrs.get(names.TIME_S)
+        if not spent:
+            unrecorded += 1
+            continue
+        counted += 1
+        screened += trial.user_attrs.get(names.FAIL_REASON) == names.SCREENED
+        if trial.user_attrs.get(names.ROLE) == names.CONFIRM:
+            confirmation += sum(float(v) for v in spent.values())
+            continue
+        for phase, seconds in spent.items():
+            phases[phase] = phases.get(phase, 0.0) + float(seconds)
+        server = trial.user_attrs.get(names.SERVER) or {}
+        for part, seconds in (server.get("startup_parts") or {}).items():
+            parts[part] = parts.get(part, 0.0) + float(seconds)
+    return TimeSpent(
+        phases={k: round(v, 3) for k, v in phases.items()},
+        startup_parts={k: round(v, 3) for k, v in parts.items()},
+        confirmation=round(confirmation, 3),
+        trials=counted,
+        unrecorded=unrecorded,
+        screened=screened,
+    )

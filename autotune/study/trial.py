@@ -55,17 +55,19 @@ from autotune.spec.model import StudySpec
 from autotune.spec.workload import reference_requests
 from autotune.study.cleanup import reclaim, trial_dead_reason, worker_record
 from autotune.study.outcome import bench_failure
+from autotune.study.phase_clock import GATE, MEASUREMENT, STARTUP, TEARDOWN, PhaseClock
 from autotune.study.record import (
     TrialOutcome,
     record_duplicate,
-    record_early_stop,
     record_failure,
     record_measured,
+    record_screened,
     running_duplicate,
     trim,
     upload_trial_files,
 )
 from autotune.study.results import verified_baseline
+from autotune.study.screen import Screen, ScreenResult, screen_for
 from autotune.study.termination import interrupted_detail
 
 HOST = "127.0.0.1"
@@ -87,8 +89,10 @@ class TrialContext:
     extra_env: dict[str, str] = field(default_factory=dict)
     #: the study being run; the baseline stores the reference in its attributes
     study: optuna.Study | None = None
-    #: early pruning on intermediate values (off when re-measuring chosen configs)
+    #: short screens (study/screen.py): off when re-measuring chosen configs
     allow_pruning: bool = True
+    #: the study's shared compile cache (the engine's ``compile_cache_env``), None: none
+    compile_cache: Path | None = None
 
     @functools.cached_property
     def token_counter(self) -> TokenCounter:
@@ -97,12 +101,12 @@ class TrialContext:
         return TokenCounter.for_model(self.spec.model.path, self.spec.model.tokenizer)
 
 
-class EarlyStop(Exception):
-    """Raised from inside the benchmark when the pruner says the trial is clearly losing."""
+class Screened(Exception):
+    """Raised after a benchmark its screen stopped: correct, clearly worse than the leader."""
 
-    def __init__(self, metrics: dict[str, float]) -> None:
-        super().__init__("pruned early")
-        self.metrics = dict(metrics)
+    def __init__(self, metrics: dict[str, float], screen: ScreenResult) -> None:
+        super().__init__(names.SCREENED)
+        self.metrics, self.screen = dict(metrics), screen
 
 
 class TrialRunner:
@@ -150,9 +154,9 @@ class TrialRunner:
         except CandidateError as exc:
             self.last = record_failure(trial, role, exc)
             raise optuna.TrialPruned(f"{exc.reason}: {exc.detail}") from None
-        except EarlyStop as stop:
-            self.last = record_early_stop(trial, role, stop.metrics)
-            raise optuna.TrialPruned("pruned_early") from None
+        except Screened as stop:
+            self.last = record_screened(trial, role, stop.metrics, stop.screen)
+            raise optuna.TrialPruned(f"{names.SCREENED}: {stop.screen.detail()}") from None
         except InfrastructureError as exc:
             self.last = record_failure(trial, role, exc)
             raise
@@ -282,6 +286,7 @@ class TrialRunner:
             server_attrs["devices"] = dict(ctx.extra_env)
         trial.set_user_attr(names.SERVER, server_attrs)
         log_path = ctx.log_dir / f"trial-{trial.number:05d}.log"
+        clock = PhaseClock()  # where the trial's time goes (names.TIME_S)
 
         def on_spawn(pid: int, pgid: int) -> None:
             # Recorded at once: if autotune itself is killed, the next run finds this server.
@@ -308,6 +313,7 @@ class TrialRunner:
         )
         try:
             self._phase(trial, "launching")
+            clock.start(STARTUP)
             server.start()
             async with build_client(
                 launch,
@@ -325,6 +331,7 @@ class TrialRunner:
                     )
 
                 self._phase(trial, "verifying")
+                clock.start(GATE)
                 reference = await self._reference(client, launch.served_model, role, server)
                 check = await self._verify(client, launch.served_model, reference, server)
                 # with the gate's requests sent again on a new connection (client/send.py)
@@ -336,11 +343,17 @@ class TrialRunner:
                     raise CandidateError("incorrect_output", check.problems[0], evidence=evidence)
 
                 self._phase(trial, "benchmarking")
-                bench = await self._benchmark(client, launch.served_model, server, trial)
+                clock.start(MEASUREMENT)
+                screen = screen_for(ctx.study if ctx.allow_pruning else None, spec.objective, role)
+                bench = await self._benchmark(client, launch.served_model, server, trial, screen)
                 await self._engine_evidence(client, trial, settings)
                 self._check_under_load(trial, reference, bench)
                 if not server.alive():
                     raise server.failure("server_crashed", "server died during the benchmark")
+                if screen is not None and screen.result is not None:
+                    trial.set_user_attr(names.SCREEN, screen.result.to_dict())
+                    if bench.stopped_by == names.SCREENED:  # correct, and clearly worse
+                        raise Screened(bench.metrics, screen.result)
                 return bench.metrics
         except TrialFailure as exc:
             # e.g. incorrect_output: the server's log and state are evidence too
@@ -380,12 +393,19 @@ class TrialRunner:
             raise server.failure("server_crashed", f"request failed: {exc}") from None
         finally:
             self._phase(trial, "stopping")
+            clock.start(TEARDOWN)
             try:
                 server.stop()
             finally:
                 server_attrs["stopped_cleanly"] = server.stopped_cleanly
+                # the start's parts as the engine's log states them (weights, compile, ...)
+                server_attrs["startup_parts"] = ctx.engine.startup_parts(
+                    server.log_text().splitlines()
+                )
                 trial.set_user_attr(names.SERVER, server_attrs)
                 upload_trial_files(self.ctx.artifacts, trial, log_path, launch.redact)
+                clock.stop()
+                trial.set_user_attr(names.TIME_S, clock.seconds())
 
     async def _engine_evidence(
         self, client: Any, trial: optuna.Trial, settings: ServerSettings
@@ -451,21 +471,21 @@ class TrialRunner:
         return compare(reference, completions, teacher, self.ctx.spec.check)
 
     async def _benchmark(
-        self, client: httpx.AsyncClient, model: str, server: ServerProcess, trial: optuna.Trial
+        self,
+        client: httpx.AsyncClient,
+        model: str,
+        server: ServerProcess,
+        trial: optuna.Trial,
+        screen: Screen | None = None,
     ) -> BenchResult:
-        workload = self.ctx.spec.workload
-
         single = len(self.ctx.spec.objective.metrics) == 1
 
         def on_repeat(index: int, metrics: dict[str, float]) -> None:
-            # Cheap early measurement: after a repeat, a trial clearly below the others at the
-            # same step (Optuna's pruner) stops spending the rest of its benchmark.
+            # each round's objective as an intermediate value: the dashboard's curve, and how
+            # a sampler ranks a screened (PRUNED) trial among the others
             value = metrics.get(self.ctx.spec.objective.metrics[0])
-            if value is None or not single:
-                return
-            trial.report(value, index)
-            if self.ctx.allow_pruning and index < workload.repeats - 1 and trial.should_prune():
-                raise EarlyStop(metrics)
+            if value is not None and single:
+                trial.report(value, index)
 
         evidence = ServerMetricsRecorder(client, self.ctx.engine.server_metrics_map())
         await evidence.start()
@@ -477,9 +497,10 @@ class TrialRunner:
             bench = await run_benchmark(
                 client,
                 model,
-                workload,
+                self.ctx.spec.workload,
                 dialect=self.ctx.engine.dialect,
                 on_repeat=on_repeat,
+                stop_rule=screen,  # one round, then on only if it may be the best (screen.py)
                 focus=self.ctx.spec.objective.metrics,
                 phase_hook=evidence.phase,
                 counter=self.ctx.token_counter,
@@ -541,9 +562,13 @@ class TrialRunner:
         self.ctx.on_phase(trial.number, phase)
 
     def _with_worker_settings(self, settings: ServerSettings) -> ServerSettings:
-        if not self.ctx.extra_env:
+        """The worker's own env (a parallel worker's devices) and the study's compile cache
+        (unless the trial's settings choose their own) merged into the trial's settings."""
+        cache = self.ctx.compile_cache
+        shared = self.ctx.engine.compile_cache_env(cache) if cache is not None else {}
+        if not self.ctx.extra_env and not (shared.keys() - settings.env.keys()):
             return settings
-        env = dict(settings.env)
+        env = {**shared, **settings.env}
         env.update(self.ctx.extra_env)
         return ServerSettings(
             flags=settings.flags, json_flags=settings.json_flags, env=env, patches=settings.patches

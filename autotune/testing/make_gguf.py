@@ -370,13 +370,17 @@ def hf_llama_to_gguf(src: str | Path, dst: str | Path, *, qtype: str = "Q8_0") -
                 types[added["id"]] = gguf.TokenType.CONTROL
         merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"].get("merges", [])]
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("default")
+        # a ByteLevel pre-tokenizer with GPT-2's regex: llama.cpp's "gpt-2" splits as it does
+        # ("default" cut "17 18" into "1" "7" " " "1" "8", and the model saw text it never had)
+        w.add_tokenizer_pre("gpt-2")
         w.add_token_list(tokens)
         w.add_token_types(types)
         if merges:
             w.add_token_merges(merges)
         if cfg.get("bos_token_id") is not None:
             w.add_bos_token_id(int(cfg["bos_token_id"]))
+            # every encoding starts with BOS, as transformers' tokenizer does for this model
+            w.add_add_bos_token(True)
         if cfg.get("eos_token_id") is not None:
             eos = cfg["eos_token_id"]
             w.add_eos_token_id(int(eos[0] if isinstance(eos, list) else eos))

@@ -19,7 +19,7 @@ with one runs other defaults than its help states, for the baseline as for every
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ from autotune.engines.export_files import (
     ExportFiles,
     env_path_for,
 )
-from autotune.engines.llamacpp import binary, export, logs, validate
+from autotune.engines.llamacpp import binary, export, logs, startup, validate
 from autotune.engines.llamacpp.dialect import LLAMACPP_DIALECT
 from autotune.engines.llamacpp.help import HelpError, ServerHelp, canonical, server_help
 from autotune.engines.llamacpp.metrics import LLAMACPP_METRICS
@@ -158,6 +158,10 @@ class LlamaCppEngine(Engine):
 
     def root_cause(self, log_text: str) -> str | None:
         return logs.root_cause(log_text)
+
+    def startup_parts(self, log_lines: Sequence[str]) -> dict[str, float]:
+        """Model load (weights, KV cache), warm-up and slots, from the log's timestamps."""
+        return startup.startup_parts(log_lines)
 
     def validate_space(self, space: SearchSpace) -> list[ValidationIssue]:
         try:

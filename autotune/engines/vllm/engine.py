@@ -10,7 +10,9 @@ it never shows in ``ps`` or in stored trial records.
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +24,7 @@ from autotune.engines.base import (
     MetricsMap,
     ValidationIssue,
 )
-from autotune.engines.vllm import gguf, logs, machine, speculative, validate
+from autotune.engines.vllm import gguf, logs, machine, speculative, startup, validate
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.engines.vllm.metrics import VLLM_METRICS
 from autotune.engines.vllm.profile import VllmProfiler
@@ -32,6 +34,10 @@ from autotune.space.settings import ServerSettings
 
 if TYPE_CHECKING:
     from autotune.space.model import SearchSpace
+
+
+#: vLLM's cache folder (torch.compile artifacts under ``torch_compile_cache``)
+CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"
 
 
 class VllmEngine(Engine):
@@ -97,6 +103,20 @@ class VllmEngine(Engine):
 
     def root_cause(self, log_text: str) -> str | None:
         return logs.root_cause(log_text)
+
+    def startup_parts(self, log_lines: Sequence[str]) -> dict[str, float]:
+        """Weights, torch.compile, CUDA-graph capture and KV cache seconds (``startup.py``)."""
+        return startup.startup_parts(log_lines)
+
+    def compile_cache_env(self, cache_dir: Path) -> dict[str, str]:
+        """``VLLM_CACHE_ROOT`` (where vLLM keeps its torch.compile cache) in ``cache_dir``, so
+        a trial whose compiled graph an earlier trial of the study made reads it back instead
+        of compiling again; never over a cache root the spec's env or autotune's own
+        environment chose (vLLM's default, ``~/.cache/vllm``, is shared by every launch of the
+        user: the study's own folder keeps one study's starts from depending on another's)."""
+        if CACHE_ROOT_ENV in self.engine_spec.env or CACHE_ROOT_ENV in os.environ:
+            return {}
+        return {CACHE_ROOT_ENV: str(cache_dir)}
 
     def verify_started(self, settings: ServerSettings, log_text: str) -> str | None:
         """Every selected non-default patch must have announced itself in the server log.
