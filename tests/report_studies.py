@@ -72,7 +72,7 @@ def build_rich_study(directory: Path, *, ablate: bool = True) -> Path:
         study.enqueue_trial(values, user_attrs={names.ROLE: "search"})
     run_study(spec, RunOptions(trials=6, validate=False))
     study = optuna.load_study(storage=open_storage(url), study_name=spec.name)
-    run_confirmation(spec, study, url, top_k=1, repeats=2)
+    run_confirmation(spec, study, url, top_k=1, rounds=2)
     if ablate:
         run_ablation(spec, study, url, repeats=2)
     _store_recorded_profiles(study)

@@ -827,9 +827,11 @@ def test_confirm_and_run_honour_artifact_dir(tmp_path: Path) -> None:
     spec_path = write_fake_spec(tmp_path, f"parameters:\n  max_num_seqs: {param}\n", name="artdir")
     first, second = tmp_path / "first", tmp_path / "second"
     common = ("--spec", str(spec_path), "--seed", "1")
+    # 6 launches: the baseline, one search trial, then 2 rounds x (baseline + 1) confirmation
     result = invoke(
-        "run", *common, "--trials", "2", "--confirm-top", "1", "--artifact-dir", str(first)
-    )
+        "run", *common, "--trials", "6", "--confirm-top", "1", "--confirm-repeats", "2",
+        "--artifact-dir", str(first),
+    )  # fmt: skip
     assert result.exit_code == 0, (result.output, result.exception)
     result = invoke(
         "confirm", "--spec", str(spec_path), "--top", "1", "--repeats", "2",

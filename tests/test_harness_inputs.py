@@ -162,7 +162,7 @@ def test_a_key_of_its_own_is_ignored_and_said_once(tmp_path, capsys):
         (("--strategies", "auto,bogus"), "unknown strategy 'bogus'"),
         (("--target-precision", "-0.1"), "--target-precision must be a finite number"),
         (("--confirm-top", "-1"), "--confirm-top must be >= 0"),
-        (("--confirm-max-rounds", "0"), "--confirm-max-rounds must be >= 1"),
+        (("--confirm-repeats", "1"), "--confirm-repeats >= 2"),
         (("--call-limit", "-1"), "--call-limit must be a finite number >= 0"),
     ],
 )

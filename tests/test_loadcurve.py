@@ -16,7 +16,7 @@ import pytest
 
 from autotune import names
 from autotune._stats import Interval, mean_interval, t_quantile
-from autotune.analysis.confirm import _precise
+from autotune.analysis.confirm import PRECISE, race_step
 from autotune.bench.loadcurve import (
     CLAIMED,
     Probe,
@@ -115,15 +115,16 @@ def test_a_noisy_server_is_measured_longer_than_a_quiet_one(tmp_path):
 
 
 def test_confirmation_stops_on_the_same_rule():
-    class M:
-        def __init__(self, samples, failures=()):
-            self.samples, self.failures = list(samples), list(failures)
-
-    tight = {"baseline": M([100, 101]), "trial 1": M([150, 151])}
-    loose = {"baseline": M([100, 140]), "trial 1": M([150, 110])}
-    assert _precise(tight, 1.0, 0.03)
-    assert not _precise(loose, 1.0, 0.03)
-    assert _precise(loose, 1.0, 0)  # target 0: the minimum rounds only
+    """The trials' precision target (``workload.target_precision``) also ends confirmation's
+    race (``confirm.race_step``) when the leader's gain is known that well, settled or not."""
+    base = [100.0, 100.2, 100.1]
+    tight = {"trial 1": [100.1, 100.3, 100.0]}  # no change, known within 1 %
+    assert race_step(tight, base, 1.0, rounds=3, max_rounds=4, precision=0.03).stop == PRECISE
+    assert race_step(tight, base, 1.0, rounds=3, max_rounds=4, precision=0).stop is None
+    loose = {"trial 1": [150.0, 110.0]}
+    assert (
+        race_step(loose, [100.0, 140.0], 1.0, rounds=2, max_rounds=4, precision=0.03).stop is None
+    )
 
 
 # --- load curve -------------------------------------------------------------------------------

@@ -306,7 +306,8 @@ def kill9_then_resume(
 
         # at once: the heartbeat grace is ten minutes, only the dead worker's pid can tell
         second_log = tmp / "run2.log"
-        second = start_run(spec, 1, second_log, NO_GRACE_ENV)
+        # --trials counts the study's launches: the baseline made, one more (the retry)
+        second = start_run(spec, 2, second_log, NO_GRACE_ENV)
         try:
             second.wait(timeout=run_timeout)
         except subprocess.TimeoutExpired:
@@ -496,7 +497,7 @@ def test_ctrl_c_exits_130_and_records_interrupted(tmp_path: Path, sig: signal.Si
         kill_tagged(tag)
     # the study resumes: the re-enqueued trial runs first
     log2 = tmp_path / "run2.log"
-    again = start_run(spec, 1, log2)
+    again = start_run(spec, 2, log2)  # the study's launches: the baseline made, then the retry
     again.wait(timeout=120)
     assert again.returncode == 0, log2.read_text()[-3000:]
     study = load(spec)

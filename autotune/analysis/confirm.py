@@ -13,13 +13,22 @@ more spread than the few samples show), while t's heavy tails at low degrees of 
 honestly how little two rounds prove. The result is
 stored in the study (``confirmation``) and from then on ``report.best_trials`` returns that
 winner, so `show`, `export` and the dashboard's notes agree.
+
+The rounds are a race (:func:`race_step`), planned from the run's budget (``study/budget.py``):
+after each round from :data:`~autotune.study.budget.MIN_ROUNDS` on, a candidate whose interval
+against the leader lies clearly below is dropped (its later rounds are not launched), and the
+confirmation stops as soon as its verdict is settled (the leader's interval against the
+baseline excludes no change, either way) or precise (``workload.target_precision``), or when
+no candidate is left; otherwise at its planned rounds. Why it stopped, the launches it made and
+the launches it was given are stored with it (``stopped_by``, ``launches``,
+``planned_launches``).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -27,14 +36,22 @@ import optuna
 
 from autotune import names
 from autotune._stats import t_quantile
-from autotune.analysis.remeasure import Variant, measure_variants
+from autotune.analysis.remeasure import Variant, VariantMeasurements, measure_variants
 from autotune.bench.host import judge_interval_noise
 from autotune.errors import SpecError
 from autotune.search.model import rank_by_posterior
 from autotune.space.model import SearchSpace
 from autotune.spec.model import StudySpec
 from autotune.storage import load_study
+from autotune.study.budget import MAX_ROUNDS, MIN_ROUNDS
 from autotune.study.results import is_verified_feasible
+
+#: why a confirmation stopped (its ``stopped_by``)
+SETTLED = "settled"  # the leader's interval against the baseline excludes no change
+PRECISE = "precise"  # the leader's gain is known within workload.target_precision
+BUDGET = "budget"  # its planned rounds were measured
+ALL_ELIMINATED = "all_eliminated"  # every candidate failed a round
+BASELINE_FAILED = "baseline_failed"  # the baseline failed a round: nothing left to compare to
 
 
 @dataclass(frozen=True)
@@ -57,6 +74,13 @@ class Confirmation:
     #: "host noise, not the configs, decides this interval: ..." when most rounds were
     #: measured on a busy host (bench/host.py), else None
     host_noise: str | None = None
+    #: why the race stopped (SETTLED, PRECISE, BUDGET, ALL_ELIMINATED, BASELINE_FAILED)
+    stopped_by: str | None = None
+    #: servers it launched, and the most its plan gave it (rounds x (baseline + top_k))
+    launches: int = 0
+    planned_launches: int = 0
+    #: candidates dropped by the race, clearly below the leader
+    eliminated: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,14 +128,15 @@ def confirm_study(
     study_name: str,
     *,
     top_k: int,
-    repeats: int,
+    rounds: int = MAX_ROUNDS,
     artifact_dir: str | None = None,
     on_start: Callable[[], None] | None = None,
     on_phase: Callable[[int, str], None] | None = None,
 ) -> Confirmation | None:
     """Open the stored study and confirm its top ``top_k`` configs; None when there is nothing
     to confirm: a multi-objective study (its Pareto front is the answer) or no verified config
-    beyond the baseline. ``on_start`` is called once, just before the first launch."""
+    beyond the baseline. ``rounds`` is the most rounds (the race may stop earlier); ``on_start``
+    is called once, just before the first launch."""
     if len(spec.objective.metrics) != 1:
         return None
     study = load_study(storage_url, study_name, heartbeat=True)
@@ -124,7 +149,7 @@ def confirm_study(
         study,
         storage_url,
         top_k=top_k,
-        repeats=repeats,
+        rounds=rounds,
         artifact_dir=artifact_dir,
         on_phase=on_phase,
     )
@@ -136,11 +161,12 @@ def run_confirmation(
     storage_url: str,
     *,
     top_k: int = 2,
-    repeats: int = 2,
-    max_rounds: int | None = None,
+    rounds: int = MAX_ROUNDS,
     on_phase: Callable[[int, str], None] | None = None,
     artifact_dir: str | None = None,
 ) -> Confirmation:
+    """Race the top ``top_k`` candidates against the baseline for at most ``rounds`` rounds
+    (:func:`race_step` decides after each one) and store the verdict in the study."""
     if len(spec.objective.metrics) != 1:
         raise SpecError(
             "confirmation applies to single-objective studies; a multi-objective "
@@ -159,17 +185,18 @@ def run_confirmation(
             for n, v in (trial.user_attrs.get(names.PARAMS_RESOLVED) or {}).items()
         }
         variants.append(Variant(f"trial {trial.number}", values))
+    most = max(rounds, MIN_ROUNDS)
+    race = _Race(sign, most, spec.workload.target_precision)
     measured = measure_variants(
         spec,
         study,
         storage_url,
         variants,
-        repeats=repeats,
+        repeats=most,
         role=names.CONFIRM,
         on_phase=on_phase,
         artifact_dir=artifact_dir,
-        until=lambda results: _precise(results, sign, spec.workload.target_precision),
-        max_rounds=max_rounds if max_rounds is not None else max(repeats, DEFAULT_MAX_ROUNDS),
+        next_round=race.next_round,
     )
     rounds = max(len(m.outcomes) for m in measured.values())
     results = []
@@ -191,7 +218,7 @@ def run_confirmation(
         for r in results[1:]
         if r.median is not None
         and not r.failures
-        and len(r.samples) == rounds
+        and r.label in (race.alive or ())
         and _feasible_rounds(study, r.label)
     ]
     winner = max(clean, key=lambda r: sign * r.median, default=None)
@@ -212,30 +239,97 @@ def run_confirmation(
         gain_ci=ci,
         candidates=tuple(results),
         host_noise=judge_interval_noise([h for h in rounds_host if h]),
+        stopped_by=race.stopped_by,
+        launches=sum(len(m.outcomes) for m in measured.values()),
+        planned_launches=most * len(variants),
+        eliminated=tuple(race.eliminated),
     )
     study.set_user_attr(names.CONFIRMATION, confirmation.to_dict())
     return confirmation
 
 
-#: confirmation rounds at most, unless the caller says otherwise (each round is one launch per
-#: candidate and the baseline)
-DEFAULT_MAX_ROUNDS = 4
+@dataclass(frozen=True)
+class RaceStep:
+    """What :func:`race_step` decides after a round: the candidates still racing, and why the
+    race stops now (None: one more round)."""
+
+    keep: tuple[str, ...]
+    stop: str | None
 
 
-def _precise(results: dict[str, Any], sign: float, target: float) -> bool:
-    """Confirmation's stopping rule, the trials' own (``workload.target_precision``): the
-    leading candidate's gain over the baseline is known within ``target`` (half-width of its
-    95% interval, relative). ``target`` 0: exactly the minimum rounds. A round with a failure
-    is not made up by more rounds: the failed candidate is out either way."""
-    if target <= 0:
-        return True
-    measured = list(results.values())
-    base = measured[0].samples
-    clean = [m.samples for m in measured[1:] if not m.failures and len(m.samples) >= 2]
-    if len(base) < 2 or not clean:
-        return True  # nothing that more rounds could settle
-    lead = max(clean, key=lambda xs: sign * statistics.median(xs))
-    return gain_is_precise(tuple(lead), tuple(base), sign, target)
+def race_step(
+    candidates: Mapping[str, Sequence[float]],
+    base: Sequence[float],
+    sign: float,
+    *,
+    rounds: int,
+    max_rounds: int,
+    precision: float = 0.0,
+) -> RaceStep:
+    """Confirmation's sequential rule, after ``rounds`` rounds, on the samples of the
+    candidates still racing that failed no round (a failed candidate is out) and the
+    baseline's. Before :data:`MIN_ROUNDS` it only counts. From then on, a candidate whose
+    interval against the leader (best median; :func:`gain_with_ci`, the confirmation's own
+    interval) lies wholly below zero is dropped, and the race stops when the leader's interval
+    against the baseline excludes no change either way (SETTLED: a confirmed gain, or a
+    confirmed loss), when its gain is known within ``precision`` (PRECISE), or at
+    ``max_rounds`` (BUDGET). A lone candidate left by the others' elimination races on while
+    its verdict is open: one more round of two launches is what can still settle it. The
+    harness of ``benchmarks/search`` simulates the confirmation with this function."""
+    if not candidates:
+        return RaceStep((), ALL_ELIMINATED)
+    keep = tuple(candidates)
+    if rounds < MIN_ROUNDS:
+        return RaceStep(keep, BUDGET if rounds >= max_rounds else None)
+    if len(base) < 2:
+        return RaceStep(keep, BASELINE_FAILED)
+    lead = max(keep, key=lambda c: sign * statistics.median(candidates[c]))
+    lead_samples = tuple(candidates[lead])
+    keep = tuple(
+        c
+        for c in keep
+        if c == lead or gain_with_ci(tuple(candidates[c]), lead_samples, sign)[1][1] >= 0
+    )
+    _, (low, high) = gain_with_ci(lead_samples, tuple(base), sign)
+    if low > 0 or high < 0:
+        return RaceStep(keep, SETTLED)
+    if precision > 0 and gain_is_precise(lead_samples, tuple(base), sign, precision):
+        return RaceStep(keep, PRECISE)
+    return RaceStep(keep, BUDGET if rounds >= max_rounds else None)
+
+
+class _Race:
+    """The confirmation's rounds as ``measure_variants`` asks for them (``next_round``): the
+    baseline and every candidate still racing, until :func:`race_step` stops."""
+
+    def __init__(self, sign: float, max_rounds: int, precision: float) -> None:
+        self.sign, self.max_rounds, self.precision = sign, max_rounds, precision
+        self.alive: list[str] | None = None
+        self.eliminated: list[str] = []
+        self.stopped_by: str | None = None
+
+    def next_round(self, results: dict[str, VariantMeasurements], rounds: int) -> list[str]:
+        base, *others = results
+        if self.alive is None:
+            self.alive = list(others)
+        if rounds == 0:
+            return [base, *self.alive]
+        failed = [c for c in self.alive if results[c].failures]
+        racing = {c: results[c].samples for c in self.alive if c not in failed}
+        step = race_step(
+            racing,
+            results[base].samples,
+            self.sign,
+            rounds=rounds,
+            max_rounds=self.max_rounds,
+            precision=self.precision,
+        )
+        self.eliminated += [c for c in racing if c not in step.keep]
+        self.alive = list(step.keep)
+        if step.stop is not None:
+            self.stopped_by = step.stop
+            return []
+        return [base, *self.alive]
 
 
 def gain_is_precise(

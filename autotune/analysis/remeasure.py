@@ -10,7 +10,7 @@ lifecycle and correctness gate, and is stored and shown like any other trial. A 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,13 +59,13 @@ def measure_variants(
     role: str,
     on_phase: Callable[[int, str], None] | None = None,
     artifact_dir: str | None = None,
-    until: Callable[[dict[str, VariantMeasurements]], bool] | None = None,
-    max_rounds: int | None = None,
+    next_round: Callable[[dict[str, VariantMeasurements], int], Sequence[str]] | None = None,
 ) -> dict[str, VariantMeasurements]:
     """Run ``repeats`` rounds; in each round every variant once, in order.
 
-    With ``until``, ``repeats`` is the minimum: rounds go on, up to ``max_rounds``, until
-    ``until(results)`` says the measurements are precise enough (confirmation's rule).
+    With ``next_round``, ``repeats`` is ignored: before each round ``next_round(results,
+    round_index)`` names the variants that round measures (in the variants' order), and an
+    empty answer ends the measurement (confirmation's race drops candidates this way).
     """
     quiet_optuna()
     engine = build_engine(spec)
@@ -82,14 +82,21 @@ def measure_variants(
     )
     runner = TrialRunner(ctx)
     results = {v.label: VariantMeasurements(v) for v in variants}
-    for round_index in range(max(repeats, max_rounds or 0) if until else repeats):
-        if until is not None and round_index >= repeats and until(results):
+    round_index = 0
+    while True:
+        if next_round is None:
+            chosen = variants if round_index < repeats else []
+        else:
+            wanted = set(next_round(results, round_index))
+            chosen = [v for v in variants if v.label in wanted]
+        if not chosen:
             break
-        for variant in variants:
+        for variant in chosen:
             outcome = _measure_once(study, runner, spec, variant, role, round_index)
             if outcome.infrastructure:  # not the variant's fault: one more try
                 outcome = _measure_once(study, runner, spec, variant, role, round_index)
             results[variant.label].outcomes.append(outcome)
+        round_index += 1
     return results
 
 

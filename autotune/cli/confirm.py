@@ -19,6 +19,7 @@ from autotune.cli.options import (
 from autotune.cli.run import confirm_phase
 from autotune.errors import AutotuneError
 from autotune.storage import artifact_dir_for, load_study
+from autotune.study.budget import MAX_ROUNDS
 from autotune.study.results import load_report
 
 
@@ -27,16 +28,24 @@ def confirm(
     study: StudyOpt = None,
     storage: StorageOpt = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Candidates to re-measure.")] = 2,
-    repeats: Annotated[int, typer.Option("--repeats", min=2)] = 3,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            "--repeats",
+            min=2,
+            help="Interleaved rounds at most; the race stops earlier once the ranking is settled.",
+        ),
+    ] = MAX_ROUNDS,
     artifact_dir: ArtifactDirOpt = None,
 ) -> None:
-    """Re-measure the top configs interleaved with the baseline; declare the winner with its
-    gain and a 95% confidence interval."""
+    """Re-measure the top configs interleaved with the baseline, racing (a candidate clearly
+    below the leader is dropped, and it stops once settled); declare the winner with its gain
+    and a 95% confidence interval."""
     try:
         study_spec, url, name = open_spec(spec, study, storage)
         artifact_dir_for(url, name, artifact_dir)
         load_study(url, name)  # a mistyped --study is an error, never a new study
-        confirm_phase(study_spec, url, name, top=top, repeats=repeats, artifact_dir=artifact_dir)
+        confirm_phase(study_spec, url, name, top=top, rounds=repeats, artifact_dir=artifact_dir)
         data = load_report(url, name).attrs.get(names.CONFIRMATION)
         if data:
             render.print_confirmation(data)

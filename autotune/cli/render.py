@@ -90,6 +90,13 @@ def print_confirmation(data: dict) -> None:
             f"{label}: trial {data['winner']}, {data['gain']:+.1%} over the baseline "
             f"(95% CI {low:+.1%} .. {high:+.1%})"
         )
+    if data.get("stopped_by"):
+        dropped = data.get("eliminated") or ()
+        console.print(
+            f"the race stopped after {data['repeats']} rounds ({data['stopped_by']}): "
+            f"{data.get('launches', 0)} of {data.get('planned_launches', 0)} planned launches"
+            + (f"; dropped as clearly slower: {', '.join(dropped)}" if dropped else "")
+        )
     if data.get("host_noise"):
         console.print(f"[yellow]{escape(data['host_noise'])}[/]")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import partial
 from typing import Annotated
@@ -10,6 +11,7 @@ import typer
 from rich.live import Live
 from rich.markup import escape
 
+from autotune import names
 from autotune.analysis.confirm import confirm_study
 from autotune.cli import render
 from autotune.cli.common import console, err, fail, open_spec
@@ -23,13 +25,30 @@ from autotune.cli.options import (
 )
 from autotune.errors import AutotuneError, SpecError
 from autotune.search.strategy import check_name as check_sampler_name
-from autotune.storage import artifact_dir_for, load_study
+from autotune.spec.model import StudySpec
+from autotune.storage import artifact_dir_for, load_study, sqlite_file
+from autotune.study.budget import BudgetPlan, launches_made, plan_budget
 from autotune.study.loop import RunOptions, run_study
 from autotune.study.parallel import DevicePlanSpec, check_device_options, run_parallel
+from autotune.study.results import (
+    NO_CONFIRMED_WINNER,
+    baseline_reason,
+    best_trials,
+    verified_baseline,
+)
 
 
 def run(
-    trials: Annotated[int, typer.Option("--trials", min=1, help="Trials to launch.")] = 50,
+    trials: Annotated[
+        int,
+        typer.Option(
+            "--trials",
+            min=1,
+            help="Server launches in all: the baseline, the search and the confirmation (at "
+            "most a fifth, unless --confirm-repeats asks). A resumed study counts the launches "
+            "it already made.",
+        ),
+    ] = 50,
     spec: SpecOpt = DEFAULT_SPEC,
     study: StudyOpt = None,
     storage: StorageOpt = None,
@@ -78,10 +97,19 @@ def run(
             "--confirm-top",
             min=0,
             help="Re-measure the top K configs against the baseline before declaring the best "
-            "(0: skip).",
+            "(0: skip; 1 when the budget holds no more).",
         ),
     ] = 2,
-    confirm_repeats: Annotated[int, typer.Option("--confirm-repeats", min=2)] = 2,
+    confirm_repeats: Annotated[
+        int | None,
+        typer.Option(
+            "--confirm-repeats",
+            min=2,
+            help="Confirmation rounds to plan, out of --trials (default: what fits in a fifth "
+            "of it, 2 to 4 rounds; none below about --trials 20). The race stops earlier once "
+            "settled.",
+        ),
+    ] = None,
     allow_workload_change: Annotated[
         bool,
         typer.Option(
@@ -90,7 +118,8 @@ def run(
         ),
     ] = False,
 ) -> None:
-    """Tune: run N trials of the study (resuming it if it exists), then confirm the best."""
+    """Tune, then confirm the best: N server launches in all, the baseline, the search and the
+    confirmation (resuming the study if it exists, within the same N)."""
     try:
         if sampler is not None:
             check_sampler_name(sampler)
@@ -102,8 +131,11 @@ def run(
         except json.JSONDecodeError as exc:
             raise SpecError(f"not JSON: {exc}", key="--worker-env") from None
         check_device_options(parallel, gpus, gpus_per_trial, cpus, cpus_per_trial)
+        plan = None
+        if not worker_env:  # a worker runs its share of the parent's plan
+            plan = plan_run(study_spec, url, name, trials, confirm_top, confirm_repeats)
         options = RunOptions(
-            trials=trials,
+            trials=trials if plan is None else plan.search,
             storage_url=storage,
             study_name=study,
             seed=seed,
@@ -115,23 +147,27 @@ def run(
         confirm = partial(  # the confirmation after the search (quiet: `run` ends with a line)
             confirm_phase,
             study_spec,
-            top=confirm_top,
-            repeats=confirm_repeats,
+            top=plan.top_k if plan else 0,
+            rounds=plan.rounds if plan else 0,
             artifact_dir=artifact_dir,
             quiet=True,
         )
+        if plan is not None:
+            console.print(escape(plan.describe()))
         if parallel > 1:
-            plan = DevicePlanSpec(
+            devices = DevicePlanSpec(
                 gpus=gpus, gpus_per_trial=gpus_per_trial, cpus=cpus, cpus_per_trial=cpus_per_trial
             )
-            code = run_parallel(spec, options, workers=parallel, plan=plan, say=render.say)
-            if code == 0 and confirm_top:
+            code = 0
+            if options.trials:
+                code = run_parallel(spec, options, workers=parallel, plan=devices, say=render.say)
+            if code == 0 and plan is not None and plan.confirms:
                 confirm(url, name)
             render.print_report(url, name)
             if code == 0:
-                render.say_if_baseline_is_best(load_study(url, name))
+                say_verdict(load_study(url, name), plan)
             raise typer.Exit(code=code)
-        view = render.LiveView(trials)
+        view = render.LiveView(options.trials)
         with Live(view.render(), console=console, refresh_per_second=4, transient=False) as live:
             view.live = live
             summary = run_study(
@@ -142,7 +178,7 @@ def run(
                 extra_env=extra_env,
                 on_notice=lambda line: console.print(f"[yellow]machine:[/] {escape(line)}"),
             )
-        if confirm_top and not worker_env and not summary.stopped_because:
+        if plan is not None and plan.confirms and not summary.stopped_because:
             confirm(summary.storage_url, summary.study_name)
     except AutotuneError as exc:
         raise fail(exc) from None
@@ -156,11 +192,67 @@ def run(
     render.print_report(summary.storage_url, summary.study_name)
     if summary.stopped_because:
         raise typer.Exit(code=1)
-    render.say_if_baseline_is_best(load_study(summary.storage_url, summary.study_name))
+    say_verdict(load_study(summary.storage_url, summary.study_name), plan)
+
+
+def plan_run(
+    spec: StudySpec,
+    url: str,
+    name: str,
+    trials: int,
+    confirm_top: int,
+    confirm_repeats: int | None,
+) -> BudgetPlan:
+    """How ``--trials`` is spent (``study/budget.py``), counting the launches the study already
+    made when it exists. Raises SpecError (``--confirm-repeats``) before anything is written."""
+    done = launches_so_far(url, name)
+    if len(spec.objective.metrics) != 1:
+        plan = plan_budget(trials, done, 0, None)
+        return dataclasses.replace(
+            plan, no_confirm="no confirmation (a multi-objective study reports its Pareto front)"
+        )
+    return plan_budget(trials, done, confirm_top, confirm_repeats)
+
+
+def launches_so_far(url: str, name: str) -> int:
+    """Launches study ``name`` already made; 0 when it does not exist yet (an SQLite file that
+    is not there is not created by asking)."""
+    database = sqlite_file(url)
+    if database is not None and not database.is_file():
+        return 0
+    try:
+        study = load_study(url, name)
+    except SpecError:  # no such study yet
+        return 0
+    return launches_made(study.get_trials(deepcopy=False))
+
+
+def say_verdict(study, plan: BudgetPlan | None) -> None:
+    """The run's last line: the baseline's when nothing beat it; when the search found a better
+    config but the budget held no confirmation, that no winner is confirmed, naming the best
+    unconfirmed trial (``export`` refuses it without ``--allow-unconfirmed``)."""
+    if baseline_reason(study) is not None or plan is None or plan.confirms:
+        render.say_if_baseline_is_best(study)
+        return
+    if len(study.directions) != 1 or study.user_attrs.get(names.CONFIRMATION) is not None:
+        return
+    best = best_trials(study)
+    base = verified_baseline(study)
+    if not best or base is None or best[0].number == base.number:
+        return
+    gain = ""
+    if base.values and best[0].values and base.values[0]:
+        ratio = best[0].values[0] / base.values[0] - 1
+        gain = f", {names.sign(study.metric_names[0]) * ratio:+.1%} in its single measurement"
+    console.print(
+        f"[yellow]{escape(NO_CONFIRMED_WINNER)}[/] ({escape(plan.no_confirm or '')}); the best "
+        f"unconfirmed config is trial {best[0].number}{gain}: `autotune confirm` measures it "
+        "again, `autotune export --allow-unconfirmed` writes it"
+    )
 
 
 def confirm_phase(
-    spec, url: str, name: str, *, top: int, repeats: int, artifact_dir=None, quiet=False
+    spec, url: str, name: str, *, top: int, rounds: int, artifact_dir=None, quiet=False
 ) -> None:
     """The confirmation phase (``analysis/confirm.py``); ``run`` is ``quiet`` (it says it at
     its end)."""
@@ -169,10 +261,10 @@ def confirm_phase(
         url,
         name,
         top_k=top,
-        repeats=repeats,
+        rounds=rounds,
         on_start=lambda: console.print(
-            f"confirming the top {top} configs against the baseline ({repeats} interleaved "
-            "rounds)..."
+            f"confirming the top {top} configs against the baseline (at most {rounds} "
+            "interleaved rounds, fewer once the ranking is settled)..."
         ),
         on_phase=lambda n, p: render.print_trial_phase(n, p) if p == "launching" else None,
         artifact_dir=artifact_dir,

@@ -86,8 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         default=Confirm.top,
         help="configs the simulated confirmation re-measures (0: report the highest measurement)",
     )
-    parser.add_argument("--confirm-repeats", type=int, default=Confirm.repeats)
-    parser.add_argument("--confirm-max-rounds", type=int, default=Confirm.max_rounds)
+    parser.add_argument(
+        "--confirm-repeats",
+        type=int,
+        default=Confirm.repeats,
+        help="confirmation rounds asked for, as autotune run's (default: planned from the budget)",
+    )
     parser.add_argument(
         "--target-precision",
         type=float,
@@ -120,7 +124,6 @@ def _main(args: argparse.Namespace) -> int:
         ("--seed-sets", args.seed_sets, 1),
         ("--budget", args.budget, 1),
         ("--reference-budget", args.reference_budget, args.budget),
-        ("--confirm-max-rounds", args.confirm_max_rounds, 1),
     ):
         if value < low:
             raise BadInput(f"{flag} must be >= {low}, not {value}")
@@ -137,14 +140,9 @@ def _main(args: argparse.Namespace) -> int:
             raise BadInput(f"--strategies: unknown strategy {n!r}; one of {', '.join(STRATEGIES)}")
     if "random" not in names:
         names.append("random")
-    if args.confirm_top < 0 or args.confirm_repeats < 1:
-        raise BadInput("--confirm-top must be >= 0 and --confirm-repeats >= 1")
-    confirm = Confirm(
-        args.confirm_top,
-        args.confirm_repeats,
-        max(args.confirm_repeats, args.confirm_max_rounds),
-        args.target_precision,
-    )
+    if args.confirm_top < 0 or (args.confirm_repeats is not None and args.confirm_repeats < 2):
+        raise BadInput("--confirm-top must be >= 0 and --confirm-repeats >= 2")
+    confirm = Confirm(args.confirm_top, args.confirm_repeats, args.target_precision)
     with WATCHDOG.armed(land.call_limit):
         return _measure(args, space, land, names, confirm, started)
 
@@ -225,12 +223,14 @@ def _measure(
         "confirmation": {
             "top": confirm.top,
             "repeats": confirm.repeats,
-            "max_rounds": confirm.max_rounds,
             "target_precision": confirm.precision,
-            "launches": f"{confirm.repeats}-{confirm.max_rounds} rounds x (top + baseline)",
+            "launches": "planned as autotune run plans --trials (study/budget.py: at most a "
+            "fifth of the budget, 2-4 rounds x (top + baseline), none below --trials 20 unless "
+            "--confirm-repeats), raced with confirm.race_step",
             "note": "gated strategies report what autotune run would: the confirmed winner "
-            "(top configs by posterior mean, re-measured with the baseline); its launches "
-            "count in the figures and the budget. Peers without the gate confirm nothing.",
+            "(top configs by posterior mean, re-measured with the baseline), or the baseline "
+            "where no confirmation fits; its launches count in the figures and the budget. "
+            "Peers without the gate confirm nothing.",
         }
         if confirm.top
         else "none: the highest single measurement is reported",

@@ -7,7 +7,8 @@ with the ``correct`` constraint at 1; a correct config is COMPLETE with its meas
 What a gated strategy reports after each launch is what ``autotune run`` would report if it
 stopped there: the winner of its confirmation, simulated (:class:`Confirm`: the product's
 candidate ranking and stopping rule; its launches count), or with ``--confirm-top 0`` the
-highest measured verified trial (``autotune.study.results.best_trials``). Trial 0 is the
+highest measured verified trial (``autotune.study.results.best_trials``); a run whose budget
+holds no confirmation reports the baseline, as ``autotune run`` does. Trial 0 is the
 space's baseline, enqueued like ``study.open_study`` does. Parameters a config does not set
 (the baseline's) are the landscape's engine defaults. A run stops at its first launch that
 reaches 95 % (nothing after it changes the figures) unless ``--full``. The model-based ask
@@ -42,18 +43,15 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import names
-from autotune.analysis.confirm import (
-    DEFAULT_MAX_ROUNDS,
-    gain_is_precise,
-    gain_with_ci,
-    rank_candidates,
-)
+from autotune.analysis.confirm import gain_with_ci, race_step, rank_candidates
 from autotune.engines.vllm.machine import lossy_reason
+from autotune.errors import SpecError
 from autotune.patching import discover_patches
 from autotune.search.model import config_key
 from autotune.search.strategy import AutoSampler, build_sampler, risky_choices
 from autotune.space.model import SearchSpace
 from autotune.spec.model import WorkloadSpec
+from autotune.study.budget import MAX_ROUNDS, BudgetPlan, plan_budget
 from autotune.study.results import best_trials
 from benchmarks.search import ROOT
 from benchmarks.search.landscape import BadInput, Landscape, Outcome, launch_minutes, measured
@@ -104,7 +102,8 @@ class RunResult:
     best_true_after: list[float] = field(default_factory=list)
     best_correct_after: list[bool] = field(default_factory=list)
     minutes_after: list[float] = field(default_factory=list)
-    #: launches the confirmation would add if the search stopped after each launch
+    #: launches the confirmation would add if the search stopped after each launch (where no
+    #: budget confirms yet, what the first confirmed report would still take: ``_reported``)
     confirm_launches_after: list[int] = field(default_factory=list)
     wrong_launched: int = 0
     unlaunched: int = 0
@@ -123,24 +122,36 @@ class RunResult:
 
 @dataclass(frozen=True)
 class Confirm:
-    """The confirmation ``autotune run`` ends with (``analysis/confirm.py``, its defaults
-    ``--confirm-top 2 --confirm-repeats 2`` and the spec's default ``target_precision``): the
-    top configs by the search model's posterior mean (``confirm.rank_candidates``, the
-    product's own function) and the baseline are measured again, one round each at a time,
-    at least ``repeats`` rounds and on, up to ``max_rounds``, until the leading candidate's gain
-    over the baseline is known within ``precision`` (``confirm.gain_is_precise``, the product's
-    rule). The best median wins, unless its gain over the baseline (``confirm.gain_with_ci``) is
-    not positive (then the baseline is reported, as ``study.results.baseline_reason`` does). Each
-    config's confirmation draws come from a random stream of its own (per seed and config), so
-    the answer changes only when the candidates do."""
+    """The confirmation ``autotune run`` ends with (``analysis/confirm.py``; its defaults
+    ``--confirm-top 2``, ``--confirm-repeats`` unset, and the spec's default
+    ``target_precision``), planned and raced with the product's own functions: a run whose
+    search made ``searched`` launches is the smallest ``--trials`` whose plan
+    (``study.budget.plan_budget``) gives the search exactly that many and holds a confirmation
+    (:meth:`plan`; none: the run reports the baseline, "no confirmed winner"). Its top configs by
+    the search model's posterior mean (``confirm.rank_candidates``) and the baseline are then
+    measured again, one round at a time, and ``confirm.race_step`` drops the clearly slower and
+    stops the race (settled, precise, or the plan's rounds). The best median of those left
+    wins, unless its gain over the baseline (``confirm.gain_with_ci``) is not positive (then the
+    baseline is reported, as ``study.results.baseline_reason`` does). Each config's confirmation
+    draws come from a random stream of its own (per seed and config), so the answer changes only
+    when the candidates do."""
 
     top: int = 2
-    repeats: int = 2
-    max_rounds: int = DEFAULT_MAX_ROUNDS
+    repeats: int | None = None
     precision: float = WorkloadSpec.target_precision
 
-    def precise(self, lead: list[float], base: list[float]) -> bool:
-        return gain_is_precise(tuple(lead), tuple(base), 1.0, self.precision)
+    def plan(self, searched: int) -> BudgetPlan | None:
+        """The plan of the smallest ``--trials`` that ends its search after ``searched``
+        launches and confirms; None when no budget does (below about 16 search launches)."""
+        most = max(MAX_ROUNDS, self.repeats or 0) * (self.top + 1)
+        for total in range(searched, searched + most + 1):
+            try:
+                plan = plan_budget(total, 0, self.top, self.repeats)
+            except SpecError:  # explicit rounds that do not fit this budget
+                continue
+            if plan.confirms and plan.search == searched:
+                return plan
+        return None
 
 
 def _record(run: RunResult, best: Outcome | None, minutes: float, confirm: int = 0) -> None:
@@ -162,43 +173,59 @@ def _reported(
     outcome_of: dict[int, Outcome],
     seed: int,
     confirm: Confirm | None,
+    searched: int = 0,
 ) -> tuple[Outcome | None, int]:
-    """What the run would report if the search stopped now, and the launches that costs: the
-    confirmed winner (``confirm``), else the highest measured verified trial
-    (``study.results.best_trials``, what a run without confirmation reports)."""
+    """What the run would report if the search stopped after ``searched`` launches, and the
+    launches that costs: the confirmed winner (``confirm``), else the highest measured verified
+    trial (``study.results.best_trials``, what a run without confirmation reports). Where no
+    budget ending its search here confirms, the report is the baseline and the cost is what the
+    first report the product can make would still take (more search launches up to the first
+    plan that confirms, then its confirmation): what a perfect ranking would need from here."""
     if confirm is None or confirm.top == 0:
         best = best_trials(study)
         return (outcome_of[best[0].number] if best else None), 0
     trials = study.get_trials(deepcopy=False)
-    candidates = rank_candidates(space, trials, 1.0, confirm.top)
     baseline = next((t for t in trials if t.user_attrs.get(names.ROLE) == "baseline"), None)
     base = outcome_of.get(baseline.number) if baseline is not None else None
+    base_ok = base is not None and base.started and base.correct
+    plan = confirm.plan(searched)
+    if plan is None:  # no confirmation: "no confirmed winner: the baseline stands"
+        later = next(n for n in itertools.count(searched + 1) if confirm.plan(n) is not None)
+        return (base if base_ok else None), later - searched + confirm.plan(later).confirm
+    candidates = rank_candidates(space, trials, 1.0, plan.top_k)
     if not candidates:
-        return (base if base is not None and base.started and base.correct else None), 0
+        return (base if base_ok else None), 0
 
     variants = [(t.params, outcome_of[t.number]) for t in candidates]
-    base_ok = base is not None and base.started and base.correct
     if base_ok:
         variants.append((baseline.params, base))
     streams = [random.Random(f"confirm:{seed}:{config_key(c)}") for c, _ in variants]
     samples: list[list[float]] = [[] for _ in variants]
-    rounds = 0
-    while True:
+    alive = [str(i) for i in range(len(candidates))]
+    launches = rounds = 0
+    while True:  # one round: the baseline and every candidate still racing
         rounds += 1
-        for stream, (_c, outcome), got in zip(streams, variants, samples, strict=True):
-            got.append(measured(outcome, land.noise, stream))
-        if rounds < confirm.repeats:
-            continue
-        lead = max(samples[: len(candidates)], key=statistics.median)
-        if rounds >= confirm.max_rounds or not base_ok or confirm.precise(lead, samples[-1]):
+        for i, (stream, (_c, outcome)) in enumerate(zip(streams, variants, strict=True)):
+            if i >= len(candidates) or str(i) in alive:
+                samples[i].append(measured(outcome, land.noise, stream))
+                launches += 1
+        step = race_step(
+            {c: samples[int(c)] for c in alive},
+            samples[-1] if base_ok else [],
+            1.0,
+            rounds=rounds,
+            max_rounds=plan.rounds,
+            precision=confirm.precision,
+        )
+        alive = list(step.keep)
+        if step.stop is not None:
             break
-    medians = [statistics.median(got) for got in samples]
-    best = max(range(len(candidates)), key=lambda i: medians[i])
+    best = max((int(c) for c in alive), key=lambda i: statistics.median(samples[i]))
     winner = variants[best][1]
     # the product's rule (study.results.baseline_reason): no gain by the confirmation's own measure
     if base_ok and gain_with_ci(tuple(samples[best]), tuple(samples[-1]), 1.0)[0] <= 0:
         winner = base
-    return winner, rounds * (len(candidates) + 1)
+    return winner, launches
 
 
 def run_optuna(
@@ -286,7 +313,7 @@ def run_optuna(
             _record(run, None, minutes)
         else:
             best, confirm_launches = _reported(
-                study, space, land, outcome_of, seed, confirm if gate else None
+                study, space, land, outcome_of, seed, confirm if gate else None, launched
             )
             _record(run, best, minutes, confirm_launches)
         if stop_at_target and _reached(run, target, budget):
