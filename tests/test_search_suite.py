@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 import textwrap
 
+import optuna
 import pytest
+from optuna.search_space import IntersectionSearchSpace
 
+from autotune import names
 from autotune.space.load import load_space
 from benchmarks.search import ROOT, suite
 from benchmarks.search.landscape import BadInput, Outcome, launch_minutes, load_landscape
@@ -126,3 +129,19 @@ def test_unknown_landscape_or_strategy_is_bad_input(tmp_path, capsys):
     assert suite.main(["--strategies", "auto,cmaes", "--out", str(out)]) == 2
     assert "unknown" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_gp_sees_the_study_without_its_baseline_trial():
+    """GPSampler models the intersection of the completed trials' parameters: the baseline,
+    which sets only the parameters that have a baseline (here none), empties it, and GPSampler
+    then samples at random for the whole run. The suite hides the baseline from it."""
+    study = optuna.create_study(direction="maximize")
+    dist = {"x": optuna.distributions.IntDistribution(1, 8)}
+    study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs={names.ROLE: "baseline"}))
+    for x in (2, 5, 7):
+        study.add_trial(optuna.trial.create_trial(params={"x": x}, distributions=dist, value=x))
+    seen = suite._WithoutBaseline(study)
+    assert IntersectionSearchSpace().calculate(study) == {}
+    assert IntersectionSearchSpace().calculate(seen) == dist
+    assert [t.params["x"] for t in seen.get_trials()] == [2, 5, 7]
+    assert seen.direction == study.direction

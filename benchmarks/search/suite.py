@@ -25,8 +25,10 @@ seed set and strategy the JSON holds (:func:`summary`):
   + 1 so that random's longer reference runs do not count where the others had no budget.
 
 ``random`` runs on to ``--reference-budget`` (400) so that its median is measured, as the
-harness does; misses always count within 30 / 60. ``gp`` is Optuna's GPSampler: where it cannot
-run (it needs scipy and torch) it is recorded as ``not_run`` with the reason, never dropped.
+harness does; misses always count within 30 / 60. ``gp`` is Optuna's GPSampler with the
+baseline trial hidden from it (:func:`gp_sampler`: as ``autotune run --sampler gp`` runs it, the
+baseline empties its search space and it samples at random); where it cannot run (it needs scipy
+and torch) it is recorded as ``not_run`` with the reason, never dropped.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import Any
 
 import optuna
 
+from autotune import names
 from autotune.space.load import load_space
 from autotune.space.model import SearchSpace
 from benchmarks.search import ROOT
@@ -131,6 +134,44 @@ def gp_unavailable() -> str | None:
     return None
 
 
+class _WithoutBaseline:
+    """A study as GPSampler should see it: without the baseline trial. Why: the baseline sets
+    only the parameters that have a ``baseline`` (often none), and GPSampler models the
+    INTERSECTION of the completed trials' parameters: with the baseline in it that is empty
+    or nearly, and GPSampler then samples every parameter at random for the whole run (on
+    every space of this suite its runs matched random's seed for seed). Everything else is
+    the study's own."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self._study = study
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def _get_trials(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return [t for t in self._study._get_trials(*args, **kwargs) if not _is_baseline(t)]
+
+    def get_trials(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return [t for t in self._study.get_trials(*args, **kwargs) if not _is_baseline(t)]
+
+
+def _is_baseline(trial: Any) -> bool:
+    return trial.user_attrs.get(names.ROLE) == "baseline"
+
+
+def gp_sampler(seed: int) -> optuna.samplers.BaseSampler:
+    """Optuna's GPSampler, blind to the baseline trial (:class:`_WithoutBaseline`)."""
+
+    class BaselineBlindGP(optuna.samplers.GPSampler):
+        def infer_relative_search_space(self, study, trial):  # type: ignore[no-untyped-def]
+            return super().infer_relative_search_space(_WithoutBaseline(study), trial)
+
+        def sample_relative(self, study, trial, search_space):  # type: ignore[no-untyped-def]
+            return super().sample_relative(_WithoutBaseline(study), trial, search_space)
+
+    return BaselineBlindGP(seed=seed)
+
+
 def run_one(
     name: str,
     space: SearchSpace,
@@ -142,7 +183,7 @@ def run_one(
 ) -> RunResult:
     """One run of one strategy, stopped at the target (nothing after it changes a figure)."""
     if name == "gp":
-        sampler = optuna.samplers.GPSampler(seed=seed)
+        sampler = gp_sampler(seed)
         return run_optuna(space, land, sampler, name, seed, budget, target, confirm=confirm)
     return run_strategy(name, space, land, seed, budget, target, True, confirm=confirm)
 
