@@ -10,7 +10,7 @@ What the model takes from published figures (the numbers are ASSUMPTIONS fitted 
 
 * A decode batch replays a graph only if a capture size >= the batch exists; it is padded up
   to the next size, so coarse lists waste rows (vLLM's capture list: 1, 2, 4, then steps of 8;
-  vLLM docs, "CUDA Graphs" design page, https://docs.vllm.ai/en/latest/design/cuda_graphs.html).
+  vLLM docs, "CUDA Graphs" design page, https://docs.vllm.ai/en/latest/design/cuda_graphs/).
   A batch above the largest size runs eagerly.
 * ``cudagraph_mode``: FULL graphs replay the whole decode step; PIECEWISE keeps attention out
   of the graph; FULL_DECODE_ONLY / FULL fall back to eager for mixed prefill-decode batches
