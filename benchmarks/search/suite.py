@@ -466,6 +466,13 @@ def _main(args: argparse.Namespace) -> int:
         "budget_launches": args.budget,
         "reference_budget_launches": args.reference_budget,
         "strategies": strategies,
+        "strategy_notes": {
+            "auto": "autotune run's default (autotune/search/strategy.py)",
+            "tpe": "autotune's TPE (multivariate, grouped, constant liar)",
+            "random": "Optuna's RandomSampler, run to --reference-budget",
+            "gp": "Optuna's GPSampler with the baseline trial hidden from it (the baseline "
+            "empties its intersection search space: it then samples at random)",
+        },
         "figures_are": "per landscape, seed set and strategy: median and quartiles over seeds "
         "of launches until the config the run would report is correct and >= 95 % of the "
         "true best, the simulated confirmation's launches included (not reached: the run's "
