@@ -145,3 +145,28 @@ def test_gp_sees_the_study_without_its_baseline_trial():
     assert IntersectionSearchSpace().calculate(seen) == dist
     assert [t.params["x"] for t in seen.get_trials()] == [2, 5, 7]
     assert seen.direction == study.direction
+
+
+def _figures(median: float, bound: bool = False) -> dict:
+    return {"runs": 30, "figures": {"launches_median": median, "median_is_lower_bound": bound}}
+
+
+@pytest.mark.parametrize(
+    ("auto", "tpe", "random", "at_most_best", "at_most_06_random"),
+    [
+        (_figures(30), _figures(40), _figures(100), True, True),
+        (_figures(45), _figures(40), _figures(100), False, True),
+        (_figures(38), _figures(61, True), _figures(401, True), True, True),
+        # both past the budget: no order is measured
+        (_figures(61, True), _figures(61, True), _figures(401, True), None, None),
+        (_figures(57.5, True), _figures(48), _figures(107.5), False, None),
+        (_figures(25), _figures(26), _figures(28), True, None),  # random needs <= 30
+    ],
+)
+def test_the_verdict_says_what_the_medians_show_and_no_more(
+    auto, tpe, random, at_most_best, at_most_06_random
+):
+    strategies = {"auto": auto, "tpe": tpe, "random": random, "gp": {"not_run": "no scipy"}}
+    v = suite.verdict(strategies)
+    assert v["auto_at_most_best_simple"] is at_most_best
+    assert v["auto_at_most_0.6x_random_where_random_over_30"] is at_most_06_random

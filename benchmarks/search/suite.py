@@ -300,26 +300,39 @@ def verdict(strategies: dict[str, Any]) -> dict[str, Any]:
     best_name = min(simple, key=lambda n: simple[n]["figures"]["launches_median"])
     best = simple[best_name]["figures"]["launches_median"]
     mine = auto["figures"]["launches_median"]
+    mine_bound = auto["figures"]["median_is_lower_bound"]
     out: dict[str, Any] = {
         "checked": True,
         "auto_median": mine,
-        # a median past the budget is a lower bound: "at most" then holds only in name
-        "auto_median_is_lower_bound": auto["figures"]["median_is_lower_bound"],
+        # a median past the budget is a lower bound: an order it cannot show is None
+        "auto_median_is_lower_bound": mine_bound,
         "best_simple": best_name,
         "best_simple_median": best,
-        # both medians past the budget: no order is measured (None)
-        "auto_at_most_best_simple": None
-        if auto["figures"]["median_is_lower_bound"]
-        and simple[best_name]["figures"]["median_is_lower_bound"]
-        else mine <= best,
+        "auto_at_most_best_simple": _at_most(
+            mine, mine_bound, best, simple[best_name]["figures"]["median_is_lower_bound"]
+        ),
     }
     if "random" in simple:
-        rand = simple["random"]["figures"]["launches_median"]
-        out["random_median"] = rand
+        rand = simple["random"]["figures"]
+        out["random_median"] = rand["launches_median"]
         out["auto_at_most_0.6x_random_where_random_over_30"] = (
-            None if rand <= 30 else mine <= 0.6 * rand
+            None
+            if rand["launches_median"] <= 30
+            else _at_most(
+                mine, mine_bound, 0.6 * rand["launches_median"], rand["median_is_lower_bound"]
+            )
         )
     return out
+
+
+def _at_most(mine: float, mine_bound: bool, other: float, other_bound: bool) -> bool | None:
+    """Whether a median is at most another, where either may be only a lower bound (the true
+    median is at least the figure): None where the figures cannot tell."""
+    if mine_bound and (other_bound or mine <= other):
+        return None
+    if mine > other:
+        return False if not other_bound else None
+    return True
 
 
 def run_landscape(
