@@ -10,5 +10,15 @@ Each module is a landscape for ``python -m benchmarks.search --landscape FILE.py
 * ``unseen.py`` -- written after the default strategy was chosen (an overfitting check),
   ``search_spaces/unseen-sim.yaml``;
 * ``numeric.py`` -- two numeric values with a smooth interior peak,
-  ``search_spaces/numeric-sim.yaml``.
+  ``search_spaces/numeric-sim.yaml``;
+* ``capture.py`` -- CUDA-graph capture sizes that pay off only when they cover the served
+  batch, startup growing with them, ``search_spaces/capture-sim.yaml``;
+* ``nccl.py`` -- NCCL protocol / algorithm / P2P level and a custom all-reduce on eight PCIe
+  GPUs, a wrong combination of two settings, ``search_spaces/nccl-sim.yaml``;
+* ``offload.py`` -- flat with an OOM cliff: memory fraction, CPU offload, KV dtype,
+  ``search_spaces/offload-sim.yaml``.
+
+The last three are built from published measurements (their docstrings cite them) and define
+``startup_s(params)``: a launch costs what its config costs. All seven run in one command:
+``python -m benchmarks.search.suite``.
 """

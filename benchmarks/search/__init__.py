@@ -12,7 +12,9 @@ is within 5 % of the best *correct* config's TRUE value, and does it ever report
 * :mod:`benchmarks.search.run` -- the run of one strategy: the trial loop, the simulated
   confirmation, the strategies;
 * :mod:`benchmarks.search.stats` -- the figures: medians, IQR, paired tests, censored ratios;
-* :mod:`benchmarks.search.cli` -- the command line, the printed tables and the result JSON.
+* :mod:`benchmarks.search.cli` -- the command line, the printed tables and the result JSON;
+* :mod:`benchmarks.search.suite` -- every landscape of the suite x every strategy, one command
+  (``python -m benchmarks.search.suite``), one JSON.
 """
 
 from pathlib import Path

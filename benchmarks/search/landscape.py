@@ -21,14 +21,21 @@ or is wrong is fine and said so (``baseline_outcome``). Speeds of any scale give
 figures.
 
 A landscape module may also set ``NOISE`` (the default of ``--noise``, else 5 %),
-``NOT_MODELLED`` (parameters with no effect: held at their baseline by the true best) and
-``COST_MINUTES`` (the per-launch cost model, over :data:`DEFAULT_COST`). The harness adds the
+``NOT_MODELLED`` (parameters with no effect: held at their baseline by the true best),
+``COST_MINUTES`` (the per-launch cost model, over :data:`DEFAULT_COST`) and define
+``startup_s(params)``: the seconds from launch to ready for that config, or to the crash for one
+that fails to start (a number >= 0, deterministic like the landscape). Why: a launch costs what
+its config costs (weights, compile, graph capture; a start that dies at init costs less than
+one that loads, serves and is found wrong), and a strategy's simulated hours should say so.
+Where it is defined it replaces ``COST_MINUTES``' ``load`` and ``failed_start``
+(:func:`launch_minutes`). The harness adds the
 measurement noise itself (:func:`measured`: measured = true / max(0.5, 1 + N(0, noise))).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import importlib.util
 import inspect
@@ -74,6 +81,8 @@ class Outcome:
     correct: bool
     true: float  # noise-free value (0 when it did not start)
     failure: str | None = None
+    #: the landscape's ``startup_s`` for this config (None: it has none; ``COST_MINUTES`` then)
+    startup_s: float | None = None
 
 
 @dataclass
@@ -85,6 +94,8 @@ class Landscape:
     noise: float
     not_modelled: tuple[str, ...]
     cost: dict[str, float]
+    #: the module's ``startup_s(params)`` (None: launches cost ``cost``'s load / failed_start)
+    startup: Callable[[dict[str, Any]], Any] | None = None
 
     #: wall seconds one call may take (0: no limit), and calls made, and their total time
     call_limit: float = 0.0
@@ -140,7 +151,22 @@ class Landscape:
         finally:
             self.calls += 1
             self.call_seconds += time.perf_counter() - start
-        return self._checked(result, params)
+        outcome = self._checked(result, params)
+        if self.startup is None:
+            return outcome
+        return dataclasses.replace(outcome, startup_s=self._startup(params))
+
+    def _startup(self, params: dict[str, Any]) -> float:
+        """The module's ``startup_s(params)``, checked: a finite number of seconds >= 0."""
+        try:
+            seconds = self.startup(dict(params))  # type: ignore[misc]
+        except (Exception, SystemExit) as exc:
+            raise BadInput(f"{self.where}: startup_s raised {exc!r} on {params!r}") from None
+        if isinstance(seconds, np.ndarray) and seconds.ndim == 0:
+            seconds = seconds[()]
+        if isinstance(seconds, bool | np.bool_) or not isinstance(seconds, numbers.Real):
+            raise BadInput(f"{self.where}: startup_s returned {seconds!r}, not a number")
+        return check_number(float(seconds), f"{self.where}: startup_s on {params!r}")
 
     def _check_keys(self, result: dict[Any, Any], params: dict[str, Any]) -> None:
         """A key that reads like a misspelt one of :data:`RESULT_KEYS` is bad input (``"corect":
@@ -315,7 +341,16 @@ def load_landscape(text: str, noise: float | None, call_limit: float = CALL_LIMI
         not_modelled=_names(getattr(module, "NOT_MODELLED", ()), f"{path.name}: NOT_MODELLED"),
         cost=_cost(getattr(module, "COST_MINUTES", {}), f"{path.name}: COST_MINUTES"),
         call_limit=check_number(call_limit, "--call-limit"),
+        startup=_startup_function(module, where),
     )
+
+
+def _startup_function(module: Any, where: str) -> Callable[[dict[str, Any]], Any] | None:
+    """The module's optional ``startup_s(params)`` (see the module docstring)."""
+    function = getattr(module, "startup_s", None)
+    if function is not None and not callable(function):
+        raise BadInput(f"{where}: startup_s is {type(function).__name__}, not a function")
+    return function
 
 
 def check_number(value: Any, where: str) -> float:
@@ -356,10 +391,15 @@ def measured(outcome: Outcome, noise: float, rng: random.Random) -> float:
 
 
 def launch_minutes(outcome: Outcome, cost: dict[str, float], *, gate: bool) -> float:
+    """One launch's simulated minutes: its startup (the landscape's ``startup_s`` where it has
+    one, else ``cost``'s load, or failed_start for a start that fails), then the check and
+    the benchmark it reached."""
+    startup = None if outcome.startup_s is None else outcome.startup_s / 60.0
     if not outcome.started:
-        return cost["failed_start"]
+        return cost["failed_start"] if startup is None else startup
+    load = cost["load"] if startup is None else startup
     if not gate:
-        return cost["load"] + cost["bench"]
+        return load + cost["bench"]
     if not outcome.correct:
-        return cost["load"] + cost["check"]
-    return cost["load"] + cost["check"] + cost["bench"]
+        return load + cost["check"]
+    return load + cost["check"] + cost["bench"]
