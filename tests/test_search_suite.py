@@ -134,13 +134,16 @@ def test_unknown_landscape_or_strategy_is_bad_input(tmp_path, capsys):
 def test_gp_sees_the_study_without_its_baseline_trial():
     """GPSampler models the intersection of the completed trials' parameters: the baseline,
     which sets only the parameters that have a baseline (here none), empties it, and GPSampler
-    then samples at random for the whole run. The suite hides the baseline from it."""
+    then samples at random for the whole run. The product's ``--sampler gp`` (which the suite
+    runs) hides the baseline from it."""
+    from autotune.search.gp import _WithoutBaseline
+
     study = optuna.create_study(direction="maximize")
     dist = {"x": optuna.distributions.IntDistribution(1, 8)}
     study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs={names.ROLE: "baseline"}))
     for x in (2, 5, 7):
         study.add_trial(optuna.trial.create_trial(params={"x": x}, distributions=dist, value=x))
-    seen = suite._WithoutBaseline(study)
+    seen = _WithoutBaseline(study)
     assert IntersectionSearchSpace().calculate(study) == {}
     assert IntersectionSearchSpace().calculate(seen) == dist
     assert [t.params["x"] for t in seen.get_trials()] == [2, 5, 7]
@@ -170,3 +173,21 @@ def test_the_verdict_says_what_the_medians_show_and_no_more(
     v = suite.verdict(strategies)
     assert v["auto_at_most_best_simple"] is at_most_best
     assert v["auto_at_most_0.6x_random_where_random_over_30"] is at_most_06_random
+
+
+def test_autotune_s_gp_sampler_models_the_search_trials_not_the_baseline():
+    """``--sampler gp`` (``strategy.build_sampler``'s GPSampler): with a baseline trial that
+    sets no parameter, its relative search space is the search trials' (empty before the fix:
+    every draw random). Needs scipy (the ``gp`` extra)."""
+    pytest.importorskip("scipy")
+    pytest.importorskip("torch")
+    from autotune.search.gp import baseline_blind_gp
+
+    study = optuna.create_study(direction="maximize")
+    dist = {"x": optuna.distributions.IntDistribution(1, 8)}
+    study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs={names.ROLE: "baseline"}))
+    for x in (2, 5, 7):
+        study.add_trial(optuna.trial.create_trial(params={"x": x}, distributions=dist, value=x))
+    trial = study.ask()
+    assert baseline_blind_gp(0).infer_relative_search_space(study, trial) == dist
+    assert optuna.samplers.GPSampler(seed=0).infer_relative_search_space(study, trial) == {}

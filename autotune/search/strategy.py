@@ -89,9 +89,12 @@ def build_sampler(
             import torch  # noqa: F401
         except ImportError:
             raise SpecError(
-                "--sampler gp needs scipy and torch (pip install scipy torch)", key="--sampler"
+                "--sampler gp needs scipy and torch (pip install 'autotune[gp]' torch)",
+                key="--sampler",
             ) from None
-        return optuna.samplers.GPSampler(seed=seed)
+        from autotune.search.gp import baseline_blind_gp
+
+        return baseline_blind_gp(seed)
     raise SpecError(f"unknown sampler {name!r}; one of {', '.join(SAMPLERS)}", key="--sampler")
 
 

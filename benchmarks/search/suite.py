@@ -45,7 +45,7 @@ from typing import Any
 
 import optuna
 
-from autotune import names
+from autotune.search.gp import baseline_blind_gp
 from autotune.space.load import load_space
 from autotune.space.model import SearchSpace
 from benchmarks.search import ROOT
@@ -134,42 +134,9 @@ def gp_unavailable() -> str | None:
     return None
 
 
-class _WithoutBaseline:
-    """A study as GPSampler should see it: without the baseline trial. Why: the baseline sets
-    only the parameters that have a ``baseline`` (often none), and GPSampler models the
-    INTERSECTION of the completed trials' parameters: with the baseline in it that is empty
-    or nearly, and GPSampler then samples every parameter at random for the whole run (on
-    every space of this suite its runs matched random's seed for seed). Everything else is
-    the study's own."""
-
-    def __init__(self, study: optuna.Study) -> None:
-        self._study = study
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._study, name)
-
-    def _get_trials(self, *args: Any, **kwargs: Any) -> list[Any]:
-        return [t for t in self._study._get_trials(*args, **kwargs) if not _is_baseline(t)]
-
-    def get_trials(self, *args: Any, **kwargs: Any) -> list[Any]:
-        return [t for t in self._study.get_trials(*args, **kwargs) if not _is_baseline(t)]
-
-
-def _is_baseline(trial: Any) -> bool:
-    return trial.user_attrs.get(names.ROLE) == "baseline"
-
-
 def gp_sampler(seed: int) -> optuna.samplers.BaseSampler:
-    """Optuna's GPSampler, blind to the baseline trial (:class:`_WithoutBaseline`)."""
-
-    class BaselineBlindGP(optuna.samplers.GPSampler):
-        def infer_relative_search_space(self, study, trial):  # type: ignore[no-untyped-def]
-            return super().infer_relative_search_space(_WithoutBaseline(study), trial)
-
-        def sample_relative(self, study, trial, search_space):  # type: ignore[no-untyped-def]
-            return super().sample_relative(_WithoutBaseline(study), trial, search_space)
-
-    return BaselineBlindGP(seed=seed)
+    """``autotune run --sampler gp``'s sampler: GPSampler blind to the baseline trial."""
+    return baseline_blind_gp(seed)
 
 
 def run_one(
