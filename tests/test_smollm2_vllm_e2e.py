@@ -96,7 +96,7 @@ def test_show_names_the_model(study_dir):
         env={**os.environ, "COLUMNS": "250"},
     )
     assert shown.returncode == 0, shown.stderr
-    assert f"model: {BF16}" in shown.stdout, shown.stdout
+    assert f"model: {BF16.resolve()} (served as smollm2)" in shown.stdout, shown.stdout
 
 
 def test_export_writes_vllm_s_own_config(study_dir, tmp_path):
@@ -111,7 +111,7 @@ def test_export_writes_vllm_s_own_config(study_dir, tmp_path):
     )
     assert exported.returncode == 0, exported.stderr
     config = yaml.safe_load(out.read_text(encoding="utf-8"))
-    assert config["model"] == str(BF16)
+    assert config["model"] == str(BF16.resolve())
     assert config["max-model-len"] in (1024, "1024")
 
 
