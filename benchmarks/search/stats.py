@@ -35,11 +35,11 @@ def rounded(value: float) -> float:
 def trials_to_target(run: RunResult, target: float, budget: int) -> int:
     """Launches until the reported best is correct and within 5 % of the true best, the
     confirmation's launches included; budget + 1 when that never happens within the budget."""
-    index = _search_launches_to_target(run, target, budget)
+    index = search_launches_to_target(run, target, budget)
     return budget + 1 if index is None else index + run.confirm_launches_after[index - 1]
 
 
-def _search_launches_to_target(run: RunResult, target: float, budget: int) -> int | None:
+def search_launches_to_target(run: RunResult, target: float, budget: int) -> int | None:
     for index, (value, correct, extra) in enumerate(
         zip(run.best_true_after, run.best_correct_after, run.confirm_launches_after, strict=True),
         start=1,
@@ -60,7 +60,7 @@ def _reportable_in_time(run: RunResult, budget: int) -> bool:
 def sim_hours_to_target(run: RunResult, target: float, budget: int, cost: dict[str, float]):
     """Simulated hours until then (the confirmation's launches each load, check and measure);
     the whole budget's search when the target is never reached."""
-    index = _search_launches_to_target(run, target, budget)
+    index = search_launches_to_target(run, target, budget)
     if index is None:
         return run.minutes_after[-1] / 60.0 if run.minutes_after else 0.0
     per_confirm = cost["load"] + cost["check"] + cost["bench"]
@@ -144,7 +144,7 @@ def summarize(
     q1, med, q3 = quartiles([float(h) for h in hits])
     hours = [sim_hours_to_target(r, target, b, cost) for r, b in zip(runs, own, strict=True)]
     found = [r.found_at or b + 1 for r, b in zip(runs, own, strict=True)]
-    reached_at = [_search_launches_to_target(r, target, b) for r, b in zip(runs, own, strict=True)]
+    reached_at = [search_launches_to_target(r, target, b) for r, b in zip(runs, own, strict=True)]
     search = [i or b + 1 for i, b in zip(reached_at, own, strict=True)]
     confirm_at = [
         r.confirm_launches_after[i - 1] for r, i in zip(runs, reached_at, strict=True) if i

@@ -62,6 +62,7 @@ from benchmarks.search.stats import (
     mann_whitney_p,
     quartiles,
     rounded,
+    search_launches_to_target,
     summarize,
     trials_to_target,
     wilcoxon_less_p,
@@ -155,23 +156,12 @@ def run_one(
     return run_strategy(name, space, land, seed, budget, target, True, confirm=confirm)
 
 
-def _reached_at(run: RunResult, target: float, budget: int) -> int | None:
-    """The launch after which the run's report is within 5 % and its confirmation fits."""
-    for index, (value, correct, extra) in enumerate(
-        zip(run.best_true_after, run.best_correct_after, run.confirm_launches_after, strict=True),
-        start=1,
-    ):
-        if correct and value >= target and index + extra <= budget:
-            return index
-    return None
-
-
 def sim_hours(run: RunResult, target: float, budget: int, cost: dict[str, float]) -> float:
     """Simulated hours until the run reports a config within 5 % (its whole run otherwise).
     Launches cost what ``launch_minutes`` says (the landscape's ``startup_s`` where it has
     one); a confirmation launch, the median startup of the run's correct configs (it re-runs
     correct configs), plus the check and the benchmark."""
-    index = _reached_at(run, target, budget)
+    index = search_launches_to_target(run, target, budget)
     if index is None:
         return run.minutes_after[-1] / 60.0 if run.minutes_after else 0.0
     startups = [
