@@ -197,16 +197,26 @@ def test_exported_yaml_starts_vllm(study_dir, tmp_path):
 
 
 def test_resume_adds_trials_and_keeps_the_old_ones(study_dir):
+    """``--trials N`` is the study's launches in all: the same command again launches nothing,
+    one more than were made launches one."""
     directory, spec_path, spec = study_dir
     before = {t.number: (t.state, t.values) for t in load(spec).trials}
-    result = subprocess.run(
-        autotune_cmd("run", "--trials", "1", "--spec", str(spec_path), "--confirm-top", "0"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=directory,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+    def run(trials: int) -> None:
+        result = subprocess.run(
+            autotune_cmd(
+                "run", "--trials", str(trials), "--spec", str(spec_path), "--confirm-top", "0"
+            ),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=directory,
+        )
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+    run(len(before))
+    assert len(load(spec).trials) == len(before)
+    run(len(before) + 1)
     trials = load(spec).trials
     assert len(trials) == len(before) + 1
     assert {t.number: (t.state, t.values) for t in trials[: len(before)]} == before
