@@ -26,6 +26,7 @@ from optuna.trial import FrozenTrial
 from autotune import names
 from autotune.errors import SpecError
 from autotune.patching import RISKY_KINDS
+from autotune.search.gp import baseline_blind_gp
 from autotune.search.model import (
     Dim,
     Encoder,
@@ -92,8 +93,6 @@ def build_sampler(
                 "--sampler gp needs scipy and torch (pip install 'autotune[gp]' torch)",
                 key="--sampler",
             ) from None
-        from autotune.search.gp import baseline_blind_gp
-
         return baseline_blind_gp(seed)
     raise SpecError(f"unknown sampler {name!r}; one of {', '.join(SAMPLERS)}", key="--sampler")
 
