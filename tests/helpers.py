@@ -17,6 +17,14 @@ PG_ENV = "AUTOTUNE_TEST_POSTGRES_URL"
 IN_CI = bool(os.environ.get("CI"))
 
 
+def missing(reason: str) -> None:
+    """A prerequisite ``make setup`` provides is absent: skipped here, saying why; in CI (where
+    ``make test`` ran ``make setup`` first) a failure, so that nothing needed is skipped there."""
+    if IN_CI:
+        pytest.fail(f"{reason}: make setup provides it, and CI must not skip this test")
+    pytest.skip(reason)
+
+
 def processes_matching(text: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):

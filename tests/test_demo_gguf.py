@@ -25,12 +25,19 @@ from autotune import names
 from autotune.engines.llamacpp import binary
 from autotune.spec.load import load_spec
 from autotune.testing.demo_gguf import main as write_demo_gguf
-from tests.helpers import autotune_cmd, processes_matching
+from tests.helpers import autotune_cmd, missing, processes_matching
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "models" / "demo"
 REAL = binary.resolve_program(binary.PROGRAM)
-needs_server = pytest.mark.skipif(REAL is None, reason="no llama-server (run `make llama-server`)")
+
+
+@pytest.fixture
+def needs_server() -> None:
+    if REAL is None:
+        missing("no llama-server (run `make llama-server`)")
+
+
 LISTENING = re.compile(rb"listening on (http://127\.0\.0\.1:\d+)")
 
 
@@ -60,7 +67,7 @@ def test_the_gguf_tokenizer_splits_as_transformers_does(demo_gguf):
     assert ids[0] == 0 and len(ids) == 6  # <s> 1 7 " 18" " 1" 9: the merges the model learned
 
 
-@needs_server
+@pytest.mark.usefixtures("needs_server")
 def test_llama_server_tokenizes_the_demo_s_prompts_as_transformers_does(demo_gguf, tmp_path):
     """The real llama-server's ids for the check prompts equal transformers' (BOS included)."""
     from transformers import AutoTokenizer
@@ -95,7 +102,7 @@ def test_llama_server_tokenizes_the_demo_s_prompts_as_transformers_does(demo_ggu
         proc.wait()
 
 
-@needs_server
+@pytest.mark.usefixtures("needs_server")
 def test_the_demo_study_runs_on_llama_cpp(tmp_path):
     """``studies/demo-llamacpp.yaml`` as shipped, its model written as ``make model`` does: the
     baseline and one tuned config are gated against the baseline's reference, the known answers

@@ -179,8 +179,13 @@ def test_autotune_s_gp_sampler_models_the_search_trials_not_the_baseline():
     """``--sampler gp`` (``strategy.build_sampler``'s GPSampler): with a baseline trial that
     sets no parameter, its relative search space is the search trials' (empty before the fix:
     every draw random). Needs scipy (the ``gp`` extra)."""
-    pytest.importorskip("scipy")
-    pytest.importorskip("torch")
+    import importlib.util
+
+    from tests.helpers import missing
+
+    for module in ("scipy", "torch"):
+        if importlib.util.find_spec(module) is None:
+            missing(f"no {module} (the gp extra and the engine install it)")
     from autotune.search.gp import baseline_blind_gp
 
     study = optuna.create_study(direction="maximize")

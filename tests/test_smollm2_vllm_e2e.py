@@ -21,7 +21,7 @@ import yaml
 from autotune import names
 from autotune.spec.load import load_spec
 from autotune.study.loop import open_study
-from tests.helpers import autotune_cmd, processes_matching
+from tests.helpers import autotune_cmd, missing, processes_matching
 
 pytestmark = pytest.mark.e2e
 
@@ -43,9 +43,12 @@ def _copy_spec(directory: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def study_dir(tmp_path_factory):
-    pytest.importorskip("vllm")
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        missing("no vLLM (make setup)")
     if not (BF16 / "config.json").is_file():
-        pytest.skip(f"no SmolLM2 bf16 copy at {BF16} (make smollm2)")
+        missing(f"no SmolLM2 bf16 copy at {BF16} (make smollm2)")
     directory = tmp_path_factory.mktemp("smollm2-vllm")
     spec_path = _copy_spec(directory)
     spec = load_spec(spec_path)
