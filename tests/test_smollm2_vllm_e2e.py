@@ -54,8 +54,21 @@ def study_dir(tmp_path_factory):
     spec = load_spec(spec_path)
     study, created = open_study(spec, spec.default_storage())
     assert created
-    # the baseline's values but 16 sequences: a config that must keep the output
-    study.enqueue_trial({**spec.space.baseline_values(), "max_num_seqs": 16})
+    # the baseline's values but 16 sequences, every other knob pinned to a value that keeps the
+    # output and meets the space's constraints (a partial enqueue lets the sampler draw the rest,
+    # which once drew a step budget of 256 without chunked prefill: pruned, never launched)
+    tuned = {
+        **spec.space.baseline_values(),
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": 2048,
+        "block_size": 128,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": False,
+        "async_scheduling": False,
+        "VLLM_CPU_OMP_THREADS_BIND": "auto",
+    }
+    assert not spec.space.violated(tuned), spec.space.violated(tuned)
+    study.enqueue_trial(spec.space.to_optuna_params(tuned))
     result = subprocess.run(
         autotune_cmd("run", "--trials", "2", "--spec", str(spec_path), "--confirm-top", "0"),
         capture_output=True,
