@@ -7,7 +7,9 @@ import glob
 import os
 import pwd
 import shutil
+import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
@@ -38,6 +40,24 @@ def processes_matching(text: str) -> list[psutil.Process]:
 
 def autotune_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "autotune", *args]
+
+
+def run_autotune(
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 120,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``autotune ARGS`` as a user runs it (its own process, this interpreter), its output
+    captured as text; a run past ``timeout`` raises instead of hanging the suite."""
+    return subprocess.run(
+        autotune_cmd(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=None if env is None else dict(env),
+    )
 
 
 def pg_bin() -> Path | None:

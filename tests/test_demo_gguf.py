@@ -25,7 +25,7 @@ from autotune import names
 from autotune.engines.llamacpp import binary
 from autotune.spec.load import load_spec
 from autotune.testing.demo_gguf import main as write_demo_gguf
-from tests.helpers import autotune_cmd, missing, processes_matching
+from tests.helpers import missing, processes_matching, run_autotune
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "models" / "demo"
@@ -121,10 +121,14 @@ def test_the_demo_study_runs_on_llama_cpp(tmp_path):
 
     study, _ = open_study(spec, spec.default_storage())
     study.enqueue_trial({**spec.space.baseline_values(), "parallel": 4})
-    run = subprocess.run(
-        autotune_cmd("run", "--trials", "2", "--spec", str(spec_path), "--confirm-top", "0"),
-        capture_output=True,
-        text=True,
+    run = run_autotune(
+        "run",
+        "--trials",
+        "2",
+        "--spec",
+        str(spec_path),
+        "--confirm-top",
+        "0",
         timeout=900,
         cwd=tmp_path,
     )
@@ -138,10 +142,13 @@ def test_the_demo_study_runs_on_llama_cpp(tmp_path):
     assert capabilities["token_ids"] and capabilities["top_logprobs"], capabilities
 
     out = tmp_path / "best.sh"
-    exported = subprocess.run(
-        autotune_cmd("export", "--spec", str(spec_path), "-o", str(out), "--allow-unconfirmed"),
-        capture_output=True,
-        text=True,
+    exported = run_autotune(
+        "export",
+        "--spec",
+        str(spec_path),
+        "-o",
+        str(out),
+        "--allow-unconfirmed",
         timeout=120,
         cwd=tmp_path,
     )

@@ -20,7 +20,7 @@ from autotune import names
 from autotune.spec.load import load_spec
 from autotune.study.loop import open_study
 from tests.builders import DEMO_MODEL, write_demo_spec
-from tests.helpers import autotune_cmd, processes_matching
+from tests.helpers import processes_matching, run_autotune
 
 pytestmark = pytest.mark.e2e
 
@@ -62,12 +62,16 @@ def study_dir(tmp_path_factory):
             "qkv_shard_swap": True,
         }
     )
-    result = subprocess.run(
-        autotune_cmd(
-            "run", "--trials", "3", "--spec", str(spec_path), "--seed", "7", "--confirm-top", "0"
-        ),
-        capture_output=True,
-        text=True,
+    result = run_autotune(
+        "run",
+        "--trials",
+        "3",
+        "--spec",
+        str(spec_path),
+        "--seed",
+        "7",
+        "--confirm-top",
+        "0",
         timeout=900,
         cwd=directory,
     )
@@ -117,10 +121,10 @@ def test_fault_patch_is_recorded_incorrect_and_never_best(study_dir):
 
 def test_show_lists_trials_with_verdicts(study_dir):
     directory, spec_path, _ = study_dir
-    result = subprocess.run(
-        autotune_cmd("show", "--spec", str(spec_path)),
-        capture_output=True,
-        text=True,
+    result = run_autotune(
+        "show",
+        "--spec",
+        str(spec_path),
         timeout=120,
         cwd=directory,
         env={**os.environ, "COLUMNS": "250"},
@@ -137,10 +141,13 @@ def test_no_server_survives(study_dir):
 def test_exported_yaml_starts_vllm(study_dir, tmp_path):
     directory, spec_path, _ = study_dir
     out = tmp_path / "best.yaml"
-    result = subprocess.run(
-        autotune_cmd("export", "--spec", str(spec_path), "-o", str(out), "--allow-unconfirmed"),
-        capture_output=True,
-        text=True,
+    result = run_autotune(
+        "export",
+        "--spec",
+        str(spec_path),
+        "-o",
+        str(out),
+        "--allow-unconfirmed",
         timeout=120,
         cwd=directory,
     )
@@ -203,12 +210,14 @@ def test_resume_adds_trials_and_keeps_the_old_ones(study_dir):
     before = {t.number: (t.state, t.values) for t in load(spec).trials}
 
     def run(trials: int) -> None:
-        result = subprocess.run(
-            autotune_cmd(
-                "run", "--trials", str(trials), "--spec", str(spec_path), "--confirm-top", "0"
-            ),
-            capture_output=True,
-            text=True,
+        result = run_autotune(
+            "run",
+            "--trials",
+            str(trials),
+            "--spec",
+            str(spec_path),
+            "--confirm-top",
+            "0",
             timeout=600,
             cwd=directory,
         )

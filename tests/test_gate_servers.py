@@ -9,7 +9,6 @@ says which ran. A server that returns no text stops the study at its baseline.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from autotune.spec.load import load_spec
 from autotune.study.loop import RunOptions, open_study, run_study
 from autotune.study.results import best_trials, is_verified_feasible
 from tests.builders import fake_spec, save_spec, write_fake_spec
-from tests.helpers import autotune_cmd
+from tests.helpers import run_autotune
 
 SPACE = """
 parameters:
@@ -151,12 +150,8 @@ def test_cli_refuses_a_server_without_text_with_exit_3(tmp_path: Path) -> None:
 
 def _preflight_failure(tmp_path: Path, spec_path: Path, *extra: str) -> str:
     """``autotune run`` stopped at its baseline: exit 3 and exactly one line on stderr."""
-    done = subprocess.run(
-        autotune_cmd("run", "--trials", "2", "--spec", str(spec_path), *extra),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
+    done = run_autotune(
+        "run", "--trials", "2", "--spec", str(spec_path), *extra, timeout=300, cwd=tmp_path
     )
     assert done.returncode == 3, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -167,12 +162,7 @@ def _preflight_failure(tmp_path: Path, spec_path: Path, *extra: str) -> str:
 def test_show_and_export_name_the_checks_that_ran(dialect_run) -> None:
     dialect, _study, spec_path, url = dialect_run
     compared_by = {"openai": "per-token strings", "text": "text"}.get(dialect, "token ids")
-    shown = subprocess.run(
-        autotune_cmd("show", "--spec", str(spec_path), "--storage", url),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    shown = run_autotune("show", "--spec", str(spec_path), "--storage", url, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert f"passed: {compared_by} (" in shown.stdout
     has_notice = "server returns no token ids" in shown.stdout
@@ -183,19 +173,15 @@ def test_show_and_export_name_the_checks_that_ran(dialect_run) -> None:
     assert ("greedy tokens' own logprobs are compared instead" in said) is (dialect == "llamacpp")
     assert ("the greedy tokens' logprobs" in said) is (dialect == "llamacpp")
     out = spec_path.parent / "best.yaml"
-    exported = subprocess.run(
-        autotune_cmd(
-            "export",
-            "--spec",
-            str(spec_path),
-            "--storage",
-            url,
-            "-o",
-            str(out),
-            "--allow-unconfirmed",
-        ),
-        capture_output=True,
-        text=True,
+    exported = run_autotune(
+        "export",
+        "--spec",
+        str(spec_path),
+        "--storage",
+        url,
+        "-o",
+        str(out),
+        "--allow-unconfirmed",
         timeout=120,
     )
     assert exported.returncode == 0, exported.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import subprocess
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.spec.model import SloSpec, WorkloadSpec
 from tests.builders import write_fake_spec
 from tests.fake_proc import AUTH, server
-from tests.helpers import autotune_cmd
+from tests.helpers import run_autotune
 
 SPACE = """
 parameters:
@@ -163,11 +162,8 @@ def test_objective_names_a_level_and_the_trial_stores_the_curve(tmp_path):
         workload={"concurrency": [1, 4], "repeats": 2},
         objective={"metric": "output_tokens_per_s@1"},
     )
-    run = subprocess.run(
-        autotune_cmd("run", "--trials", "1", "--spec", str(spec), "--confirm-top", "0"),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    run = run_autotune(
+        "run", "--trials", "1", "--spec", str(spec), "--confirm-top", "0", timeout=120
     )
     assert run.returncode == 0, run.stderr
     study = optuna.load_study(study_name="fake", storage=f"sqlite:///{tmp_path}/fake.db")
@@ -199,12 +195,7 @@ def test_a_level_or_slo_the_workload_does_not_have_is_refused(
     tmp_path, objective, workload, key, words
 ):
     spec = write_fake_spec(tmp_path, SPACE, workload=workload, objective=objective)
-    run = subprocess.run(
-        autotune_cmd("run", "--trials", "1", "--spec", str(spec)),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = run_autotune("run", "--trials", "1", "--spec", str(spec), timeout=60)
     assert run.returncode == 2, run.stdout + run.stderr
     said = " ".join((run.stdout + run.stderr).split())
     assert str(spec.name) in said and key in said and words in said

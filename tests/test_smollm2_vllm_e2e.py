@@ -11,7 +11,6 @@ YAML, and no server is left running. Skipped, saying why, where vLLM or the mode
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import optuna
@@ -21,7 +20,7 @@ import yaml
 from autotune import names
 from autotune.spec.load import load_spec
 from autotune.study.loop import open_study
-from tests.helpers import autotune_cmd, missing, processes_matching
+from tests.helpers import missing, processes_matching, run_autotune
 
 pytestmark = pytest.mark.e2e
 
@@ -69,10 +68,14 @@ def study_dir(tmp_path_factory):
     }
     assert not spec.space.violated(tuned), spec.space.violated(tuned)
     study.enqueue_trial(spec.space.to_optuna_params(tuned))
-    result = subprocess.run(
-        autotune_cmd("run", "--trials", "2", "--spec", str(spec_path), "--confirm-top", "0"),
-        capture_output=True,
-        text=True,
+    result = run_autotune(
+        "run",
+        "--trials",
+        "2",
+        "--spec",
+        str(spec_path),
+        "--confirm-top",
+        "0",
         timeout=1500,
         cwd=directory,
     )
@@ -104,10 +107,10 @@ def test_the_real_model_is_gated_measured_and_its_evidence_recorded(study_dir):
 
 def test_show_names_the_model(study_dir):
     directory, spec_path, _ = study_dir
-    shown = subprocess.run(
-        autotune_cmd("show", "--spec", str(spec_path)),
-        capture_output=True,
-        text=True,
+    shown = run_autotune(
+        "show",
+        "--spec",
+        str(spec_path),
         timeout=120,
         cwd=directory,
         env={**os.environ, "COLUMNS": "250"},
@@ -119,10 +122,13 @@ def test_show_names_the_model(study_dir):
 def test_export_writes_vllm_s_own_config(study_dir, tmp_path):
     directory, spec_path, _ = study_dir
     out = tmp_path / "best.yaml"
-    exported = subprocess.run(
-        autotune_cmd("export", "--spec", str(spec_path), "-o", str(out), "--allow-unconfirmed"),
-        capture_output=True,
-        text=True,
+    exported = run_autotune(
+        "export",
+        "--spec",
+        str(spec_path),
+        "-o",
+        str(out),
+        "--allow-unconfirmed",
         timeout=120,
         cwd=directory,
     )
@@ -141,12 +147,6 @@ def test_a_bad_flag_is_exit_2_at_validate(study_dir, tmp_path):
     spec["search_space"] = "space.yaml"
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(spec, sort_keys=False))
-    result = subprocess.run(
-        autotune_cmd("validate", str(bad)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    result = run_autotune("validate", str(bad), timeout=300, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "--max-num-seqz" in result.stdout + result.stderr
