@@ -60,6 +60,36 @@ def run_autotune(
     )
 
 
+def run_unconfirmed(
+    spec_path: Path, trials: int, *extra: str, cwd: Path | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """``autotune run --trials N`` without a confirmation, which must succeed (exit 0)."""
+    result = run_autotune(
+        "run", "--trials", str(trials), "--spec", str(spec_path), "--confirm-top", "0", *extra,
+        cwd=cwd, timeout=timeout,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def show_wide(spec_path: Path, *extra: str, cwd: Path | None = None) -> str:
+    """``autotune show``'s output at 250 columns (rich wraps tables to the terminal's width)."""
+    result = run_autotune(
+        "show", "--spec", str(spec_path), *extra, cwd=cwd, env={**os.environ, "COLUMNS": "250"}
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def export_unconfirmed(spec_path: Path, out: Path, *extra: str, cwd: Path | None = None) -> str:
+    """``autotune export --allow-unconfirmed -o OUT``, which must succeed; OUT's text."""
+    result = run_autotune(
+        "export", "--spec", str(spec_path), *extra, "-o", str(out), "--allow-unconfirmed", cwd=cwd
+    )
+    assert result.returncode == 0, result.stderr
+    return out.read_text(encoding="utf-8")
+
+
 def pg_bin() -> Path | None:
     found = sorted(
         glob.glob("/usr/lib/postgresql/*/bin/initdb"),

@@ -25,7 +25,7 @@ from autotune import names
 from autotune.engines.llamacpp import binary
 from autotune.spec.load import load_spec
 from autotune.testing.demo_gguf import main as write_demo_gguf
-from tests.helpers import missing, processes_matching, run_autotune
+from tests.helpers import export_unconfirmed, missing, processes_matching, run_unconfirmed
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "models" / "demo"
@@ -121,18 +121,7 @@ def test_the_demo_study_runs_on_llama_cpp(tmp_path):
 
     study, _ = open_study(spec, spec.default_storage())
     study.enqueue_trial({**spec.space.baseline_values(), "parallel": 4})
-    run = run_autotune(
-        "run",
-        "--trials",
-        "2",
-        "--spec",
-        str(spec_path),
-        "--confirm-top",
-        "0",
-        timeout=900,
-        cwd=tmp_path,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run_unconfirmed(spec_path, 2, cwd=tmp_path)
     study = optuna.load_study(study_name=spec.name, storage=spec.default_storage())
     baseline, tuned = study.trials[:2]
     assert baseline.user_attrs[names.CORRECT] is True, baseline.user_attrs.get(names.FAIL_DETAIL)
@@ -142,16 +131,5 @@ def test_the_demo_study_runs_on_llama_cpp(tmp_path):
     assert capabilities["token_ids"] and capabilities["top_logprobs"], capabilities
 
     out = tmp_path / "best.sh"
-    exported = run_autotune(
-        "export",
-        "--spec",
-        str(spec_path),
-        "-o",
-        str(out),
-        "--allow-unconfirmed",
-        timeout=120,
-        cwd=tmp_path,
-    )
-    assert exported.returncode == 0, exported.stderr
-    assert str(gguf_path) in out.read_text()
+    assert str(gguf_path) in export_unconfirmed(spec_path, out, cwd=tmp_path)
     assert not processes_matching(str(gguf_path))

@@ -20,7 +20,7 @@ from autotune import names
 from autotune.spec.load import load_spec
 from autotune.study.loop import open_study
 from tests.builders import DEMO_MODEL, write_demo_spec
-from tests.helpers import processes_matching, run_autotune
+from tests.helpers import export_unconfirmed, processes_matching, run_unconfirmed, show_wide
 
 pytestmark = pytest.mark.e2e
 
@@ -62,20 +62,7 @@ def study_dir(tmp_path_factory):
             "qkv_shard_swap": True,
         }
     )
-    result = run_autotune(
-        "run",
-        "--trials",
-        "3",
-        "--spec",
-        str(spec_path),
-        "--seed",
-        "7",
-        "--confirm-top",
-        "0",
-        timeout=900,
-        cwd=directory,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_unconfirmed(spec_path, 3, "--seed", "7", cwd=directory)
     return directory, spec_path, spec
 
 
@@ -121,17 +108,9 @@ def test_fault_patch_is_recorded_incorrect_and_never_best(study_dir):
 
 def test_show_lists_trials_with_verdicts(study_dir):
     directory, spec_path, _ = study_dir
-    result = run_autotune(
-        "show",
-        "--spec",
-        str(spec_path),
-        timeout=120,
-        cwd=directory,
-        env={**os.environ, "COLUMNS": "250"},
-    )
-    assert result.returncode == 0, result.stderr
-    assert "baseline" in result.stdout and "incorrect" in result.stdout
-    assert "best (verified correct): trial" in result.stdout
+    shown = show_wide(spec_path, cwd=directory)
+    assert "baseline" in shown and "incorrect" in shown
+    assert "best (verified correct): trial" in shown
 
 
 def test_no_server_survives(study_dir):
@@ -141,18 +120,7 @@ def test_no_server_survives(study_dir):
 def test_exported_yaml_starts_vllm(study_dir, tmp_path):
     directory, spec_path, _ = study_dir
     out = tmp_path / "best.yaml"
-    result = run_autotune(
-        "export",
-        "--spec",
-        str(spec_path),
-        "-o",
-        str(out),
-        "--allow-unconfirmed",
-        timeout=120,
-        cwd=directory,
-    )
-    assert result.returncode == 0, result.stderr
-    config = yaml.safe_load(out.read_text())
+    config = yaml.safe_load(export_unconfirmed(spec_path, out, cwd=directory))
     assert config["model"] == str(DEMO_MODEL) and config["enforce-eager"] is True
     env = dict(os.environ)
     env_file = out.with_suffix(".env")
@@ -210,18 +178,7 @@ def test_resume_adds_trials_and_keeps_the_old_ones(study_dir):
     before = {t.number: (t.state, t.values) for t in load(spec).trials}
 
     def run(trials: int) -> None:
-        result = run_autotune(
-            "run",
-            "--trials",
-            str(trials),
-            "--spec",
-            str(spec_path),
-            "--confirm-top",
-            "0",
-            timeout=600,
-            cwd=directory,
-        )
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        run_unconfirmed(spec_path, trials, cwd=directory, timeout=600)
 
     from autotune.study.budget import launches_made
 

@@ -23,7 +23,7 @@ from autotune.spec.load import load_spec
 from autotune.study.loop import RunOptions, open_study, run_study
 from autotune.study.results import best_trials, is_verified_feasible
 from tests.builders import fake_spec, save_spec, write_fake_spec
-from tests.helpers import run_autotune
+from tests.helpers import export_unconfirmed, run_autotune, show_wide
 
 SPACE = """
 parameters:
@@ -162,29 +162,17 @@ def _preflight_failure(tmp_path: Path, spec_path: Path, *extra: str) -> str:
 def test_show_and_export_name_the_checks_that_ran(dialect_run) -> None:
     dialect, _study, spec_path, url = dialect_run
     compared_by = {"openai": "per-token strings", "text": "text"}.get(dialect, "token ids")
-    shown = run_autotune("show", "--spec", str(spec_path), "--storage", url, timeout=120)
-    assert shown.returncode == 0, shown.stderr
-    assert f"passed: {compared_by} (" in shown.stdout
-    has_notice = "server returns no token ids" in shown.stdout
+    shown = show_wide(spec_path, "--storage", url)
+    assert f"passed: {compared_by} (" in shown
+    has_notice = "server returns no token ids" in shown
     assert has_notice is (dialect not in WITH_IDS)
-    assert ("teacher-forced logprob check is skipped" in shown.stdout) is (dialect == "text")
+    assert ("teacher-forced logprob check is skipped" in shown) is (dialect == "text")
     # no teacher-forced scoring, but logprobs: the greedy tokens' own are compared, and said so
-    said = " ".join(shown.stdout.split())
+    said = " ".join(shown.split())
     assert ("greedy tokens' own logprobs are compared instead" in said) is (dialect == "llamacpp")
     assert ("the greedy tokens' logprobs" in said) is (dialect == "llamacpp")
     out = spec_path.parent / "best.yaml"
-    exported = run_autotune(
-        "export",
-        "--spec",
-        str(spec_path),
-        "--storage",
-        url,
-        "-o",
-        str(out),
-        "--allow-unconfirmed",
-        timeout=120,
-    )
-    assert exported.returncode == 0, exported.stderr
+    export_unconfirmed(spec_path, out, "--storage", url)
     header = [line for line in out.read_text().splitlines() if line.startswith("# Checks passed:")]
     assert len(header) == 1 and f"{compared_by} (" in header[0]
     assert "corrupt_words" not in out.read_text()

@@ -10,7 +10,6 @@ YAML, and no server is left running. Skipped, saying why, where vLLM or the mode
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import optuna
@@ -20,7 +19,14 @@ import yaml
 from autotune import names
 from autotune.spec.load import load_spec
 from autotune.study.loop import open_study
-from tests.helpers import missing, processes_matching, run_autotune
+from tests.helpers import (
+    export_unconfirmed,
+    missing,
+    processes_matching,
+    run_autotune,
+    run_unconfirmed,
+    show_wide,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -68,18 +74,7 @@ def study_dir(tmp_path_factory):
     }
     assert not spec.space.violated(tuned), spec.space.violated(tuned)
     study.enqueue_trial(spec.space.to_optuna_params(tuned))
-    result = run_autotune(
-        "run",
-        "--trials",
-        "2",
-        "--spec",
-        str(spec_path),
-        "--confirm-top",
-        "0",
-        timeout=1500,
-        cwd=directory,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_unconfirmed(spec_path, 2, cwd=directory, timeout=1500)
     return directory, spec_path, spec
 
 
@@ -107,33 +102,14 @@ def test_the_real_model_is_gated_measured_and_its_evidence_recorded(study_dir):
 
 def test_show_names_the_model(study_dir):
     directory, spec_path, _ = study_dir
-    shown = run_autotune(
-        "show",
-        "--spec",
-        str(spec_path),
-        timeout=120,
-        cwd=directory,
-        env={**os.environ, "COLUMNS": "250"},
-    )
-    assert shown.returncode == 0, shown.stderr
-    assert f"model: {BF16.resolve()} (served as smollm2)" in shown.stdout, shown.stdout
+    shown = show_wide(spec_path, cwd=directory)
+    assert f"model: {BF16.resolve()} (served as smollm2)" in shown, shown
 
 
 def test_export_writes_vllm_s_own_config(study_dir, tmp_path):
     directory, spec_path, _ = study_dir
     out = tmp_path / "best.yaml"
-    exported = run_autotune(
-        "export",
-        "--spec",
-        str(spec_path),
-        "-o",
-        str(out),
-        "--allow-unconfirmed",
-        timeout=120,
-        cwd=directory,
-    )
-    assert exported.returncode == 0, exported.stderr
-    config = yaml.safe_load(out.read_text(encoding="utf-8"))
+    config = yaml.safe_load(export_unconfirmed(spec_path, out, cwd=directory))
     assert config["model"] == str(BF16.resolve())
     assert config["max-model-len"] in (1024, "1024")
 
