@@ -46,6 +46,7 @@ from benchmarks.search.cli import main as harness_main
 from benchmarks.search.landscape import DEFAULT_COST, Landscape, load_landscape
 from benchmarks.search.run import RunResult, run_strategy
 from benchmarks.search.stats import summarize
+from benchmarks.search.suite import LANDSCAPES
 from benchmarks.search.truth import true_best
 from tests.builders import write_fake_spec
 
@@ -192,7 +193,7 @@ def test_auto_sampler_designs_first_never_repeats_and_learns_the_wrong_region(tm
     assert len(set(keys_seen)) == len(keys_seen), "a launched config was asked for again"
     phases = [sampler.phase_of[n] for n in sorted(sampler.phase_of)]
     assert phases[:N_DESIGN] == ["design"] * N_DESIGN
-    assert set(phases[N_DESIGN:]) <= {"sweep", "model"} and "sweep" in phases
+    assert set(phases[N_DESIGN:]) <= {"sweep", "model", "check"} and "sweep" in phases
     assert len(sampler.ask_seconds) == len(phases) - N_DESIGN
     # the balanced design: each mode value within one of an equal share
     modes = [params["mode"] for params, _ in seen[1 : 1 + N_DESIGN]]
@@ -618,6 +619,22 @@ def test_auto_sampler_finds_an_interior_peak_of_numeric_values():
     for seed in range(6):
         run = run_strategy("auto", space, land, seed, 30, 0.95 * best, True)
         assert run.found_at is not None, f"seed {seed}: no launch within 5 % of the peak in 30"
+
+
+def test_auto_sampler_checks_a_choice_its_model_wrote_off_from_far_away_measurements():
+    """On the ``offload`` landscape the best config needs CUDA graphs (``enforce_eager``
+    False) at a memory fraction just under the cliff. Early launches with eager off were slow
+    or failed for other reasons (CPU offload, a fraction past the cliff), the model wrote
+    eager off, and the sweep then walked the plateau with eager on until the budget ran out:
+    4 of these 12 seeds never launched a config within 5 % in 60. Checks of written-off
+    choices once the sweep stalls (``AutoSampler._check_point``) find it in every one."""
+    entry = LANDSCAPES["offload"]
+    space = load_space(ROOT / entry.space)
+    land = load_landscape(entry.landscape, None)
+    best, _, _ = true_best(space, land)
+    for seed in range(12):
+        run = run_strategy("auto", space, land, seed, 60, 0.95 * best, True)
+        assert run.found_at is not None, f"seed {seed}: no launch within 5 % of the best in 60"
 
 
 def test_the_speed_model_adds_its_local_term_only_where_the_data_need_it():

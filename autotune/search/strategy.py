@@ -5,8 +5,9 @@ the default), ``tpe``, ``random`` or ``gp``; the study records it (study attribu
 ``sampler``). ``auto`` proposes a balanced first design of :data:`N_DESIGN` trials without the
 risky choices (:func:`risky_choices`), then asks the Bayesian speed and feasibility models of
 :mod:`autotune.search.model`: mostly a sweep of :data:`SWEEP_GROUP` dimensions around the
-incumbent (the best posterior mean), a :data:`GLOBAL_SHARE` of global steps, never an exact
-repeat or a config that breaks a constraint. Enqueued trials pass through untouched;
+incumbent (the best posterior mean), a :data:`GLOBAL_SHARE` of global steps, and where the
+sweep stalls a check of a choice the model has written off; never an exact repeat or a config
+that breaks a constraint. Enqueued trials pass through untouched;
 multi-objective studies get TPE.
 
 Why it is built this way, and how well it works: ``docs/design/search-strategy.md``.
@@ -60,6 +61,14 @@ SWEEP_GROUP = 3
 #: prior penalty (log units) of each risky choice in a config: about -14 %, overturned by one
 #: or two good measurements
 RISK_PRIOR = 0.15
+#: sweep launches between two checks of a dimension the model has written off
+#: (:meth:`AutoSampler._check_point`)
+CHECK_EVERY = 4
+#: log units the incumbent's posterior mean must rise by to count as progress (checks wait
+#: for :data:`CHECK_EVERY` sweep launches without progress)
+STALL_GAIN = 0.03
+#: log units the incumbent's posterior mean must rise by for those checks to start over
+NEW_REGIME = 0.2
 #: numeric values tried per dimension in the incumbent's neighbourhood (stratified), and
 #: variants drawn for the dimensions a change makes active
 N_LEVELS = 4
@@ -161,6 +170,13 @@ class AutoSampler(optuna.samplers.BaseSampler):
         self.phase_of: dict[int, str] = {}
         self.phase_of_last = "model"
         self._visited: set[str] = set()
+        #: sweep launches since the last check of a dimension the model had written off, and
+        #: the dimensions checked so far in the current round of checks
+        self._since_check = 0
+        self._checked: set[str] = set()
+        self._checked_level = -np.inf
+        self._best_level = -np.inf
+        self._choice_names = {d.param.name for d in self._encoder.dims if d.is_choice}
 
     # --- Optuna's sampler API ---------------------------------------------------------------
 
@@ -317,6 +333,9 @@ class AutoSampler(optuna.samplers.BaseSampler):
             rows = np.array([enc.row(c) for c in configs])
             return model.ucb(rows, UCB_BETA) + self._prior(configs) + feasible.log_probability(rows)
 
+        def spread(configs: list[dict[str, Any]]) -> np.ndarray:
+            return model.predict(np.array([enc.row(c) for c in configs]))[1]
+
         seen = set(history.tried)
         mean = model.predict(np.array([enc.row(c) for c in good]))[0] + self._prior(good)
         # the incumbent: the best posterior mean (not the luckiest draw) among the configs
@@ -326,9 +345,10 @@ class AutoSampler(optuna.samplers.BaseSampler):
         best = max(complete, key=lambda i: mean[i])
         incumbent = good[best]
         if self._rng.random() >= GLOBAL_SHARE:
-            config = self._sweep_point(ucb, incumbent, float(mean[best]), seen)
+            self.phase_of_last = "sweep"
+            parents = [good[i] for i in np.argsort(-mean) if i in set(complete)][:N_PARENTS]
+            config = self._sweep_point(ucb, incumbent, float(mean[best]), seen, spread, parents)
             if config is not None:
-                self.phase_of_last = "sweep"
                 return config
         self.phase_of_last = "model"
         by_mean = [good[i] for i in np.argsort(-mean)]
@@ -364,13 +384,17 @@ class AutoSampler(optuna.samplers.BaseSampler):
         incumbent: Mapping[str, Any],
         level: float,
         seen: set[str],
+        spread: Callable[[list[dict[str, Any]]], np.ndarray],
+        parents: list[dict[str, Any]],
     ) -> dict[str, Any] | None:
         """Coordinate ascent around the incumbent: each round visits every active dimension
         once, most promising first (its best untried value by UCB), so that no dimension is
         left untested while launches go to the same few; the incumbent may change between
         visits (improvements are accepted as they come). Only values whose UCB is above the
         incumbent's posterior mean (``level``) count: a dimension whose every value is known
-        to be worse (a wrong or crashing choice) is not visited again."""
+        to be worse (a wrong or crashing choice) is not visited again, except by a check of
+        the model (:meth:`_check_point`) once the sweep has made no progress (the incumbent's
+        posterior mean up by :data:`STALL_GAIN`) for :data:`CHECK_EVERY` launches."""
         enc = self._encoder
         neighbours = [
             (name, c)
@@ -381,6 +405,27 @@ class AutoSampler(optuna.samplers.BaseSampler):
             return None
         score_all = ucb([c for _n, c in neighbours])
         hopeful = [(n, c, u) for (n, c), u in zip(neighbours, score_all, strict=True) if u > level]
+        self._since_check += 1
+        if level > self._best_level + STALL_GAIN:
+            # the sweep is making progress: the model is trusted until it stalls
+            self._best_level = level
+            self._since_check = 0
+        if self._since_check > CHECK_EVERY:
+            written_off = {n for n, _c in neighbours if n in self._choice_names} - {
+                n for n, _c, _u in hopeful
+            }
+            if written_off:
+                check = self._check_point(
+                    neighbours,
+                    spread([c for _n, c in neighbours]),
+                    written_off,
+                    level,
+                    ucb,
+                    parents,
+                    seen,
+                )
+                if check is not None:
+                    return check
         if not hopeful:
             return None
         if not {n for n, _c, _u in hopeful} - self._visited:
@@ -409,6 +454,51 @@ class AutoSampler(optuna.samplers.BaseSampler):
             changed.add(name)
             self._visited.add(name)
         return config
+
+    def _check_point(
+        self,
+        neighbours: list[tuple[str, dict[str, Any]]],
+        spread: np.ndarray,
+        written_off: set[str],
+        level: float,
+        ucb: Callable[[list[dict[str, Any]]], np.ndarray],
+        parents: list[dict[str, Any]],
+        seen: set[str],
+    ) -> dict[str, Any] | None:
+        """A check of the model: one choice the model has written off (no value of its
+        dimension is above the incumbent's posterior mean by UCB), launched in the context
+        of the best configs measured. Why: the model's verdict on a choice often comes from
+        measurements far from the incumbent (a setting that looked slow, or failed, beside
+        others that were the cause), and a sweep that trusts it never tests the choice where
+        it matters; one launch in :data:`CHECK_EVERY` + 1 tests the choice the model knows
+        least about (highest posterior s.d. next to the incumbent), round robin over the
+        written-off dimensions, in whichever of the :data:`N_PARENTS` best configs it has
+        the highest UCB (the incumbent may sit at an edge, a memory fraction that only the
+        current choice fits into), so that the model's blind spots are measured at a bounded
+        cost."""
+        if not written_off - self._checked or level > self._checked_level + NEW_REGIME:
+            # every written-off dimension checked, or the incumbent is far better than when
+            # the round began (verdicts from a slower regime do not carry over): a new round
+            self._checked = set()
+            self._checked_level = level
+        moves = [
+            (float(sd), i)
+            for i, ((name, _c), sd) in enumerate(zip(neighbours, spread, strict=True))
+            if name in written_off and name not in self._checked
+        ]
+        if not moves:
+            return None
+        name, other = neighbours[max(moves)[1]]
+        self._since_check = 0
+        self._checked.add(name)
+        options = [other]
+        for parent in parents:
+            if name in parent and parent[name] != other[name]:
+                merged = self._merge(parent, other, name)
+                if config_key(merged) not in seen and not self._encoder.violated(merged):
+                    options.append(merged)
+        self.phase_of_last = "check"
+        return dict(options[int(np.argmax(ucb(options)))])
 
     def _merge(
         self, base: Mapping[str, Any], other: Mapping[str, Any], name: str

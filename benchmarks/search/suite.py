@@ -8,7 +8,8 @@ Why one command: the default strategy was shaped on the project's own landscapes
 that matters is how it does on problems it was not shaped on, beside the simple strategies
 (issue 30). For each landscape of :data:`LANDSCAPES` (a cost model and its space, the harness's
 protocol: ``landscape.py``) the true best is found by enumeration (``truth.py``), then every
-strategy runs the same seeds, in several disjoint seed sets (0-, 100-, 200-, ...), through
+strategy runs the same seeds, in several disjoint seed sets (0-, 100-, 200-, ...; ``--first-seed-set
+3`` starts at 300-, seeds a change was not developed on), through
 ``run.py``'s loop (the simulated confirmation counted, as the harness counts it). Per landscape,
 seed set and strategy the JSON holds (:func:`summary`):
 
@@ -313,7 +314,7 @@ def run_landscape(
         )
         gp_reason = gp_unavailable() if "gp" in strategies else None
         sets: list[dict[str, Any]] = []
-        for s in range(args.seed_sets):
+        for s in range(args.first_seed_set, args.first_seed_set + args.seed_sets):
             seeds = [100 * s + i for i in range(args.seeds)]
             runs: dict[str, list[RunResult]] = {}
             for strategy in strategies:
@@ -397,6 +398,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--seeds", type=int, default=30, help="seeds per seed set")
     parser.add_argument("--seed-sets", type=int, default=3, help="disjoint sets: 0-, 100-, ...")
+    parser.add_argument(
+        "--first-seed-set",
+        type=int,
+        default=0,
+        help="index of the first seed set (3: seeds 300-, ...): held-out seeds for a change "
+        "developed on the first sets",
+    )
     parser.add_argument("--budget", type=int, default=60)
     parser.add_argument(
         "--reference-budget",
@@ -428,6 +436,7 @@ def _main(args: argparse.Namespace) -> int:
     for flag, value, low in (
         ("--seeds", args.seeds, 1),
         ("--seed-sets", args.seed_sets, 1),
+        ("--first-seed-set", args.first_seed_set, 0),
         ("--budget", args.budget, 1),
         ("--reference-budget", args.reference_budget, args.budget),
     ):
@@ -440,6 +449,7 @@ def _main(args: argparse.Namespace) -> int:
         "command": "python -m benchmarks.search.suite " + " ".join(sys.argv[1:]),
         "seeds_per_set": args.seeds,
         "seed_sets": args.seed_sets,
+        "first_seed_set": args.first_seed_set,
         "budget_launches": args.budget,
         "reference_budget_launches": args.reference_budget,
         "strategies": strategies,
