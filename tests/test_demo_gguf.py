@@ -120,7 +120,19 @@ def test_the_demo_study_runs_on_llama_cpp(tmp_path):
     from autotune.study.loop import open_study
 
     study, _ = open_study(spec, spec.default_storage())
-    study.enqueue_trial({**spec.space.baseline_values(), "parallel": 4})
+    # the baseline's values but 4 slots, every other knob pinned at llama-server's default (a
+    # partial enqueue lets the sampler draw the rest: a q4_0 K cache is rightly rejected)
+    tuned = {
+        **spec.space.baseline_values(),
+        "parallel": 4,
+        "batch_size": 2048,
+        "ubatch_size": 512,
+        "flash_attn": "auto",
+        "cache_type_k": "f16",
+        "cont_batching": True,
+    }
+    assert set(tuned) == {p.name for p in spec.space.parameters}
+    study.enqueue_trial(spec.space.to_optuna_params(tuned))
     run_unconfirmed(spec_path, 2, cwd=tmp_path)
     study = optuna.load_study(study_name=spec.name, storage=spec.default_storage())
     baseline, tuned = study.trials[:2]
