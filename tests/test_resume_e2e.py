@@ -38,6 +38,7 @@ from optuna.trial import TrialState
 from autotune import _proc, names
 from autotune.names import CANDIDATE_REASONS
 from tests.builders import fake_spec, save_spec, sigint_as_a_terminal_would
+from tests.helpers import measured_or_screened
 
 ROOT = Path(__file__).resolve().parents[1]
 HEARTBEAT_ENV = {
@@ -502,5 +503,5 @@ def test_ctrl_c_exits_130_and_records_interrupted(tmp_path: Path, sig: signal.Si
     assert again.returncode == 0, log2.read_text()[-3000:]
     study = load(spec)
     retry = next(t for t in study.trials if t.user_attrs.get(names.RETRY_OF) == trial.number)
-    assert retry.state == TrialState.COMPLETE
+    assert measured_or_screened(retry), retry.user_attrs
     assert tagged(tag) == []
