@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune import names
+from tests.helpers import missing
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -190,7 +191,7 @@ def test_the_link_check_sees_a_broken_link(tmp_path: Path) -> None:
 
 def test_the_site_builds_with_no_broken_link(tmp_path: Path) -> None:
     if importlib.util.find_spec("mkdocs") is None:
-        pytest.skip("mkdocs is not installed (the docs extra: make setup installs it)")
+        missing("mkdocs is not installed (the docs extra: make setup installs it)")
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
         cwd=ROOT,

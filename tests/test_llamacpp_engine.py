@@ -37,6 +37,7 @@ from autotune.server.process import ServerProcess
 from autotune.space.settings import ServerSettings
 from autotune.spec.load import load_spec
 from autotune.study.loop import preflight
+from tests.helpers import missing
 from tests.test_bad_input import SPACE, SPEC, with_, write
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -590,10 +591,10 @@ def test_real_validate_exits_2_on_a_bad_flag(tmp_path: Path) -> None:
 def test_the_help_fixture_is_what_this_build_says() -> None:
     """The captured help is the built binary's, parsed the same (a newer build: recapture)."""
     if REAL is None:
-        pytest.skip("no llama-server (run `make llama-server`)")
+        missing("no llama-server (run `make llama-server`)")
     captured = (FIXTURES / "version.txt").read_text().splitlines()[0]
     if binary.version_line(REAL) != captured:
-        pytest.skip(f"{REAL} is not the captured build ({captured}): recapture the fixtures")
+        missing(f"{REAL} is not the captured build ({captured}): recapture the fixtures")
     assert server_help(REAL) == HELP
 
 
