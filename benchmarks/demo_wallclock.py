@@ -93,6 +93,7 @@ def summarise(runs: list[dict[str, Any]], blocks: int) -> dict[str, Any]:
     ok = [r for r in runs if r["returncode"] == 0]
     arms = {arm: sorted(r["wall_s"] for r in ok if r["arm"] == arm) for arm in (BEFORE, AFTER)}
     medians = {arm: statistics.median(v) if v else None for arm, v in arms.items()}
+    launches = {arm: [r["launches"] for r in ok if r["arm"] == arm] for arm in (BEFORE, AFTER)}
     block_ratios = []
     for block in range(blocks):
         inside = [r for r in ok if r["block"] == block]
@@ -105,10 +106,9 @@ def summarise(runs: list[dict[str, Any]], blocks: int) -> dict[str, Any]:
         "runs_failed": len(runs) - len(ok),
         "wall_s": arms,
         "median_wall_s": medians,
+        # absent (None), never 0, for an arm with no successful run
         "median_launches": {
-            arm: statistics.median([r["launches"] for r in ok if r["arm"] == arm] or [0])
-            if any(r["arm"] == arm for r in ok)
-            else None
+            arm: statistics.median(counts) if (counts := launches[arm]) else None
             for arm in (BEFORE, AFTER)
         },
         "ratio_of_medians": (
