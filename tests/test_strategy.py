@@ -25,7 +25,7 @@ from optuna.trial import TrialState, create_trial
 from typer.testing import CliRunner
 
 from autotune import names
-from autotune.analysis.confirm import rank_candidates
+from autotune.analysis.confirm import gain_with_ci, rank_candidates
 from autotune.cli.app import app
 from autotune.errors import SpecError
 from autotune.search.model import Encoder, Feasibility, fit_speed, rank_by_posterior
@@ -44,7 +44,7 @@ from autotune.study.warm_start import WARM_START_FROM, warm_start
 from benchmarks.search import ROOT
 from benchmarks.search.cli import main as harness_main
 from benchmarks.search.landscape import DEFAULT_COST, Landscape, load_landscape
-from benchmarks.search.run import RunResult, run_strategy
+from benchmarks.search.run import RunResult, reports_winner, run_strategy
 from benchmarks.search.stats import summarize
 from benchmarks.search.suite import LANDSCAPES
 from benchmarks.search.truth import true_best
@@ -772,3 +772,17 @@ def test_harness_counts_the_confirmations_launches(tmp_path):
             # no budget below 20 confirms (the baseline stands); without noise the race
             # reports a config the search had found, at least four launches later
             assert a == missed or a >= max(b, 16) + 4
+
+
+def test_the_harness_reports_a_confirmed_winner_only_when_the_product_would():
+    """A point gain whose 95 % interval includes no change is "no confirmed winner: the
+    baseline stands" in ``autotune run`` (``study.results.unconfirmed_gain``), so the harness
+    must report the baseline there too, not the winner: a looser rule would count as reached
+    what the product never reports."""
+    clear = ((110.0, 111.0, 109.0), (100.0, 101.0, 99.0))  # +10 %, interval above zero
+    assert gain_with_ci(*clear, 1.0)[1][0] > 0 and reports_winner(*clear)
+    assert not reports_winner((90.0, 91.0), (100.0, 101.0))  # a confirmed loss
+    lucky = ((120.0, 95.0), (100.0, 100.5))  # point gain +7 %, interval -76 % .. +368 %
+    gain, (low, _high) = gain_with_ci(*lucky, 1.0)
+    assert gain > 0 > low  # the old rule (a point gain above zero) reported this winner
+    assert not reports_winner(*lucky)

@@ -34,7 +34,7 @@ import json
 import random
 import statistics
 import warnings
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ from autotune.search.strategy import AutoSampler, build_sampler, risky_choices
 from autotune.space.model import SearchSpace
 from autotune.spec.model import WorkloadSpec
 from autotune.study.budget import MAX_ROUNDS, BudgetPlan, plan_budget
-from autotune.study.results import best_trials
+from autotune.study.results import best_trials, unconfirmed_gain
 from benchmarks.search import ROOT
 from benchmarks.search.landscape import BadInput, Landscape, Outcome, launch_minutes, measured
 from benchmarks.search.truth import grid_choices
@@ -131,8 +131,9 @@ class Confirm:
     the search model's posterior mean (``confirm.rank_candidates``) and the baseline are then
     measured again, one round at a time, and ``confirm.race_step`` drops the clearly slower and
     stops the race (settled, precise, or the plan's rounds). The best median of those left
-    wins, unless its gain over the baseline (``confirm.gain_with_ci``) is not positive (then the
-    baseline is reported, as ``study.results.baseline_reason`` does). Each config's confirmation
+    wins, unless the 95 % interval of its gain over the baseline includes no change (then the
+    baseline is reported, as ``study.results.unconfirmed_gain`` says: :func:`reports_winner`).
+    Each config's confirmation
     draws come from a random stream of its own (per seed and config), so the answer changes only
     when the candidates do."""
 
@@ -222,10 +223,18 @@ def _reported(
             break
     best = max((int(c) for c in alive), key=lambda i: statistics.median(samples[i]))
     winner = variants[best][1]
-    # the product's rule (study.results.baseline_reason): no gain by the confirmation's own measure
-    if base_ok and gain_with_ci(tuple(samples[best]), tuple(samples[-1]), 1.0)[0] <= 0:
+    if base_ok and not reports_winner(samples[best], samples[-1]):
         winner = base
     return winner, launches
+
+
+def reports_winner(winner: Sequence[float], base: Sequence[float]) -> bool:
+    """Whether ``autotune run`` reports the confirmation's winner over the baseline, by the
+    product's own rule (``study.results.unconfirmed_gain``): only when the 95 % interval of its
+    gain lies above no change. A point gain whose interval includes zero leaves the baseline
+    standing ("no confirmed winner"), so the harness must not count it as reported."""
+    gain, ci = gain_with_ci(tuple(winner), tuple(base), 1.0)
+    return unconfirmed_gain({"winner": 0, "gain": gain, "gain_ci": list(ci)}) is None
 
 
 def run_optuna(
