@@ -786,3 +786,80 @@ def test_the_harness_reports_a_confirmed_winner_only_when_the_product_would():
     gain, (low, _high) = gain_with_ci(*lucky, 1.0)
     assert gain > 0 > low  # the old rule (a point gain above zero) reported this winner
     assert not reports_winner(*lucky)
+
+
+COST_SPACE = """
+parameters:
+  a:
+    type: categorical
+    choices: [a0, a1, a2]
+    target: {flag: --a}
+  b:
+    type: categorical
+    choices: [b0, b1, b2]
+    target: {flag: --b}
+"""
+
+
+def _cost_study(startup_of_a):
+    """Every config with a0/a1 and b0/b1 measured (a0, b0 the fastest), a2 and b2 never tried:
+    the sweep around (a0, b0) has exactly two open moves, as promising as each other."""
+    dists = {"a": CategoricalDistribution(["a0", "a1", "a2"]),
+             "b": CategoricalDistribution(["b0", "b1", "b2"])}  # fmt: skip
+    study = optuna.create_study(direction="maximize")
+    for a, b, value in [("a0", "b0", 110.0), ("a1", "b0", 100.0), ("a0", "b1", 100.0),
+                        ("a1", "b1", 90.0), ("a1", "b0", 100.0), ("a0", "b1", 100.0)]:  # fmt: skip
+        attrs = {names.ROLE: "search", names.CORRECT: True}
+        if startup_of_a is not None:
+            attrs[names.TIME_S] = {"startup": startup_of_a[a]}
+        study.add_trial(create_trial(params={"a": a, "b": b}, distributions=dists,
+                                     value=value, user_attrs=attrs))  # fmt: skip
+    return study
+
+
+def test_the_sweep_launches_the_cheaper_of_two_equally_promising_moves_first(monkeypatch):
+    """Cheap launches first (issue 30, item 5): a config's startup (``time_s``, what
+    ``autotune run`` records) is modelled like its speed, and the sweep ranks its moves by
+    optimistic gain per predicted second. Around (a0, b0), changing a to the untried a2 keeps
+    b0 and changing b to the untried b2 keeps a0; configs with a1 took six times longer to
+    start than those with a0, so the move that keeps a0 is predicted cheaper and goes first.
+    Without recorded startups, or with equal ones, the order is the gain's alone."""
+    import autotune.search.strategy as strategy
+
+    monkeypatch.setattr(strategy, "GLOBAL_SHARE", 0.0)  # every ask a sweep step
+    monkeypatch.setattr(strategy, "SWEEP_GROUP", 1)  # one change per launch: the order shows
+    space = load_space_text(COST_SPACE)
+
+    def first_move(startup_of_a):
+        sampler = AutoSampler(space, seed=0)
+        study = _cost_study(startup_of_a)
+        config = sampler.propose(study, len(study.trials))
+        assert sampler.phase_of_last == "sweep"
+        return config
+
+    assert first_move({"a0": 20.0, "a1": 120.0}) == {"a": "a0", "b": "b2"}
+    assert first_move({"a0": 120.0, "a1": 20.0}) == {"a": "a2", "b": "b0"}
+    unweighted = first_move(None)
+    assert first_move({"a0": 60.0, "a1": 60.0}) == unweighted
+
+
+def test_the_cost_model_reads_started_launches_only():
+    """A start that failed recorded the seconds to its crash: learning them would make the
+    region that crashes look cheap. Only launches the gate ran on (correct or not) count."""
+    from autotune.search.model import read_history
+
+    dists = {"a": CategoricalDistribution(["a0", "a1", "a2"])}
+    study = optuna.create_study(direction="maximize")
+    for a, attrs, state in [
+        ("a0", {names.CORRECT: True, names.TIME_S: {"startup": 40.0}}, TrialState.COMPLETE),
+        ("a1", {names.CORRECT: False, names.TIME_S: {"startup": 50.0}}, TrialState.PRUNED),
+        ("a2", {names.FAIL_REASON: "startup_failed", names.TIME_S: {"startup": 3.0}},
+         TrialState.PRUNED),
+        ("a0", {names.CORRECT: True, names.TIME_S: {"startup": float("nan")}},
+         TrialState.COMPLETE),
+    ]:  # fmt: skip
+        value = 100.0 if state == TrialState.COMPLETE else None
+        study.add_trial(create_trial(params={"a": a}, distributions=dists, value=value,
+                                     state=state, user_attrs=attrs))  # fmt: skip
+    costs = read_history(study, 1.0).costs
+    assert [(c["a"], round(math.exp(v))) for c, v in costs] == [("a0", 40), ("a1", 50)]
