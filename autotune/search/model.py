@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autotune import names
 from autotune.space.model import Parameter, SearchSpace
@@ -382,27 +382,21 @@ def rank_by_posterior(space: SearchSpace, observations: list[tuple[Mapping[str, 
 
 @dataclass
 class History:
-    """What the study has taught: measured configs (log objective), bad ones, all tried, and
-    what the launches of configs that started cost (log seconds to ready: ``costs``)."""
+    """What the study has taught: measured configs (log objective), bad ones, all tried."""
 
     good: list[tuple[dict[str, Any], float]]
     bad: list[dict[str, Any]]
     tried: set[str]
-    costs: list[tuple[dict[str, Any], float]] = field(default_factory=list)
 
 
 def read_history(study: optuna.Study, sign: float) -> History:
     good: list[tuple[dict[str, Any], float]] = []
     bad: list[dict[str, Any]] = []
     tried: set[str] = set()
-    costs: list[tuple[dict[str, Any], float]] = []
     for t in study.get_trials(deepcopy=False):
         if not t.params:
             continue
         tried.add(config_key(t.params))
-        startup = launch_cost(t)
-        if startup is not None:
-            costs.append((dict(t.params), math.log(startup)))
         if t.user_attrs.get(names.FAIL_REASON) == "constraint_violated":
             continue  # never launched: the space's constraints already exclude it
         constraint = t.constraints.get(names.CORRECTNESS_CONSTRAINT)
@@ -414,17 +408,4 @@ def read_history(study: optuna.Study, sign: float) -> History:
             last = t.intermediate_values[max(t.intermediate_values)]
             if last > 0:  # verified, stopped early because clearly slower
                 good.append((dict(t.params), sign * math.log(last)))
-    return History(good, bad, tried, costs)
-
-
-def launch_cost(trial: FrozenTrial) -> float | None:
-    """Seconds the trial's server took to start (its ``time_s`` startup phase), when it
-    started: the gate ran on it (``correct`` recorded, either way). A start that failed is
-    left out: its seconds are the time to the crash, and a cost model that learned them would
-    call the region that crashes cheap."""
-    if trial.user_attrs.get(names.CORRECT) is None:
-        return None
-    startup = (trial.user_attrs.get(names.TIME_S) or {}).get("startup")
-    if isinstance(startup, bool) or not isinstance(startup, int | float):
-        return None
-    return float(startup) if math.isfinite(startup) and startup > 0 else None
+    return History(good, bad, tried)

@@ -69,14 +69,6 @@ CHECK_EVERY = 4
 STALL_GAIN = 0.03
 #: log units the incumbent's posterior mean must rise by for those checks to start over
 NEW_REGIME = 0.2
-#: cheap launches first: the sweep ranks its moves by optimistic gain over the incumbent
-#: divided by (predicted seconds to ready / the moves' median) ** COST_WEIGHT
-#: (:meth:`AutoSampler._relative_cost`); startups that do not differ leave the order as it was
-COST_WEIGHT = 1.0
-#: started launches with a recorded startup before their cost is modelled, and the most the
-#: predicted cost of one move may count against another (a clip of the model's extrapolation)
-MIN_COSTS = 4
-MAX_COST_RATIO = 4.0
 #: numeric values tried per dimension in the incumbent's neighbourhood (stratified), and
 #: variants drawn for the dimensions a change makes active
 N_LEVELS = 4
@@ -355,10 +347,7 @@ class AutoSampler(optuna.samplers.BaseSampler):
         if self._rng.random() >= GLOBAL_SHARE:
             self.phase_of_last = "sweep"
             parents = [good[i] for i in np.argsort(-mean) if i in set(complete)][:N_PARENTS]
-            cost = self._relative_cost(history)
-            config = self._sweep_point(
-                ucb, incumbent, float(mean[best]), seen, spread, parents, cost
-            )
+            config = self._sweep_point(ucb, incumbent, float(mean[best]), seen, spread, parents)
             if config is not None:
                 return config
         self.phase_of_last = "model"
@@ -397,12 +386,9 @@ class AutoSampler(optuna.samplers.BaseSampler):
         seen: set[str],
         spread: Callable[[list[dict[str, Any]]], np.ndarray],
         parents: list[dict[str, Any]],
-        cost: Callable[[list[dict[str, Any]]], np.ndarray] | None = None,
     ) -> dict[str, Any] | None:
         """Coordinate ascent around the incumbent: each round visits every active dimension
-        once, most promising per second of startup first (its best untried value by UCB gain
-        over the incumbent, divided by the launch's predicted relative cost: ``cost``, see
-        :meth:`_relative_cost`), so that no dimension is
+        once, most promising first (its best untried value by UCB), so that no dimension is
         left untested while launches go to the same few; the incumbent may change between
         visits (improvements are accepted as they come). Only values whose UCB is above the
         incumbent's posterior mean (``level``) count: a dimension whose every value is known
@@ -447,9 +433,7 @@ class AutoSampler(optuna.samplers.BaseSampler):
         open_moves = [(n, c, u) for n, c, u in hopeful if n not in self._visited]
         configs = [c for _n, c, _u in open_moves]
         owner = [n for n, _c, _u in open_moves]
-        score = np.array([u - level for _n, _c, u in open_moves])
-        if cost is not None:
-            score = score / cost(configs)
+        score = np.array([u for _n, _c, u in open_moves])
         best = int(np.argmax(score))
         self._visited.add(owner[best])
         config = dict(configs[best])
@@ -515,37 +499,6 @@ class AutoSampler(optuna.samplers.BaseSampler):
                     options.append(merged)
         self.phase_of_last = "check"
         return dict(options[int(np.argmax(ucb(options)))])
-
-    def _relative_cost(
-        self, history: History
-    ) -> Callable[[list[dict[str, Any]]], np.ndarray] | None:
-        """Each config's predicted seconds to ready relative to the median of those it is
-        asked about, to the power :data:`COST_WEIGHT` and clipped to 1 / :data:`MAX_COST_RATIO`
-        .. :data:`MAX_COST_RATIO`; None until :data:`MIN_COSTS` started launches recorded
-        their startup. The same closed-form model as the speed's, on log seconds
-        (``History.costs``).
-
-        Why: a launch costs what its config costs (a compiled start with CUDA graphs captured
-        to 1024 takes minutes more than an eager one), and within a sweep round every
-        dimension is visited anyway, so ranking the moves by gain per expected second brings
-        the cheap information first and leaves the expensive launches to the end of the
-        round, when the incumbent they start from is better. Where every start costs the same
-        the ranking is the gain's alone."""
-        if len(history.costs) < MIN_COSTS:
-            return None
-        enc = self._encoder
-        x = np.array([enc.row(c) for c, _ in history.costs])
-        y = np.array([v for _, v in history.costs])
-        if float(np.ptp(y)) < 1e-9:
-            return None
-        model = fit_speed(enc, x, y)
-
-        def relative(configs: list[dict[str, Any]]) -> np.ndarray:
-            log_s = model.predict(np.array([enc.row(c) for c in configs]))[0]
-            ratio = np.exp(COST_WEIGHT * (log_s - np.median(log_s)))
-            return np.clip(ratio, 1.0 / MAX_COST_RATIO, MAX_COST_RATIO)
-
-        return relative
 
     def _merge(
         self, base: Mapping[str, Any], other: Mapping[str, Any], name: str

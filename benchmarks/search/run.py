@@ -295,11 +295,6 @@ def run_optuna(
         if run.found_at is None and outcome.started and outcome.correct and outcome.true >= target:
             run.found_at = launched
         run.wrong_launched += outcome.started and not outcome.correct
-        # the startup as ``autotune run`` records it (``time_s``), which ``auto`` weighs
-        startup_s = outcome.startup_s
-        if startup_s is None:
-            startup_s = 60.0 * land.cost["load" if outcome.started else "failed_start"]
-        trial.set_user_attr(names.TIME_S, {"startup": round(startup_s, 3)})
         value: float | None = None
         if not outcome.started:
             trial.set_user_attr(names.FAIL_REASON, outcome.failure or "startup_failed")
