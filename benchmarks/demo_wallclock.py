@@ -89,13 +89,13 @@ def run_demo(commit: str, trials: int, seed: int, work: Path) -> dict[str, Any]:
     return record
 
 
-def summarise(runs: list[dict[str, Any]], blocks: int) -> dict[str, Any]:
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in runs if r["returncode"] == 0]
     arms = {arm: sorted(r["wall_s"] for r in ok if r["arm"] == arm) for arm in (BEFORE, AFTER)}
     medians = {arm: statistics.median(v) if v else None for arm, v in arms.items()}
     launches = {arm: [r["launches"] for r in ok if r["arm"] == arm] for arm in (BEFORE, AFTER)}
     block_ratios = []
-    for block in range(blocks):
+    for block in sorted({r["block"] for r in runs}):
         inside = [r for r in ok if r["block"] == block]
         before = [r["wall_s"] for r in inside if r["arm"] == BEFORE]
         after = [r["wall_s"] for r in inside if r["arm"] == AFTER]
@@ -126,15 +126,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", default="HEAD")
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--blocks", type=int, default=2)
+    parser.add_argument(
+        "--first-block",
+        type=int,
+        default=0,
+        help="index of the first block (its seed is index + 1): a later block of an earlier "
+        "run, with a seed of its own",
+    )
     parser.add_argument("--out", type=Path, default=RESULT_PATH)
+    parser.add_argument(
+        "--summarise",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="print the summary of the runs of these result files together (blocks of "
+        "several sessions' runs, each with its own --first-block) and launch nothing",
+    )
     args = parser.parse_args(argv)
+    if args.summarise:
+        together = [r for path in args.summarise for r in json.loads(path.read_text())["runs"]]
+        print(json.dumps(summarise(together), indent=1))
+        return 0
     resolve = ["git", "-C", str(ROOT), "rev-parse", "--short"]
     commits = {
         BEFORE: subprocess.check_output([*resolve, args.before], text=True).strip(),
         AFTER: subprocess.check_output([*resolve, args.after], text=True).strip(),
     }
     runs: list[dict[str, Any]] = []
-    for block in range(args.blocks):
+    for block in range(args.first_block, args.first_block + args.blocks):
         seed = block + 1
         for arm in ABBA:
             with tempfile.TemporaryDirectory(prefix=f"demo-{arm}-") as tmp:
@@ -155,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 "commits": commits,
                 "order": "ABBA blocks: before, after, after, before; one seed per block",
                 "runs": runs,
-                "summary": summarise(runs, args.blocks),
+                "summary": summarise(runs),
                 "machine": {
                     "nproc": os.cpu_count(),
                     "platform": platform.platform(),
