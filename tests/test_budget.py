@@ -18,7 +18,13 @@ from autotune.cli.app import app
 from autotune.errors import SpecError
 from autotune.spec.load import load_spec
 from autotune.storage import sqlite_file
-from autotune.study.budget import MAX_ROUNDS, MIN_ROUNDS, launches_made, plan_budget
+from autotune.study.budget import (
+    MIN_ROUNDS,
+    PLAN_MAX_ROUNDS,
+    ROUNDS_PER_CANDIDATE,
+    launches_made,
+    plan_budget,
+)
 from autotune.study.loop import open_study
 from tests.builders import write_fake_spec
 
@@ -47,12 +53,17 @@ def test_twenty_launches_confirm_one_candidate_in_two_rounds():
     assert "1 baseline + 15 search + 2 rounds x (baseline + 1) confirmation" in plan.describe()
 
 
-def test_fifty_launches_confirm_two_candidates_within_a_fifth():
+def test_rounds_come_before_candidates_within_a_fifth():
+    """Two rounds settle only a gain above about 20 % at 5 % noise: a second candidate is
+    raced only where each variant still gets ROUNDS_PER_CANDIDATE rounds."""
     plan = plan_budget(50)
-    assert (plan.top_k, plan.rounds, plan.confirm, plan.search) == (2, 3, 9, 41)
+    assert (plan.top_k, plan.rounds, plan.confirm, plan.search) == (1, 5, 10, 40)
     assert plan.confirm <= 50 // 5
+    assert (plan_budget(30).top_k, plan_budget(30).rounds) == (1, 3)  # not 2 x (1 + 2)
+    sixty = plan_budget(60)
+    assert (sixty.top_k, sixty.rounds, sixty.confirm) == (2, ROUNDS_PER_CANDIDATE, 12)
     big = plan_budget(500)
-    assert big.rounds == MAX_ROUNDS and big.confirm == MAX_ROUNDS * 3
+    assert big.rounds == PLAN_MAX_ROUNDS and big.confirm == PLAN_MAX_ROUNDS * 3
 
 
 def test_a_resumed_study_counts_its_launches():
@@ -146,7 +157,7 @@ def test_the_confirmations_rounds_leave_a_dropped_candidate_out():
         m.outcomes = [TrialOutcome(0, "confirm", "correct", (v,)) for v in values]
         return m
 
-    race = _Race(1.0, 4, 0.0)
+    race = _Race(1.0, 4 * 3, 0.0)  # 4 rounds x (baseline + 2): 12 launches
     labels = ["baseline", "trial 3", "trial 5"]
     assert race.next_round({k: measured(k) for k in labels}, 0) == labels
     # after two rounds trial 5 is clearly below trial 3, and trial 3's gain is still open
@@ -159,8 +170,12 @@ def test_the_confirmations_rounds_leave_a_dropped_candidate_out():
     assert race.eliminated == ["trial 5"] and race.stopped_by is None
     results["baseline"] = measured("baseline", 100.0, 160.0, 101.0, 99.0)
     results["trial 3"] = measured("trial 3", 150.0, 151.0, 150.5, 150.2)
-    assert race.next_round(results, 4) == []
-    assert race.stopped_by == BUDGET  # its planned 4 rounds, the gain still open
+    # 10 launches made: trial 5's two unspent launches buy trial 3 a fifth round
+    assert race.next_round(results, 4) == ["baseline", "trial 3"]
+    results["baseline"] = measured("baseline", 100.0, 160.0, 101.0, 99.0, 130.0)
+    results["trial 3"] = measured("trial 3", 150.0, 151.0, 150.5, 150.2, 150.3)
+    assert race.next_round(results, 5) == []
+    assert race.stopped_by == BUDGET  # its 12 launches spent, the gain still open
 
 
 # --- the CLI against the fake server -----------------------------------------------------------

@@ -14,14 +14,15 @@ honestly how little two rounds prove. The result is
 stored in the study (``confirmation``) and from then on ``report.best_trials`` returns that
 winner, so `show`, `export` and the dashboard's notes agree.
 
-The rounds are a race (:func:`race_step`), planned from the run's budget (``study/budget.py``):
-after each round from :data:`~autotune.study.budget.MIN_ROUNDS` on, a candidate whose interval
-against the leader lies clearly below is dropped (its later rounds are not launched), and the
+The rounds are a race (:func:`race_step`), planned from the run's budget (``study/budget.py``)
+in launches: after each round from :data:`~autotune.study.budget.MIN_ROUNDS` on, a candidate
+whose interval against the leader lies clearly below is dropped (its later rounds are not
+launched, and its launches go to more rounds of the others: :func:`round_fits`), and the
 confirmation stops as soon as its verdict is settled (the leader's interval against the
 baseline excludes no change, either way) or precise (``workload.target_precision``), or when
-no candidate is left; otherwise at its planned rounds. Why it stopped, the launches it made and
-the launches it was given are stored with it (``stopped_by``, ``launches``,
-``planned_launches``).
+no candidate is left; otherwise when the next round does not fit in its launches. Why it
+stopped, the launches it made and the launches it was given are stored with it (``stopped_by``,
+``launches``, ``planned_launches``).
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def run_confirmation(
         }
         variants.append(Variant(f"trial {trial.number}", values))
     most = max(rounds, MIN_ROUNDS)
-    race = _Race(sign, most, spec.workload.target_precision)
+    race = _Race(sign, most * len(variants), spec.workload.target_precision)
     measured = measure_variants(
         spec,
         study,
@@ -298,12 +299,21 @@ def race_step(
     return RaceStep(keep, BUDGET if rounds >= max_rounds else None)
 
 
+def round_fits(spent: int, racing: int, launches: int) -> bool:
+    """Whether one more round (the baseline and the ``racing`` candidates) fits in the
+    confirmation's ``launches`` after ``spent``. The budget is in launches, not rounds: a
+    candidate the race drops leaves its launches to more rounds of those left, which is what
+    a small gain needs (its interval narrows with the rounds, not with the candidates)."""
+    return spent + racing + 1 <= launches
+
+
 class _Race:
     """The confirmation's rounds as ``measure_variants`` asks for them (``next_round``): the
-    baseline and every candidate still racing, until :func:`race_step` stops."""
+    baseline and every candidate still racing, until :func:`race_step` stops or the next
+    round does not fit in ``launches`` (:func:`round_fits`)."""
 
-    def __init__(self, sign: float, max_rounds: int, precision: float) -> None:
-        self.sign, self.max_rounds, self.precision = sign, max_rounds, precision
+    def __init__(self, sign: float, launches: int, precision: float) -> None:
+        self.sign, self.launches, self.precision = sign, launches, precision
         self.alive: list[str] | None = None
         self.eliminated: list[str] = []
         self.stopped_by: str | None = None
@@ -321,13 +331,17 @@ class _Race:
             results[base].samples,
             self.sign,
             rounds=rounds,
-            max_rounds=self.max_rounds,
+            max_rounds=self.launches // 2,  # the most one candidate can get
             precision=self.precision,
         )
         self.eliminated += [c for c in racing if c not in step.keep]
         self.alive = list(step.keep)
-        if step.stop is not None:
-            self.stopped_by = step.stop
+        spent = sum(len(m.outcomes) for m in results.values())
+        stop = step.stop
+        if stop is None and not round_fits(spent, len(self.alive), self.launches):
+            stop = BUDGET
+        if stop is not None:
+            self.stopped_by = stop
             return []
         return [base, *self.alive]
 

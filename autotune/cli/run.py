@@ -263,8 +263,9 @@ def confirm_phase(
         top_k=top,
         rounds=rounds,
         on_start=lambda: console.print(
-            f"confirming the top {top} configs against the baseline (at most {rounds} "
-            "interleaved rounds, fewer once the ranking is settled)..."
+            f"confirming the top {top} configs against the baseline (at most "
+            f"{rounds * (top + 1)} launches in interleaved rounds, fewer once the ranking is "
+            "settled)..."
         ),
         on_phase=lambda n, p: render.print_trial_phase(n, p) if p == "launching" else None,
         artifact_dir=artifact_dir,

@@ -4,11 +4,17 @@ A launch is the expensive unit (at GLM-5 scale, minutes of loading weights, comp
 capturing graphs), so the number the user types is the number of servers the run starts.
 :func:`plan_budget` splits it before the first launch: the confirmation (``analysis/
 confirm.py``) gets at most a fifth of the budget by default, in whole rounds (one round is the
-baseline and each candidate once), at least :data:`MIN_ROUNDS` of them and at most
-:data:`MAX_ROUNDS`; the search gets the rest. When two rounds of even one candidate do not fit
+baseline and each candidate once); the search gets the rest. Rounds come before candidates: a
+second candidate is raced only where each variant still gets
+:data:`ROUNDS_PER_CANDIDATE` rounds, because what a confirmation can prove is set by its
+rounds (with 5 % launch-to-launch noise, two rounds settle only a gain above about 20 %, four
+about 9 %, six about 7 %: a t interval at few degrees of freedom), and at most
+:data:`PLAN_MAX_ROUNDS` rounds are planned. When two rounds of even one candidate do not fit
 (below about ``--trials 20``) the run does not confirm and says so: its best is then an
 unconfirmed measurement, and the verdict is that the baseline stands. ``--confirm-repeats R``
-asks for R rounds explicitly; a budget that cannot hold them is bad input (exit 2).
+asks for R rounds explicitly; a budget that cannot hold them is bad input (exit 2). The race
+may stop before the plan's launches are spent, and a candidate it drops leaves its launches
+to more rounds of the others (``confirm.round_fits``).
 
 A resumed study counts the launches it already made (:func:`launches_made`), so running the
 same command again continues the budget instead of spending it twice.
@@ -26,8 +32,13 @@ from autotune.errors import SpecError
 
 #: fewest confirmation rounds: one round cannot say how much a config's runs vary
 MIN_ROUNDS = 2
-#: most confirmation rounds a default plan asks for (the race usually stops before)
+#: rounds ``autotune confirm`` measures by default (``--repeats``)
 MAX_ROUNDS = 4
+#: most rounds a run's default plan reserves (the race usually stops before): eight settle a
+#: gain of about 6 % at 5 % launch-to-launch noise
+PLAN_MAX_ROUNDS = 8
+#: rounds each variant must still get before the plan races one more candidate
+ROUNDS_PER_CANDIDATE = 4
 #: the default confirmation gets at most 1/CONFIRM_SHARE of the launches
 CONFIRM_SHARE = 5
 #: roles of the trials ``autotune run`` launches (ablation and compare are other commands)
@@ -104,7 +115,9 @@ def plan_budget(
         return BudgetPlan(trials, done_launches, left - need, confirm_top, confirm_repeats)
     share = min(trials // CONFIRM_SHARE, left - before)
     for top in range(confirm_top, 0, -1):
-        rounds = min(MAX_ROUNDS, share // (top + 1))
+        rounds = min(PLAN_MAX_ROUNDS, share // (top + 1))
+        if top > 1 and rounds < ROUNDS_PER_CANDIDATE:
+            continue  # rounds before candidates
         if rounds >= MIN_ROUNDS:
             return BudgetPlan(trials, done_launches, left - rounds * (top + 1), top, rounds)
     where = f"{trials} launches"

@@ -43,7 +43,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import names
-from autotune.analysis.confirm import gain_with_ci, race_step, rank_candidates
+from autotune.analysis.confirm import gain_with_ci, race_step, rank_candidates, round_fits
 from autotune.engines.vllm.machine import lossy_reason
 from autotune.errors import SpecError
 from autotune.patching import discover_patches
@@ -51,7 +51,7 @@ from autotune.search.model import config_key
 from autotune.search.strategy import AutoSampler, build_sampler, risky_choices
 from autotune.space.model import SearchSpace
 from autotune.spec.model import WorkloadSpec
-from autotune.study.budget import MAX_ROUNDS, BudgetPlan, plan_budget
+from autotune.study.budget import PLAN_MAX_ROUNDS, BudgetPlan, plan_budget
 from autotune.study.results import best_trials, unconfirmed_gain
 from benchmarks.search import ROOT
 from benchmarks.search.landscape import BadInput, Landscape, Outcome, launch_minutes, measured
@@ -144,7 +144,7 @@ class Confirm:
     def plan(self, searched: int) -> BudgetPlan | None:
         """The plan of the smallest ``--trials`` that ends its search after ``searched``
         launches and confirms; None when no budget does (below about 16 search launches)."""
-        most = max(MAX_ROUNDS, self.repeats or 0) * (self.top + 1)
+        most = max(PLAN_MAX_ROUNDS, self.repeats or 0) * (self.top + 1)
         for total in range(searched, searched + most + 1):
             try:
                 plan = plan_budget(total, 0, self.top, self.repeats)
@@ -215,11 +215,13 @@ def _reported(
             samples[-1] if base_ok else [],
             1.0,
             rounds=rounds,
-            max_rounds=plan.rounds,
+            max_rounds=plan.confirm // 2,
             precision=confirm.precision,
         )
         alive = list(step.keep)
-        if step.stop is not None:
+        # the product's budget in launches (confirm._Race): a dropped candidate's launches
+        # go to more rounds of the others
+        if step.stop is not None or not round_fits(launches, len(alive), plan.confirm):
             break
     best = max((int(c) for c in alive), key=lambda i: statistics.median(samples[i]))
     winner = variants[best][1]
