@@ -196,3 +196,31 @@ def test_autotune_s_gp_sampler_models_the_search_trials_not_the_baseline():
     trial = study.ask()
     assert baseline_blind_gp(0).infer_relative_search_space(study, trial) == dist
     assert optuna.samplers.GPSampler(seed=0).infer_relative_search_space(study, trial) == {}
+
+
+def test_results_run_separately_read_together_as_one_table(tiny_suite, tmp_path, capsys):
+    """``benchmarks.search.table`` merges suite files by landscape and seeds: auto's and the
+    reference strategies' runs made by two commands give the table one command gives, with
+    the item-2 verdict and auto's paired p recomputed on the merged strategies."""
+    from benchmarks.search import table
+
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps(tiny_suite))
+    parts = []
+    for keep in ({"auto"}, {"random", "gp"}):
+        doc = json.loads(json.dumps(tiny_suite))
+        for land in doc["landscapes"].values():
+            for seed_set in land["seed_sets"]:
+                seed_set["strategies"] = {
+                    n: s for n, s in seed_set["strategies"].items() if n in keep
+                }
+        parts.append(tmp_path / f"{'-'.join(sorted(keep))}.json")
+        parts[-1].write_text(json.dumps(doc))
+    assert table.main([str(whole)]) == 0
+    one = capsys.readouterr().out
+    assert table.main([str(p) for p in parts]) == 0
+    assert capsys.readouterr().out == one
+    assert "**nccl**" in one and "**offload**" in one
+    rows = [line for line in one.splitlines() if line.startswith(("| 0-1 ", "| 100-101 "))]
+    assert len(rows) == 4  # two landscapes x two seed sets
+    assert table.main([str(tmp_path / "missing.json")]) == 2
