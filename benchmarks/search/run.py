@@ -197,37 +197,61 @@ def _reported(
     if not candidates:
         return (base if base_ok else None), 0
 
-    variants = [(t.params, outcome_of[t.number]) for t in candidates]
+    outcomes = [outcome_of[t.number] for t in candidates]
+    keys = [config_key(t.params) for t in candidates]
     if base_ok:
-        variants.append((baseline.params, base))
-    streams = [random.Random(f"confirm:{seed}:{config_key(c)}") for c, _ in variants]
+        keys.append(config_key(baseline.params))
+    won, launches = simulate_confirmation(
+        outcomes, base if base_ok else None, keys, plan.rounds, land.noise, seed, confirm.precision
+    )
+    return (outcomes[won] if won is not None else base if base_ok else None), launches
+
+
+def simulate_confirmation(
+    candidates: Sequence[Outcome],
+    base: Outcome | None,
+    keys: Sequence[str],
+    rounds: int,
+    noise: float,
+    seed: int,
+    precision: float,
+) -> tuple[int | None, int]:
+    """The product's confirmation of ``candidates`` against ``base`` (None: the baseline
+    failed), simulated: the index of the candidate ``autotune run`` would report (None: the
+    baseline stands) and the launches it made. Its launches are ``rounds`` x the variants, as
+    ``confirm.run_confirmation`` gives them; ``confirm.race_step`` drops and stops, and a
+    dropped candidate's launches go to more rounds of the others (``confirm.round_fits``).
+    Each variant's draws come from a stream of its own (``keys``: per seed and config), so the
+    answer changes only when the candidates do."""
+    variants = [*candidates, *([base] if base is not None else [])]
+    budget = rounds * (len(candidates) + 1)
+    streams = [random.Random(f"confirm:{seed}:{key}") for key in keys]
     samples: list[list[float]] = [[] for _ in variants]
     alive = [str(i) for i in range(len(candidates))]
-    launches = rounds = 0
+    launches = done = 0
     while True:  # one round: the baseline and every candidate still racing
-        rounds += 1
-        for i, (stream, (_c, outcome)) in enumerate(zip(streams, variants, strict=True)):
+        done += 1
+        for i, (stream, outcome) in enumerate(zip(streams, variants, strict=True)):
             if i >= len(candidates) or str(i) in alive:
-                samples[i].append(measured(outcome, land.noise, stream))
+                samples[i].append(measured(outcome, noise, stream))
                 launches += 1
         step = race_step(
             {c: samples[int(c)] for c in alive},
-            samples[-1] if base_ok else [],
+            samples[-1] if base is not None else [],
             1.0,
-            rounds=rounds,
-            max_rounds=plan.confirm // 2,
-            precision=confirm.precision,
+            rounds=done,
+            max_rounds=budget // 2,
+            precision=precision,
         )
         alive = list(step.keep)
-        # the product's budget in launches (confirm._Race): a dropped candidate's launches
-        # go to more rounds of the others
-        if step.stop is not None or not round_fits(launches, len(alive), plan.confirm):
+        if step.stop is not None or not round_fits(launches, len(alive), budget):
             break
+    if not alive:
+        return None, launches
     best = max((int(c) for c in alive), key=lambda i: statistics.median(samples[i]))
-    winner = variants[best][1]
-    if base_ok and not reports_winner(samples[best], samples[-1]):
-        winner = base
-    return winner, launches
+    if base is not None and not reports_winner(samples[best], samples[-1]):
+        return None, launches
+    return best, launches
 
 
 def reports_winner(winner: Sequence[float], base: Sequence[float]) -> bool:
