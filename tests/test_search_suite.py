@@ -224,3 +224,20 @@ def test_results_run_separately_read_together_as_one_table(tiny_suite, tmp_path,
     rows = [line for line in one.splitlines() if line.startswith(("| 0-1 ", "| 100-101 "))]
     assert len(rows) == 4  # two landscapes x two seed sets
     assert table.main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_the_oracle_needs_the_first_budget_that_confirms_where_the_gain_is_large(tmp_path):
+    """``benchmarks.search.oracle``: with the true best launched first, what is left is the
+    product's confirmation. On ``numeric`` the best is about 12x the baseline, so the first
+    budget whose plan holds a confirmation (20: two rounds of one candidate) reports it for
+    every seed; a budget too small for any confirmation never does."""
+    from benchmarks.search import oracle
+
+    out = tmp_path / "oracle.json"
+    args = ["--landscapes", "numeric", "--seeds", "3", "--seed-sets", "1", "--out", str(out)]
+    assert oracle.main(args) == 0
+    sets = json.loads(out.read_text())["landscapes"]["numeric"]
+    assert sets[0]["per_seed"] == [20, 20, 20] and sets[0]["median"] == 20
+    assert oracle.main([*args[:-2], "--most", "10", "--out", str(out)]) == 0  # --most + 1: never
+    assert json.loads(out.read_text())["landscapes"]["numeric"][0]["per_seed"] == [11, 11, 11]
+    assert oracle.main(["--landscapes", "nope", "--out", str(out)]) == 2
