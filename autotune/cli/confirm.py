@@ -33,7 +33,9 @@ def confirm(
         typer.Option(
             "--repeats",
             min=2,
-            help="Interleaved rounds at most; the race stops earlier once the ranking is settled.",
+            help="Interleaved rounds of every candidate: the launches are repeats x (baseline "
+            "+ candidates); the race stops earlier once the ranking is settled, and a dropped "
+            "candidate's launches go to more rounds of the others.",
         ),
     ] = MAX_ROUNDS,
     artifact_dir: ArtifactDirOpt = None,
