@@ -146,9 +146,9 @@ def test_race_goes_on_while_the_ranking_is_open():
 
 
 def test_the_confirmations_rounds_leave_a_dropped_candidate_out():
-    """What ``measure_variants`` is asked to launch round by round (``confirm._Race``): every
+    """What ``measure_variants`` is asked to launch round by round (``confirm.Race``): every
     variant first, then the baseline and the candidates still racing, then nothing."""
-    from autotune.analysis.confirm import _Race
+    from autotune.analysis.confirm import Race
     from autotune.analysis.remeasure import Variant, VariantMeasurements
     from autotune.study.record import TrialOutcome
 
@@ -157,7 +157,7 @@ def test_the_confirmations_rounds_leave_a_dropped_candidate_out():
         m.outcomes = [TrialOutcome(0, "confirm", "correct", (v,)) for v in values]
         return m
 
-    race = _Race(1.0, 4 * 3, 0.0)  # 4 rounds x (baseline + 2): 12 launches
+    race = Race(1.0, 4 * 3, 0.0)  # 4 rounds x (baseline + 2): 12 launches
     labels = ["baseline", "trial 3", "trial 5"]
     assert race.next_round({k: measured(k) for k in labels}, 0) == labels
     # after two rounds trial 5 is clearly below trial 3, and trial 3's gain is still open

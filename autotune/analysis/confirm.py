@@ -187,7 +187,7 @@ def run_confirmation(
         }
         variants.append(Variant(f"trial {trial.number}", values))
     most = max(rounds, MIN_ROUNDS)
-    race = _Race(sign, most * len(variants), spec.workload.target_precision)
+    race = Race(sign, most * len(variants), spec.workload.target_precision)
     measured = measure_variants(
         spec,
         study,
@@ -307,7 +307,7 @@ def round_fits(spent: int, racing: int, launches: int) -> bool:
     return spent + racing + 1 <= launches
 
 
-class _Race:
+class Race:
     """The confirmation's rounds as ``measure_variants`` asks for them (``next_round``): the
     baseline and every candidate still racing, until :func:`race_step` stops or the next
     round does not fit in ``launches`` (:func:`round_fits`)."""

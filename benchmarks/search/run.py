@@ -43,7 +43,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import names
-from autotune.analysis.confirm import gain_with_ci, race_step, rank_candidates, round_fits
+from autotune.analysis.confirm import Race, gain_with_ci, rank_candidates
 from autotune.engines.vllm.machine import lossy_reason
 from autotune.errors import SpecError
 from autotune.patching import discover_patches
@@ -207,6 +207,19 @@ def _reported(
     return (outcomes[won] if won is not None else base if base_ok else None), launches
 
 
+@dataclass
+class _Drawn:
+    """One variant's simulated rounds, shaped as ``confirm.Race`` reads a variant's
+    measurements (a simulated launch never fails: a candidate was verified when searched)."""
+
+    samples: list[float] = field(default_factory=list)
+    failures: tuple[str, ...] = ()
+
+    @property
+    def outcomes(self) -> list[float]:
+        return self.samples
+
+
 def simulate_confirmation(
     candidates: Sequence[Outcome],
     base: Outcome | None,
@@ -218,38 +231,33 @@ def simulate_confirmation(
 ) -> tuple[int | None, int]:
     """The product's confirmation of ``candidates`` against ``base`` (None: the baseline
     failed), simulated: the index of the candidate ``autotune run`` would report (None: the
-    baseline stands) and the launches it made. Its launches are ``rounds`` x the variants, as
-    ``confirm.run_confirmation`` gives them; ``confirm.race_step`` drops and stops, and a
-    dropped candidate's launches go to more rounds of the others (``confirm.round_fits``).
-    Each variant's draws come from a stream of its own (``keys``: per seed and config), so the
-    answer changes only when the candidates do."""
-    variants = [*candidates, *([base] if base is not None else [])]
-    budget = rounds * (len(candidates) + 1)
-    streams = [random.Random(f"confirm:{seed}:{key}") for key in keys]
-    samples: list[list[float]] = [[] for _ in variants]
-    alive = [str(i) for i in range(len(candidates))]
-    launches = done = 0
-    while True:  # one round: the baseline and every candidate still racing
+    baseline stands) and the launches it made. The rounds are asked of the product's own race
+    (``confirm.Race``: ``rounds`` x the variants in launches, as ``confirm.run_confirmation``
+    gives it); only the measurements are drawn here, each variant's from a stream of its own
+    (``keys``: per seed and config), so the answer changes only when the candidates do."""
+    labels = [str(i) for i in range(len(candidates))]
+    results: dict[str, _Drawn] = {"baseline": _Drawn(), **{c: _Drawn() for c in labels}}
+    outcome_of = dict(zip(labels, candidates, strict=True))
+    pairs = zip(labels, keys[: len(labels)], strict=True)
+    stream_of = {c: random.Random(f"confirm:{seed}:{key}") for c, key in pairs}
+    if base is not None:
+        outcome_of["baseline"] = base
+        stream_of["baseline"] = random.Random(f"confirm:{seed}:{keys[len(candidates)]}")
+    race = Race(1.0, rounds * (len(candidates) + 1), precision)
+    done = 0
+    while chosen := race.next_round(results, done):  # type: ignore[arg-type]
+        for label in chosen:
+            if label in outcome_of:  # a failed baseline is never drawn
+                results[label].samples.append(measured(outcome_of[label], noise, stream_of[label]))
         done += 1
-        for i, (stream, outcome) in enumerate(zip(streams, variants, strict=True)):
-            if i >= len(candidates) or str(i) in alive:
-                samples[i].append(measured(outcome, noise, stream))
-                launches += 1
-        step = race_step(
-            {c: samples[int(c)] for c in alive},
-            samples[-1] if base is not None else [],
-            1.0,
-            rounds=done,
-            max_rounds=budget // 2,
-            precision=precision,
-        )
-        alive = list(step.keep)
-        if step.stop is not None or not round_fits(launches, len(alive), budget):
-            break
+    alive = [int(c) for c in race.alive or []]
     if not alive:
-        return None, launches
-    best = max((int(c) for c in alive), key=lambda i: statistics.median(samples[i]))
-    if base is not None and not reports_winner(samples[best], samples[-1]):
+        return None, sum(len(r.samples) for r in results.values())
+    best = max(alive, key=lambda i: statistics.median(results[str(i)].samples))
+    launches = sum(len(r.samples) for r in results.values())
+    if base is not None and not reports_winner(
+        results[str(best)].samples, results["baseline"].samples
+    ):
         return None, launches
     return best, launches
 
