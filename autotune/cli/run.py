@@ -106,8 +106,8 @@ def run(
             "--confirm-repeats",
             min=2,
             help="Confirmation rounds to plan, out of --trials (default: what fits in a fifth "
-            "of it, 2 to 4 rounds; none below about --trials 20). The race stops earlier once "
-            "settled.",
+            "of it: 2 to 8 rounds, a second candidate only where each gets 4; none below about "
+            "--trials 20). The race stops earlier once settled.",
         ),
     ] = None,
     allow_workload_change: Annotated[

@@ -225,7 +225,8 @@ def _measure(
             "repeats": confirm.repeats,
             "target_precision": confirm.precision,
             "launches": "planned as autotune run plans --trials (study/budget.py: at most a "
-            "fifth of the budget, 2-4 rounds x (top + baseline), none below --trials 20 unless "
+            "fifth of the budget, 2-8 rounds x (top + baseline), rounds before candidates, none "
+            "below --trials 20 unless "
             "--confirm-repeats), raced with confirm.race_step",
             "note": "gated strategies report what autotune run would: the confirmed winner "
             "(top configs by posterior mean, re-measured with the baseline), or the baseline "
