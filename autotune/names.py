@@ -23,7 +23,9 @@ MEASUREMENT_SUSPECT = "measurement_suspect"  # autotune's token count vs usage a
 STREAM_SHAPE = "stream_shape"  # how the answers streamed: TTFT, TPOT, tokens per chunk, bursts
 TRAPS = "traps"  # measurement traps: prefix-cache hits, eager batches, a client that lagged
 MACHINE = "machine"  # study: the machine it ran on (CPU model, cores, memory, GPUs)
-SERVER = "server"  # argv, env (redacted), startup_s, engine_version, pid/pgid, host, worker
+#: argv, env (redacted), startup_s, engine_version, pid/pgid, host, worker, startup_parts,
+#: compile_cache (warm / cold / partly warm, when the engine's log says)
+SERVER = "server"
 CHECK = "check"
 PARAMS_RESOLVED = "params_resolved"  # values as the engine got them (int_list as lists)
 PINNED = "pinned_params"  # exact values of an ablation/confirmation variant

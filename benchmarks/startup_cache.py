@@ -83,6 +83,8 @@ def start_once(spec: Any, cache_root: Path, log_path: Path) -> dict[str, Any]:
     return {
         "startup_s": round(startup_s, 3),
         "parts": engine.startup_parts(server.log_text().splitlines()),
+        # what the product records on a trial (server.compile_cache): warm, cold, or None
+        "compile_cache": engine.compile_cache_state(server.log_text().splitlines()),
         "log": str(log_path),
     }
 
@@ -118,6 +120,9 @@ def summarize(starts: list[dict[str, Any]]) -> dict[str, Any]:
         names = sorted({p for s in rows for p in s["parts"]})
         parts[arm] = {p: quartiles([s["parts"][p] for s in rows if p in s["parts"]]) for p in names}
     summary["parts"] = parts
+    # does the product's reading of the log (engine.compile_cache_state) tell the arms apart?
+    summary["compile_cache_read_right"] = sum(s.get("compile_cache") == s["arm"] for s in starts)
+    summary["starts"] = len(starts)
     return summary
 
 
@@ -144,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
             root = shared if arm == WARM else work / f"cold-{block}-{index}"
             result = start_once(spec, root, work / f"{arm}-{block}-{index}.log")
             starts.append({"block": block, "arm": arm, **result})
-            print(f"block {block} {arm}: {result['startup_s']:.1f} s {result['parts']}", flush=True)
+            print(
+                f"block {block} {arm}: {result['startup_s']:.1f} s {result['parts']}, "
+                f"log says {result['compile_cache']}",
+                flush=True,
+            )
     summary = summarize(starts)
     record = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),

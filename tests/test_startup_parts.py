@@ -263,3 +263,76 @@ def test_where_the_time_went_adds_the_search_and_keeps_the_confirmation_apart() 
         "over 3 trial(s), 1 of them screened after one round; 1 trial(s) without a record"
     )
     assert time_spent([_finished(names.SEARCH, None)]).lines() == []
+
+
+#: a compiled start that read every graph back from the cache (vLLM 0.32's compilation
+#: backend's wording; older releases say "for dynamic shape" where it says "for compile range")
+VLLM_WARM = """\
+(EngineCore_DP0 pid=811) INFO 12-04 21:40:02 [backends.py:296] Directly load the compiled graph(s) for compile range (1, 2048) from the cache, took 0.512 s
+(EngineCore_DP0 pid=811) INFO 12-04 21:40:02 [monitor.py:34] torch.compile takes 3.91 s in total
+"""  # noqa: E501
+VLLM_AOT = """\
+(EngineCore_DP0 pid=812) INFO 12-04 21:41:02 [decorators.py:320] Directly load AOT compilation from path /tmp/c/torch_compile_cache/torch_aot_compile/abc/rank_0_0/model
+"""  # noqa: E501
+VLLM_PARTLY = (
+    VLLM_WARM
+    + "(EngineCore_DP0 pid=811) INFO 12-04 21:40:09 [backends.py:399] Compiling a graph for "
+    "compile range (2049, 8192) takes 6.10 s\n"
+)
+
+
+def test_a_start_says_whether_its_graphs_came_from_the_compile_cache() -> None:
+    from autotune.engines.vllm.startup import compile_cache
+
+    assert compile_cache(VLLM_GPU.splitlines()) == "cold"  # "for dynamic shape" (0.11)
+    assert compile_cache(VLLM_WARM.splitlines()) == "warm"
+    assert compile_cache(VLLM_AOT.splitlines()) == "warm"
+    assert compile_cache(VLLM_PARTLY.splitlines()) == "partly warm"
+    # an eager start, or a log that says nothing of compiling: unknown, not "cold"
+    eager = (FIXTURES / "vllm_logs" / "rejected_flag.log").read_text().splitlines()
+    assert compile_cache(eager) is None
+    assert compile_cache([]) is None
+    vllm, llamacpp, command = _engines()
+    assert vllm.compile_cache_state(VLLM_WARM.splitlines()) == "warm"
+    # llama.cpp has no compile cache; a server autotune does not know says nothing
+    assert llamacpp.compile_cache_state(VLLM_WARM.splitlines()) is None
+    assert command.compile_cache_state(VLLM_WARM.splitlines()) is None
+
+
+def _started(role: str, ready: float | None, state: str | None):
+    server: dict = {"startup_parts": {}}
+    if ready is not None:
+        server["startup_s"] = ready
+    if state is not None:
+        server["compile_cache"] = state
+    return create_trial(
+        state=TrialState.COMPLETE,
+        value=1.0,
+        user_attrs={
+            names.ROLE: role,
+            names.TIME_S: {"startup": ready or 1.0},
+            names.SERVER: server,
+        },
+    )
+
+
+def test_where_the_time_went_says_what_the_compile_cache_saved() -> None:
+    trials = [
+        _started(names.BASELINE, 64.0, "cold"),
+        _started(names.SEARCH, 40.0, "warm"),
+        _started(names.SEARCH, 60.0, "cold"),
+        _started(names.CONFIRM, 38.0, "warm"),  # the confirmation's starts count too
+        _started(names.SEARCH, 30.0, None),  # eager: the log said neither
+        _started(names.SEARCH, None, "cold"),  # no time to ready: not counted
+    ]
+    spent = time_spent(trials)
+    assert spent.cache_starts == {"cold": [64.0, 60.0], "warm": [40.0, 38.0]}
+    assert spent.lines()[-2] == (
+        "compiled starts: 2 cold (median 62.0 s), 2 warm (median 39.0 s); "
+        "a warm start took 0.63x a cold one"
+    )
+    # only cold starts: no ratio is made up
+    only_cold = time_spent(trials[:1]).cache_line()
+    assert only_cold == "compiled starts: 1 cold (median 64.0 s)"
+    # a study whose logs never said: no line at all
+    assert not any("compiled starts" in line for line in time_spent(trials[4:5]).lines())

@@ -331,6 +331,12 @@ class Engine(abc.ABC):
         (a server autotune does not know says nothing autotune can read)."""
         return {}
 
+    def compile_cache_state(self, log_lines: Sequence[str]) -> str | None:
+        """Whether this start read its compiled graphs back from the compile cache, as the
+        engine's log says it (vLLM: ``warm``, ``cold`` or ``partly warm``); None when the log
+        does not say (an eager start, an engine without a cache): never a guess."""
+        return None
+
     def compile_cache_env(self, cache_dir: Path) -> dict[str, str]:
         """The env that points the engine's compile cache at ``cache_dir``, shared by the
         trials of one study (a warm start reuses what an earlier trial compiled); empty when

@@ -394,7 +394,9 @@ def _time_html(trials: list[FrozenTrial]) -> str:
         "<section id='time'><h2>Where the time went</h2><table><tr><th>phase</th>"
         "<th>seconds</th><th>share</th></tr>" + "".join(rows) + "</table>"
         f"<p class='muted'>{esc('; '.join(notes))}. Startup parts are what the engine's log "
-        "states; a part it does not state is not shown.</p></section>"
+        "states; a part it does not state is not shown.</p>"
+        + (f"<p>{esc(spent.cache_line())}.</p>" if spent.cache_starts else "")
+        + "</section>"
     )
 
 

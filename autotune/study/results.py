@@ -9,6 +9,7 @@ the baseline is the best: it is the verified reference, and `export` writes it s
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -366,7 +367,10 @@ class TimeSpent:
     the confirmation's); ``startup_parts`` split their startup as the engine's log states it
     (a part no trial's log stated is absent); ``confirmation`` is the confirmation's trials'
     time, all phases together. ``trials`` counts the trials with a record, ``unrecorded`` those
-    without (older studies, trials that never launched)."""
+    without (older studies, trials that never launched). ``cache_starts`` holds, for each
+    compile-cache state the engine's log stated (``warm``, ``cold``, ``partly warm``), the
+    seconds to ready of those starts, every role's, so that a study says what its shared compile
+    cache saved it (a start whose log said neither is not counted)."""
 
     phases: dict[str, float]
     startup_parts: dict[str, float]
@@ -374,6 +378,7 @@ class TimeSpent:
     trials: int
     unrecorded: int
     screened: int
+    cache_starts: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def total(self) -> float:
@@ -392,6 +397,8 @@ class TimeSpent:
                 line += f"; of it {parts}"
             out.append(line)
         out.append(f"confirmation: {self.confirmation:.1f} s ({self.confirmation / total:.0%})")
+        if self.cache_starts:
+            out.append(self.cache_line())
         tail = f"over {self.trials} trial(s)"
         if self.screened:
             tail += f", {self.screened} of them screened after one round"
@@ -400,11 +407,27 @@ class TimeSpent:
         out.append(tail)
         return out
 
+    def cache_line(self) -> str:
+        """The compiled starts by compile-cache state, with their median time to ready, and a
+        warm start's median against a cold one's where both were seen (a ratio of this study's
+        own starts: few, and configs differ, so it is what this study saw, not a benchmark)."""
+        seen = [
+            f"{len(s)} {state} (median {statistics.median(s):.1f} s)"
+            for state, s in self.cache_starts.items()
+        ]
+        line = "compiled starts: " + ", ".join(seen)
+        warm, cold = self.cache_starts.get("warm"), self.cache_starts.get("cold")
+        if warm and cold:
+            ratio = statistics.median(warm) / statistics.median(cold)
+            line += f"; a warm start took {ratio:.2f}x a cold one"
+        return line
+
 
 def time_spent(trials: Sequence[FrozenTrial]) -> TimeSpent:
     """The study's time by phase (see :class:`TimeSpent`)."""
     phases: dict[str, float] = {}
     parts: dict[str, float] = {}
+    cache_starts: dict[str, list[float]] = {}
     confirmation, counted, unrecorded, screened = 0.0, 0, 0, 0
     for trial in trials:
         if trial.state in (TrialState.RUNNING, TrialState.WAITING):
@@ -415,12 +438,15 @@ def time_spent(trials: Sequence[FrozenTrial]) -> TimeSpent:
             continue
         counted += 1
         screened += trial.user_attrs.get(names.FAIL_REASON) == names.SCREENED
+        server = trial.user_attrs.get(names.SERVER) or {}
+        state, ready = server.get("compile_cache"), server.get("startup_s")
+        if state is not None and ready is not None:
+            cache_starts.setdefault(str(state), []).append(float(ready))
         if trial.user_attrs.get(names.ROLE) == names.CONFIRM:
             confirmation += sum(float(v) for v in spent.values())
             continue
         for phase, seconds in spent.items():
             phases[phase] = phases.get(phase, 0.0) + float(seconds)
-        server = trial.user_attrs.get(names.SERVER) or {}
         for part, seconds in (server.get("startup_parts") or {}).items():
             parts[part] = parts.get(part, 0.0) + float(seconds)
     return TimeSpent(
@@ -430,4 +456,5 @@ def time_spent(trials: Sequence[FrozenTrial]) -> TimeSpent:
         trials=counted,
         unrecorded=unrecorded,
         screened=screened,
+        cache_starts=cache_starts,
     )

@@ -399,9 +399,12 @@ class TrialRunner:
             finally:
                 server_attrs["stopped_cleanly"] = server.stopped_cleanly
                 # the start's parts as the engine's log states them (weights, compile, ...)
-                server_attrs["startup_parts"] = ctx.engine.startup_parts(
-                    server.log_text().splitlines()
-                )
+                log_lines = server.log_text().splitlines()
+                server_attrs["startup_parts"] = ctx.engine.startup_parts(log_lines)
+                # did the start read its compiled graphs back from the study's cache?
+                cache_state = ctx.engine.compile_cache_state(log_lines)
+                if cache_state is not None:
+                    server_attrs["compile_cache"] = cache_state
                 trial.set_user_attr(names.SERVER, server_attrs)
                 upload_trial_files(self.ctx.artifacts, trial, log_path, launch.redact)
                 clock.stop()

@@ -108,6 +108,10 @@ class VllmEngine(Engine):
         """Weights, torch.compile, CUDA-graph capture and KV cache seconds (``startup.py``)."""
         return startup.startup_parts(log_lines)
 
+    def compile_cache_state(self, log_lines: Sequence[str]) -> str | None:
+        """Warm, cold or partly warm, from the compilation backend's lines (``startup.py``)."""
+        return startup.compile_cache(log_lines)
+
     def compile_cache_env(self, cache_dir: Path) -> dict[str, str]:
         """``VLLM_CACHE_ROOT`` (where vLLM keeps its torch.compile cache) in ``cache_dir``, so
         a trial whose compiled graph an earlier trial of the study made reads it back instead

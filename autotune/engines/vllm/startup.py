@@ -18,6 +18,12 @@ vLLM states each expensive step of its start once it is over (the lines in
 With several workers (tensor parallel) each writes its own line; the slowest one is the one
 the start waited for, so the largest value of a part is kept. A part whose line is missing (an
 eager start compiles nothing, captures nothing) is absent, never 0.
+
+Whether the start found its graphs in the compile cache (:func:`compile_cache`) is said by
+vLLM's compilation backend, once per compiled range: ``Directly load the compiled graph(s) for
+compile range (1, 2048) from the cache, took 0.51 s`` (older releases: ``for dynamic shape``)
+or ``Directly load AOT compilation from path ...`` on a hit, ``Compiling a graph for compile
+range (1, 2048) takes 10.23 s`` on a miss.
 """
 
 from __future__ import annotations
@@ -36,6 +42,13 @@ _INIT_ENGINE = re.compile(
 )
 #: newer releases shorten the init line: ``init engine took 70.62 s (compilation: 42.18 s)``
 _INIT_ENGINE_SHORT = re.compile(r"init engine took " + _SECONDS)
+_CACHE_HIT = re.compile(
+    r"Directly load the compiled graph\(s\) for .* from the cache|Directly load AOT compilation"
+)
+_CACHE_MISS = re.compile(r"Compiling a graph for .* takes " + _SECONDS)
+
+#: what :func:`compile_cache` says of a start
+WARM, COLD, PARTLY_WARM = "warm", "cold", "partly warm"
 
 
 def _largest(pattern: re.Pattern[str], lines: Sequence[str]) -> float | None:
@@ -65,3 +78,16 @@ def startup_parts(log_lines: Sequence[str]) -> dict[str, float]:
         # cache and the warm-up (never below 0 when the lines' roundings disagree)
         parts["kv_cache"] = round(max(0.0, init - (compiled or 0.0) - (captured or 0.0)), 3)
     return parts
+
+
+def compile_cache(log_lines: Sequence[str]) -> str | None:
+    """``warm`` when every graph the start needed was read back from the compile cache,
+    ``cold`` when it compiled every one, ``partly warm`` when both; None when the log says
+    neither (an eager start compiles nothing; a log cut short says nothing), never a guess."""
+    hit = any(_CACHE_HIT.search(line) for line in log_lines)
+    miss = any(_CACHE_MISS.search(line) for line in log_lines)
+    if hit and miss:
+        return PARTLY_WARM
+    if hit:
+        return WARM
+    return COLD if miss else None
