@@ -34,6 +34,7 @@ import secrets
 import statistics
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,10 +84,17 @@ def start_once(spec: Any, cache_root: Path, log_path: Path) -> dict[str, Any]:
     return {
         "startup_s": round(startup_s, 3),
         "parts": engine.startup_parts(server.log_text().splitlines()),
-        # what the product records on a trial (server.compile_cache): warm, cold, or None
-        "compile_cache": engine.compile_cache_state(server.log_text().splitlines()),
+        # what the product records on a trial (server.compile_cache), and vLLM's reason when
+        # it could not read the cache back
+        **_cache_reading(engine.compile_cache_state(server.log_text().splitlines())),
         "log": str(log_path),
     }
+
+
+def _cache_reading(reading: Any) -> dict[str, Any]:
+    if reading is None:
+        return {"compile_cache": None}
+    return {"compile_cache": reading.state, "compile_cache_failure": reading.load_failure}
 
 
 def compiled(spec: Any) -> Any:
@@ -120,9 +128,12 @@ def summarize(starts: list[dict[str, Any]]) -> dict[str, Any]:
         names = sorted({p for s in rows for p in s["parts"]})
         parts[arm] = {p: quartiles([s["parts"][p] for s in rows if p in s["parts"]]) for p in names}
     summary["parts"] = parts
-    # does the product's reading of the log (engine.compile_cache_state) tell the arms apart?
-    summary["compile_cache_read_right"] = sum(s.get("compile_cache") == s["arm"] for s in starts)
-    summary["starts"] = len(starts)
+    # what the product reads in each arm's logs (engine.compile_cache_state): on vLLM 0.32 CPU
+    # with torch 2.13 a "warm" arm's graph fails to load and is compiled again ("load failed")
+    summary["compile_cache_by_arm"] = {
+        arm: dict(Counter(str(s.get("compile_cache")) for s in rows))
+        for arm, rows in by_arm.items()
+    }
     return summary
 
 

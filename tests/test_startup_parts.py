@@ -279,28 +279,57 @@ VLLM_PARTLY = (
     + "(EngineCore_DP0 pid=811) INFO 12-04 21:40:09 [backends.py:399] Compiling a graph for "
     "compile range (2049, 8192) takes 6.10 s\n"
 )
+#: vLLM 0.32's CPU server (this machine, torch 2.13), compiled, verbatim: a start with an
+#: empty VLLM_CACHE_ROOT, then one with the cache that start filled (benchmarks/startup_cache.py)
+VLLM_CPU_COLD = """\
+(Worker pid=5252) INFO 12-04 21:44:28 [cpu_model_runner.py:87] Warming up model for the compilation...
+(Worker pid=5252) INFO 12-04 21:44:48 [decorators.py:743] [backbone] saved AOT compiled function to /tmp/startup-cache-l_ulteyz/cold-0-0/torch_compile_cache/torch_aot_compile/058e17bfdefb48b4a1fa94523ed4e21d9d20d8acc7be25e6634016cad319eb8f/rank_0_0/model
+(Worker pid=5252) INFO 12-04 21:44:49 [cpu_model_runner.py:91] Warming up done.
+"""  # noqa: E501
+VLLM_CPU_LOAD_FAILED = """\
+(Worker pid=5454) INFO 12-04 21:45:16 [cpu_model_runner.py:87] Warming up model for the compilation...
+(Worker pid=5454) WARNING 12-04 21:45:18 [decorators.py:333] [backbone] Compiling model again due to a load failure from /tmp/startup-cache-l_ulteyz/shared-cache/torch_compile_cache/torch_aot_compile/058e17bfdefb48b4a1fa94523ed4e21d9d20d8acc7be25e6634016cad319eb8f/rank_0_0/model, reason: 'function' object has no attribute 'finalize_loading'
+(Worker pid=5454) INFO 12-04 21:45:22 [decorators.py:743] [backbone] saved AOT compiled function to /tmp/startup-cache-l_ulteyz/shared-cache/torch_compile_cache/torch_aot_compile/058e17bfdefb48b4a1fa94523ed4e21d9d20d8acc7be25e6634016cad319eb8f/rank_0_0/model
+(Worker pid=5454) INFO 12-04 21:45:23 [cpu_model_runner.py:91] Warming up done.
+"""  # noqa: E501
 
 
 def test_a_start_says_whether_its_graphs_came_from_the_compile_cache() -> None:
-    from autotune.engines.vllm.startup import compile_cache
+    from autotune.engines.vllm.startup import compile_cache, compile_cache_failure
 
     assert compile_cache(VLLM_GPU.splitlines()) == "cold"  # "for dynamic shape" (0.11)
+    assert compile_cache(VLLM_CPU_COLD.splitlines()) == "cold"
     assert compile_cache(VLLM_WARM.splitlines()) == "warm"
     assert compile_cache(VLLM_AOT.splitlines()) == "warm"
     assert compile_cache(VLLM_PARTLY.splitlines()) == "partly warm"
+    # an entry was there and could not be read: not "cold" (the start may still save other
+    # work), not "warm" (it compiled again), and vLLM's reason is kept
+    assert compile_cache(VLLM_CPU_LOAD_FAILED.splitlines()) == "load failed"
+    assert compile_cache_failure(VLLM_CPU_LOAD_FAILED.splitlines()) == (
+        "'function' object has no attribute 'finalize_loading'"
+    )
+    assert compile_cache_failure(VLLM_CPU_COLD.splitlines()) is None
     # an eager start, or a log that says nothing of compiling: unknown, not "cold"
     eager = (FIXTURES / "vllm_logs" / "rejected_flag.log").read_text().splitlines()
     assert compile_cache(eager) is None
     assert compile_cache([]) is None
     vllm, llamacpp, command = _engines()
-    assert vllm.compile_cache_state(VLLM_WARM.splitlines()) == "warm"
+    reading = vllm.compile_cache_state(VLLM_CPU_LOAD_FAILED.splitlines())
+    assert (reading.state, reading.load_failure) == (
+        "load failed",
+        compile_cache_failure(VLLM_CPU_LOAD_FAILED.splitlines()),
+    )
+    assert vllm.compile_cache_state(VLLM_WARM.splitlines()).load_failure is None
+    assert vllm.compile_cache_state(eager) is None
     # llama.cpp has no compile cache; a server autotune does not know says nothing
     assert llamacpp.compile_cache_state(VLLM_WARM.splitlines()) is None
     assert command.compile_cache_state(VLLM_WARM.splitlines()) is None
 
 
-def _started(role: str, ready: float | None, state: str | None):
+def _started(role: str, ready: float | None, state: str | None, failure: str | None = None):
     server: dict = {"startup_parts": {}}
+    if failure is not None:
+        server["compile_cache_failure"] = failure
     if ready is not None:
         server["startup_s"] = ready
     if state is not None:
@@ -336,3 +365,15 @@ def test_where_the_time_went_says_what_the_compile_cache_saved() -> None:
     assert only_cold == "compiled starts: 1 cold (median 64.0 s)"
     # a study whose logs never said: no line at all
     assert not any("compiled starts" in line for line in time_spent(trials[4:5]).lines())
+    # a cache vLLM could not read back: each state against the cold starts, and the reason
+    broken = time_spent(
+        [
+            _started(names.BASELINE, 56.0, "cold"),
+            _started(names.SEARCH, 34.0, "load failed", "'function' object has no attribute"),
+        ]
+    ).cache_line()
+    assert broken == (
+        "compiled starts: 1 cold (median 56.0 s), 1 load failed (median 34.0 s); a load failed "
+        "start took 0.61x a cold one; the engine could not read its compile cache back "
+        "('function' object has no attribute), so those starts compiled again"
+    )

@@ -151,6 +151,16 @@ class DroppedChoice:
         return f"dropped {self.parameter}={self.value!r}: {self.reason}"
 
 
+@dataclass(frozen=True)
+class CompileCacheReading:
+    """What a start's log says of the compile cache: ``state`` (for vLLM ``warm``, ``cold``,
+    ``partly warm`` or ``load failed``) and, when an entry could not be read back, the engine's
+    reason (a broken cache makes every start compile again: the user should know why)."""
+
+    state: str
+    load_failure: str | None = None
+
+
 class Engine(abc.ABC):
     """An inference engine autotune can start, classify and export for."""
 
@@ -331,10 +341,10 @@ class Engine(abc.ABC):
         (a server autotune does not know says nothing autotune can read)."""
         return {}
 
-    def compile_cache_state(self, log_lines: Sequence[str]) -> str | None:
+    def compile_cache_state(self, log_lines: Sequence[str]) -> CompileCacheReading | None:
         """Whether this start read its compiled graphs back from the compile cache, as the
-        engine's log says it (vLLM: ``warm``, ``cold`` or ``partly warm``); None when the log
-        does not say (an eager start, an engine without a cache): never a guess."""
+        engine's log says it; None when the log does not say (an eager start, an engine
+        without a cache): never a guess."""
         return None
 
     def compile_cache_env(self, cache_dir: Path) -> dict[str, str]:

@@ -379,6 +379,7 @@ class TimeSpent:
     unrecorded: int
     screened: int
     cache_starts: dict[str, list[float]] = field(default_factory=dict)
+    cache_failure: str | None = None
 
     @property
     def total(self) -> float:
@@ -408,18 +409,28 @@ class TimeSpent:
         return out
 
     def cache_line(self) -> str:
-        """The compiled starts by compile-cache state, with their median time to ready, and a
-        warm start's median against a cold one's where both were seen (a ratio of this study's
-        own starts: few, and configs differ, so it is what this study saw, not a benchmark)."""
+        """The compiled starts by compile-cache state, with their median time to ready; each
+        other state's median against the cold starts' where both were seen (this study's own
+        starts: few, and their configs differ, so it is what this study saw, not a benchmark);
+        and the engine's reason when it could not read a cache entry back."""
         seen = [
             f"{len(s)} {state} (median {statistics.median(s):.1f} s)"
             for state, s in self.cache_starts.items()
         ]
         line = "compiled starts: " + ", ".join(seen)
-        warm, cold = self.cache_starts.get("warm"), self.cache_starts.get("cold")
-        if warm and cold:
-            ratio = statistics.median(warm) / statistics.median(cold)
-            line += f"; a warm start took {ratio:.2f}x a cold one"
+        cold = self.cache_starts.get("cold")
+        ratios = [
+            f"a {state} start took {statistics.median(s) / statistics.median(cold):.2f}x a cold one"
+            for state, s in self.cache_starts.items()
+            if cold and state != "cold"
+        ]
+        if ratios:
+            line += "; " + ", ".join(ratios)
+        if self.cache_failure:
+            line += (
+                f"; the engine could not read its compile cache back ({self.cache_failure}), "
+                "so those starts compiled again"
+            )
         return line
 
 
@@ -428,6 +439,7 @@ def time_spent(trials: Sequence[FrozenTrial]) -> TimeSpent:
     phases: dict[str, float] = {}
     parts: dict[str, float] = {}
     cache_starts: dict[str, list[float]] = {}
+    cache_failure: str | None = None
     confirmation, counted, unrecorded, screened = 0.0, 0, 0, 0
     for trial in trials:
         if trial.state in (TrialState.RUNNING, TrialState.WAITING):
@@ -442,6 +454,7 @@ def time_spent(trials: Sequence[FrozenTrial]) -> TimeSpent:
         state, ready = server.get("compile_cache"), server.get("startup_s")
         if state is not None and ready is not None:
             cache_starts.setdefault(str(state), []).append(float(ready))
+        cache_failure = cache_failure or server.get("compile_cache_failure")
         if trial.user_attrs.get(names.ROLE) == names.CONFIRM:
             confirmation += sum(float(v) for v in spent.values())
             continue
@@ -457,4 +470,5 @@ def time_spent(trials: Sequence[FrozenTrial]) -> TimeSpent:
         unrecorded=unrecorded,
         screened=screened,
         cache_starts=cache_starts,
+        cache_failure=cache_failure,
     )

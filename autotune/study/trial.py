@@ -402,9 +402,11 @@ class TrialRunner:
                 log_lines = server.log_text().splitlines()
                 server_attrs["startup_parts"] = ctx.engine.startup_parts(log_lines)
                 # did the start read its compiled graphs back from the study's cache?
-                cache_state = ctx.engine.compile_cache_state(log_lines)
-                if cache_state is not None:
-                    server_attrs["compile_cache"] = cache_state
+                cache = ctx.engine.compile_cache_state(log_lines)
+                if cache is not None:
+                    server_attrs["compile_cache"] = cache.state
+                    if cache.load_failure:
+                        server_attrs["compile_cache_failure"] = cache.load_failure
                 trial.set_user_attr(names.SERVER, server_attrs)
                 upload_trial_files(self.ctx.artifacts, trial, log_path, launch.redact)
                 clock.stop()

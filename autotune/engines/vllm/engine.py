@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune import names
 from autotune.engines.base import (
+    CompileCacheReading,
     DroppedChoice,
     Engine,
     LaunchConfig,
@@ -108,9 +109,13 @@ class VllmEngine(Engine):
         """Weights, torch.compile, CUDA-graph capture and KV cache seconds (``startup.py``)."""
         return startup.startup_parts(log_lines)
 
-    def compile_cache_state(self, log_lines: Sequence[str]) -> str | None:
-        """Warm, cold or partly warm, from the compilation backend's lines (``startup.py``)."""
-        return startup.compile_cache(log_lines)
+    def compile_cache_state(self, log_lines: Sequence[str]) -> CompileCacheReading | None:
+        """Warm, cold, partly warm or load failed, from vLLM's compilation lines
+        (``startup.py``), with vLLM's reason when an entry could not be read back."""
+        state = startup.compile_cache(log_lines)
+        if state is None:
+            return None
+        return CompileCacheReading(state, startup.compile_cache_failure(log_lines))
 
     def compile_cache_env(self, cache_dir: Path) -> dict[str, str]:
         """``VLLM_CACHE_ROOT`` (where vLLM keeps its torch.compile cache) in ``cache_dir``, so

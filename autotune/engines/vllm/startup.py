@@ -20,10 +20,14 @@ the start waited for, so the largest value of a part is kept. A part whose line 
 eager start compiles nothing, captures nothing) is absent, never 0.
 
 Whether the start found its graphs in the compile cache (:func:`compile_cache`) is said by
-vLLM's compilation backend, once per compiled range: ``Directly load the compiled graph(s) for
+vLLM's compilation code. With AOT compilation (vLLM 0.32's CPU server, verbatim in
+``tests/test_startup_parts.py``): ``[backbone] saved AOT compiled function to PATH`` after a
+compile, ``Directly load AOT compilation from path PATH`` on a hit, and ``Compiling model again
+due to a load failure from PATH, reason: ...`` when an entry was there and could not be read
+(seen on every warm start of vLLM 0.32 CPU with torch 2.13: ``'function' object has no
+attribute 'finalize_loading'``). Per compiled range: ``Directly load the compiled graph(s) for
 compile range (1, 2048) from the cache, took 0.51 s`` (older releases: ``for dynamic shape``)
-or ``Directly load AOT compilation from path ...`` on a hit, ``Compiling a graph for compile
-range (1, 2048) takes 10.23 s`` on a miss.
+on a hit, ``Compiling a graph for compile range (1, 2048) takes 10.23 s`` on a miss.
 """
 
 from __future__ import annotations
@@ -45,10 +49,13 @@ _INIT_ENGINE_SHORT = re.compile(r"init engine took " + _SECONDS)
 _CACHE_HIT = re.compile(
     r"Directly load the compiled graph\(s\) for .* from the cache|Directly load AOT compilation"
 )
-_CACHE_MISS = re.compile(r"Compiling a graph for .* takes " + _SECONDS)
+_CACHE_MISS = re.compile(r"Compiling a graph for .* takes |saved AOT compiled function to ")
+_CACHE_LOAD_FAILED = re.compile(
+    r"Compiling model again due to a load failure from .*reason: (?P<r>.*)"
+)
 
 #: what :func:`compile_cache` says of a start
-WARM, COLD, PARTLY_WARM = "warm", "cold", "partly warm"
+WARM, COLD, PARTLY_WARM, LOAD_FAILED = "warm", "cold", "partly warm", "load failed"
 
 
 def _largest(pattern: re.Pattern[str], lines: Sequence[str]) -> float | None:
@@ -82,12 +89,25 @@ def startup_parts(log_lines: Sequence[str]) -> dict[str, float]:
 
 def compile_cache(log_lines: Sequence[str]) -> str | None:
     """``warm`` when every graph the start needed was read back from the compile cache,
-    ``cold`` when it compiled every one, ``partly warm`` when both; None when the log says
-    neither (an eager start compiles nothing; a log cut short says nothing), never a guess."""
+    ``cold`` when it compiled them with no cache entry to read, ``partly warm`` when some were
+    read and some compiled, ``load failed`` when an entry was there and vLLM could not read it
+    and compiled again (the cache is broken for this vLLM and torch: it may still save the
+    start other work, which is why it is not called cold); None when the log says none of
+    these (an eager start compiles nothing; a log cut short says nothing), never a guess."""
     hit = any(_CACHE_HIT.search(line) for line in log_lines)
-    miss = any(_CACHE_MISS.search(line) for line in log_lines)
-    if hit and miss:
-        return PARTLY_WARM
+    failed = any(_CACHE_LOAD_FAILED.search(line) for line in log_lines)
+    miss = failed or any(_CACHE_MISS.search(line) for line in log_lines)
     if hit:
-        return WARM
+        return PARTLY_WARM if miss else WARM
+    if failed:
+        return LOAD_FAILED
     return COLD if miss else None
+
+
+def compile_cache_failure(log_lines: Sequence[str]) -> str | None:
+    """vLLM's reason for not reading a compile-cache entry back (the first one), or None."""
+    for line in log_lines:
+        found = _CACHE_LOAD_FAILED.search(line)
+        if found:
+            return found.group("r").strip()
+    return None
