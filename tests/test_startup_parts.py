@@ -20,7 +20,7 @@ from autotune import names
 from autotune.engines.command import CommandEngine
 from autotune.engines.llamacpp.engine import LlamaCppEngine
 from autotune.engines.llamacpp.startup import startup_parts as llamacpp_parts
-from autotune.engines.vllm.engine import CACHE_ROOT_ENV, VllmEngine
+from autotune.engines.vllm.engine import CACHE_ROOT_ENV, INDUCTOR_CACHE_ENV, VllmEngine
 from autotune.engines.vllm.startup import startup_parts as vllm_parts
 from autotune.spec.model import EngineSpec, ModelSpec
 from autotune.study.phase_clock import PhaseClock
@@ -178,16 +178,21 @@ def test_vllm_trials_share_the_studys_compile_cache_unless_the_spec_sets_one(
     tmp_path, monkeypatch
 ) -> None:
     monkeypatch.delenv(CACHE_ROOT_ENV, raising=False)
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
     vllm, llamacpp, command = _engines()
-    assert vllm.compile_cache_env(tmp_path) == {CACHE_ROOT_ENV: str(tmp_path)}
+    assert vllm.compile_cache_env(tmp_path) == {
+        CACHE_ROOT_ENV: str(tmp_path),
+        INDUCTOR_CACHE_ENV: str(tmp_path / "inductor"),
+    }
     assert llamacpp.compile_cache_env(tmp_path) == {}
     assert command.compile_cache_env(tmp_path) == {}
     own = VllmEngine(
         EngineSpec(kind="vllm", command=("vllm",), env={CACHE_ROOT_ENV: "/mine"}),
         ModelSpec("m", "m"),
     )
-    assert own.compile_cache_env(tmp_path) == {}
+    assert own.compile_cache_env(tmp_path) == {INDUCTOR_CACHE_ENV: str(tmp_path / "inductor")}
     monkeypatch.setenv(CACHE_ROOT_ENV, "/exported")  # the user's shell chose one too
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, "/exported-inductor")
     assert vllm.compile_cache_env(tmp_path) == {}
 
 

@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 #: vLLM's cache folder (torch.compile artifacts under ``torch_compile_cache``)
 CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"
+#: torch's own Inductor cache, which vLLM leaves at torch's default (``/tmp/torchinductor_USER``,
+#: shared by every process of the user) when it does not compile ahead of time
+#: (``VLLM_USE_AOT_COMPILE=0``): seen here to make a start with an empty VLLM_CACHE_ROOT warm
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 class VllmEngine(Engine):
@@ -118,14 +122,21 @@ class VllmEngine(Engine):
         return CompileCacheReading(state, startup.compile_cache_failure(log_lines))
 
     def compile_cache_env(self, cache_dir: Path) -> dict[str, str]:
-        """``VLLM_CACHE_ROOT`` (where vLLM keeps its torch.compile cache) in ``cache_dir``, so
-        a trial whose compiled graph an earlier trial of the study made reads it back instead
-        of compiling again; never over a cache root the spec's env or autotune's own
-        environment chose (vLLM's default, ``~/.cache/vllm``, is shared by every launch of the
-        user: the study's own folder keeps one study's starts from depending on another's)."""
-        if CACHE_ROOT_ENV in self.engine_spec.env or CACHE_ROOT_ENV in os.environ:
-            return {}
-        return {CACHE_ROOT_ENV: str(cache_dir)}
+        """``VLLM_CACHE_ROOT`` (where vLLM keeps its torch.compile cache) in ``cache_dir``, and
+        torch's Inductor cache beside it, so a trial whose compiled graph an earlier trial of
+        the study made reads it back instead of compiling again; never over a cache the spec's
+        env or autotune's own environment chose. Both defaults (``~/.cache/vllm``,
+        ``/tmp/torchinductor_USER``) are shared by every launch of the user: the study's own
+        folder keeps one study's starts, and what they record as warm or cold, from depending
+        on another's."""
+        env: dict[str, str] = {}
+        for name, where in (
+            (CACHE_ROOT_ENV, cache_dir),
+            (INDUCTOR_CACHE_ENV, cache_dir / "inductor"),
+        ):
+            if name not in self.engine_spec.env and name not in os.environ:
+                env[name] = str(where)
+        return env
 
     def verify_started(self, settings: ServerSettings, log_text: str) -> str | None:
         """Every selected non-default patch must have announced itself in the server log.
