@@ -54,6 +54,9 @@ ENGINE_VERSION = "engine_version"
 ROOFLINE = "roofline"
 ABLATION_REPORT = "ablation"
 CONFIRMATION = "confirmation"
+#: why `autotune run` planned no confirmation (its --trials held none): `export` then writes the
+#: baseline, the run's verdict
+CONFIRMATION_SKIPPED = "confirmation_skipped"
 RECHECK = "recheck"
 WORKLOAD = "workload"  # the pinned workload: its hash and what it is made of (workload.py)
 WORKLOAD_CHANGES = "workload_changes"  # each accepted workload change on resume

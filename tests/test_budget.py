@@ -217,10 +217,24 @@ def test_run_with_three_trials_launches_at_most_three_servers(tmp_path):
     assert "no confirmed winner: the baseline stands" in said
     # the enqueued fast config, or the sampler's draw of it again
     assert re.search(r"the best unconfirmed config is trial [12], \+\d", said), said
-    refused = CliRunner().invoke(
+    # export follows the verdict: the baseline, saying why (so `make demo TRIALS=3` ends well)
+    exported = CliRunner().invoke(
         app, ["export", "--spec", str(spec_path), "-o", str(tmp_path / "b.yaml")]
     )
-    assert refused.exit_code == 2 and "--allow-unconfirmed" in " ".join(refused.output.split())
+    assert exported.exit_code == 0, exported.output
+    header = (tmp_path / "b.yaml").read_text()
+    assert f"the BASELINE (trial {trials[0].number}): no confirmed winner" in header
+    assert "no confirmation fits in 3 launches" in " ".join(header.split())
+    assert re.search(r"^decode-ms: 20$", header, re.M), header  # the baseline's value, not 2
+    said = " ".join(exported.output.split())
+    assert "the baseline (trial 0; no confirmed winner: the baseline stands" in said, said
+    # and --allow-unconfirmed writes the best measured trial, saying it is not confirmed
+    unconfirmed = CliRunner().invoke(
+        app,
+        ["export", "--spec", str(spec_path), "-o", str(tmp_path / "u.yaml"), "--allow-unconfirmed"],
+    )
+    assert unconfirmed.exit_code == 0, unconfirmed.output
+    assert "NOT a confirmed gain" in (tmp_path / "u.yaml").read_text()
     # resuming with the same budget launches nothing more
     again = CliRunner().invoke(app, ["run", "--spec", str(spec_path), "--trials", "3"])
     assert again.exit_code == 0, again.output

@@ -25,6 +25,7 @@ from autotune.report.format import model_of
 from autotune.server.metrics import preemption_notes
 from autotune.storage import load_study
 from autotune.study.results import (
+    NO_CONFIRMED_WINNER,
     NOT_MEASURED_ON,
     baseline_headline,
     baseline_reason,
@@ -425,10 +426,10 @@ def print_exports(results) -> None:
     for result in results:
         what = f"trial {result.trial_number}"
         if result.baseline_reason is not None:
-            what = (
-                f"the baseline (trial {result.trial_number}; no configuration beat it: "
-                f"{escape(result.baseline_reason)})"
-            )
+            why = result.baseline_reason
+            if not why.startswith(NO_CONFIRMED_WINNER):
+                why = f"no configuration beat it: {why}"
+            what = f"the baseline (trial {result.trial_number}; {escape(why)})"
         elif getattr(result, "not_confirmed", None) is not None:
             what += f" [yellow](NOT a confirmed gain: {escape(result.not_confirmed)})[/]"
         console.print(

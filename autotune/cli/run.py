@@ -230,12 +230,15 @@ def launches_so_far(url: str, name: str) -> int:
 def say_verdict(study, plan: BudgetPlan | None) -> None:
     """The run's last line: the baseline's when nothing beat it; when the search found a better
     config but the budget held no confirmation, that no winner is confirmed, naming the best
-    unconfirmed trial (``export`` refuses it without ``--allow-unconfirmed``)."""
+    unconfirmed trial. That verdict is recorded on the study (``confirmation_skipped``), so that
+    ``export`` writes the baseline, as the verdict says, and ``--allow-unconfirmed`` the best
+    unconfirmed trial."""
     if baseline_reason(study) is not None or plan is None or plan.confirms:
         render.say_if_baseline_is_best(study)
         return
     if len(study.directions) != 1 or study.user_attrs.get(names.CONFIRMATION) is not None:
         return
+    study.set_user_attr(names.CONFIRMATION_SKIPPED, plan.no_confirm or "no confirmation ran")
     best = best_trials(study)
     base = verified_baseline(study)
     if not best or base is None or best[0].number == base.number:

@@ -96,10 +96,15 @@ def export_trial(
             if baseline_reason.startswith(NO_CONFIRMED_WINNER)
             else f"the BASELINE (trial {trial.number}): no configuration beat it"
         )
+        found = (
+            "# space's baseline values); no correct config's gain over it is confirmed."
+            if baseline_reason.startswith(NO_CONFIRMED_WINNER)
+            else "# space's baseline values); the tuner found no correct config that is faster."
+        )
         notes = (
             f"# Why the baseline: {baseline_reason}.",
             "# It is the reference every trial was verified against (engine defaults plus the",
-            "# space's baseline values); the tuner found no correct config that is faster.",
+            found,
         )
     elif not_confirmed is not None:
         title = (
@@ -289,6 +294,24 @@ def export_best(
             f"study {study.study_name!r} has no verified correct trial to export", key="--study"
         )
     if len(study.directions) == 1 and require_confirmed:
+        skipped = study.user_attrs.get(names.CONFIRMATION_SKIPPED)
+        base = verified_baseline(study, trials=trials)
+        if confirmation is None and skipped and base is not None:
+            # `autotune run` planned no confirmation: its verdict is that the baseline stands
+            why = (
+                f"{NO_CONFIRMED_WINNER} ({skipped}; the best measured config, trial "
+                f"{best[0].number}, was measured once and never confirmed: `autotune confirm` "
+                "measures it again, `autotune export --allow-unconfirmed` writes it)"
+            )
+            return [
+                export_trial(
+                    spec,
+                    base,
+                    out,
+                    baseline_reason=why,
+                    baseline_metrics=base.user_attrs.get(names.METRICS) or None,
+                )
+            ]
         if confirmation is None:
             raise SpecError(
                 "the best config has not been confirmed yet (run `autotune confirm`"
