@@ -382,3 +382,19 @@ def test_where_the_time_went_says_what_the_compile_cache_saved() -> None:
         "start took 0.61x a cold one; the engine could not read its compile cache back "
         "('function' object has no attribute), so those starts compiled again"
     )
+
+
+def test_the_report_page_says_where_the_time_went_and_what_the_cache_did() -> None:
+    from autotune.report.html import _time_html
+
+    page = _time_html(
+        [
+            _started(names.BASELINE, 56.0, "cold"),
+            _started(names.SEARCH, 34.0, "load failed", "'function' object has no attribute"),
+        ]
+    )
+    assert "<h2>Where the time went</h2>" in page
+    assert "compiled starts: 1 cold (median 56.0 s), 1 load failed (median 34.0 s)" in page
+    assert "could not read its compile cache back (&#x27;function&#x27; object" in page
+    # a study whose logs never said anything of a cache: no such line
+    assert "compiled starts" not in _time_html([_started(names.SEARCH, 30.0, None)])
