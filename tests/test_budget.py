@@ -239,6 +239,16 @@ def test_run_with_three_trials_launches_at_most_three_servers(tmp_path):
     again = CliRunner().invoke(app, ["run", "--spec", str(spec_path), "--trials", "3"])
     assert again.exit_code == 0, again.output
     assert launches_made(study.get_trials(deepcopy=False)) == launches_made(trials)
+    # a larger budget that holds a confirmation: the earlier "none fitted" no longer stands
+    more = CliRunner().invoke(
+        app,
+        ["run", "--spec", str(spec_path), "--trials", "8", "--confirm-top", "1"]
+        + ["--confirm-repeats", "2"],
+    )
+    assert more.exit_code == 0, more.output
+    attrs = optuna.load_study(study_name="budget3", storage=spec.default_storage()).user_attrs
+    assert attrs[names.CONFIRMATION_SKIPPED] is None
+    assert attrs[names.CONFIRMATION]["launches"] >= 2
 
 
 def test_explicit_repeats_that_do_not_fit_exit_2_before_anything_is_written(tmp_path):

@@ -258,7 +258,10 @@ def confirm_phase(
     spec, url: str, name: str, *, top: int, rounds: int, artifact_dir=None, quiet=False
 ) -> None:
     """The confirmation phase (``analysis/confirm.py``); ``run`` is ``quiet`` (it says it at
-    its end)."""
+    its end). An earlier run's "no confirmation fitted" no longer holds once one is planned."""
+    earlier = load_study(url, name)
+    if earlier.user_attrs.get(names.CONFIRMATION_SKIPPED):
+        earlier.set_user_attr(names.CONFIRMATION_SKIPPED, None)
     done = confirm_study(
         spec,
         url,
