@@ -74,6 +74,19 @@ def evidence_notes(trial: optuna.trial.FrozenTrial) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def _export_baseline(
+    spec: StudySpec, base: optuna.trial.FrozenTrial, out: Path, reason: str
+) -> ExportResult:
+    """The baseline written as the study's answer, with why no other config took its place."""
+    return export_trial(
+        spec,
+        base,
+        out,
+        baseline_reason=reason,
+        baseline_metrics=base.user_attrs.get(names.METRICS) or None,
+    )
+
+
 def export_trial(
     spec: StudySpec,
     trial: optuna.trial.FrozenTrial,
@@ -278,16 +291,7 @@ def export_best(
                 )
             ]
     if reason is not None and not pareto:
-        base = verified_baseline(study, trials=trials)
-        return [
-            export_trial(
-                spec,
-                base,
-                out,
-                baseline_reason=reason,
-                baseline_metrics=base.user_attrs.get(names.METRICS) or None,
-            )
-        ]
+        return [_export_baseline(spec, verified_baseline(study, trials=trials), out, reason)]
     best = best_trials(study, trials=trials)
     if not best:
         raise SpecError(
@@ -303,15 +307,7 @@ def export_best(
                 f"{best[0].number}, was measured once and never confirmed: `autotune confirm` "
                 "measures it again, `autotune export --allow-unconfirmed` writes it)"
             )
-            return [
-                export_trial(
-                    spec,
-                    base,
-                    out,
-                    baseline_reason=why,
-                    baseline_metrics=base.user_attrs.get(names.METRICS) or None,
-                )
-            ]
+            return [_export_baseline(spec, base, out, why)]
         if confirmation is None:
             raise SpecError(
                 "the best config has not been confirmed yet (run `autotune confirm`"
