@@ -24,7 +24,8 @@ STREAM_SHAPE = "stream_shape"  # how the answers streamed: TTFT, TPOT, tokens pe
 TRAPS = "traps"  # measurement traps: prefix-cache hits, eager batches, a client that lagged
 MACHINE = "machine"  # study: the machine it ran on (CPU model, cores, memory, GPUs)
 #: argv, env (redacted), startup_s, engine_version, pid/pgid, host, worker, startup_parts,
-#: compile_cache (warm / cold / partly warm, when the engine's log says)
+#: compile_cache (warm / cold / partly warm / load failed, when the engine's log says) and
+#: compile_cache_failure (the engine's reason when it could not read its cache back)
 SERVER = "server"
 CHECK = "check"
 PARAMS_RESOLVED = "params_resolved"  # values as the engine got them (int_list as lists)
