@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from optuna.trial import TrialState, create_trial
@@ -22,6 +23,7 @@ from autotune.engines.llamacpp.engine import LlamaCppEngine
 from autotune.engines.llamacpp.startup import startup_parts as llamacpp_parts
 from autotune.engines.vllm.engine import CACHE_ROOT_ENV, INDUCTOR_CACHE_ENV, VllmEngine
 from autotune.engines.vllm.startup import startup_parts as vllm_parts
+from autotune.space.settings import ServerSettings
 from autotune.spec.model import EngineSpec, ModelSpec
 from autotune.study.phase_clock import PhaseClock
 from autotune.study.results import time_spent
@@ -194,6 +196,33 @@ def test_vllm_trials_share_the_studys_compile_cache_unless_the_spec_sets_one(
     monkeypatch.setenv(CACHE_ROOT_ENV, "/exported")  # the user's shell chose one too
     monkeypatch.setenv(INDUCTOR_CACHE_ENV, "/exported-inductor")
     assert vllm.compile_cache_env(tmp_path) == {}
+
+
+def test_vllm_launches_name_torchs_default_inductor_cache_outright(tmp_path, monkeypatch) -> None:
+    """Each launch has a TMPDIR of its own (server.process), under which torch would put a
+    fresh Inductor cache per launch; the launch names torch's default instead, and a study's
+    compile cache, the spec's env or the user's environment still win."""
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where torch's default would be
+    vllm = _engines()[0]
+
+    def launched(engine: VllmEngine, env: dict[str, str]) -> str | None:
+        settings = ServerSettings(flags={}, json_flags={}, env=env)
+        launch = engine.build_launch(settings, host="127.0.0.1", port=1, api_key="k")
+        return launch.env.get(INDUCTOR_CACHE_ENV)
+
+    default = launched(vllm, {})
+    assert default is not None and Path(default).parent == tmp_path
+    assert Path(default).name.startswith("torchinductor_")
+    study_cache = vllm.compile_cache_env(tmp_path / "study")[INDUCTOR_CACHE_ENV]
+    assert launched(vllm, {INDUCTOR_CACHE_ENV: study_cache}) == study_cache
+    own = VllmEngine(
+        EngineSpec(kind="vllm", command=("vllm",), env={INDUCTOR_CACHE_ENV: "/mine"}),
+        ModelSpec("m", "m"),
+    )
+    assert launched(own, {}) == "/mine"
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, "/exported")  # inherited by the server as it is
+    assert launched(vllm, {}) is None
 
 
 def test_the_phase_clock_adds_up_each_phase() -> None:

@@ -75,7 +75,11 @@ def test_a_helper_that_reforks_on_sigterm_is_killed_and_recorded(tmp_path: Path)
         assert entry["signal"] == "SIGKILL" and "forking_helper.py" in entry["cmdline"]
     seen = {pid for pid, _ in record["descendants"]}
     assert set(killed) <= seen, "what was killed is in the record of what was seen"
-    assert records[0] == {"env_marker": server.marker, "descendants": []}
+    assert records[0] == {
+        "env_marker": server.marker,
+        "tmpdir": records[0]["tmpdir"],  # tests/test_server_tmpdir.py
+        "descendants": [],
+    }
     assert records[-1]["killed"] == record["killed"]
 
 

@@ -15,6 +15,12 @@ stores them at once and a later run can stop them after a ``kill -9`` of autotun
 cgroups are not used: they are not writable in most containers this runs in, and the record
 says which method stopped the server (``kill_method``).
 
+Each launch also gets a temp folder of its own (``TMPDIR``, under autotune's temp dir), removed
+once the tree is proved gone: servers leave files there that nothing removes when they are
+stopped (vLLM's ZMQ IPC sockets and ``vllm_dist_*`` folders, a few per start), and a study of
+hundreds of launches otherwise leaves hundreds of them in ``/tmp``. A spec whose env sets
+``TMPDIR`` keeps its own, untouched.
+
 Ready means more than ``/health``: a server can report healthy and fail its first request (vLLM's
 CPU attention rejects some head sizes only then), so readiness also requires a one-token
 completion to succeed.
@@ -25,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -54,6 +62,8 @@ _DISK_FULL = ("no space left on device",)
 #: to reach past what a dying engine prints after its error (vLLM: three processes' tracebacks,
 #: then over a hundred lines of Triton's leak report at exit)
 FAILURE_LOG_BYTES = 128 * 1024
+#: how a launch's own temp folder is named (``autotune cleanup`` removes only folders named so)
+TMPDIR_PREFIX = "autotune-srv-"
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,8 @@ class ServerProcess:
         self._tracker: _proc.DescendantTracker | None = None
         #: this launch's value of ``_proc.MARKER_ENV`` (set at start)
         self.marker: str | None = None
+        #: this launch's own temp folder (None: the spec set ``TMPDIR``, or not started)
+        self.tmpdir: str | None = None
         self._started_at = 0.0
         self.stopped_cleanly: bool | None = None
         #: what teardown found: descendants seen, survivors, how they were stopped
@@ -140,6 +152,16 @@ class ServerProcess:
                 "disk_full" if exc.errno == 28 else "storage_unreachable",
                 f"cannot write server log {self.log_path}: {exc}",
             ) from exc
+        if "TMPDIR" not in self.launch.env:
+            try:
+                self.tmpdir = tempfile.mkdtemp(prefix=TMPDIR_PREFIX)
+            except OSError as exc:
+                log.close()
+                raise InfrastructureError(
+                    "disk_full" if exc.errno == 28 else "storage_unreachable",
+                    f"cannot make the server's temp folder in {tempfile.gettempdir()}: {exc}",
+                ) from exc
+            env["TMPDIR"] = self.tmpdir
         _proc.become_subreaper()
         try:
             self._popen = subprocess.Popen(
@@ -152,9 +174,13 @@ class ServerProcess:
                 close_fds=True,
             )
         except FileNotFoundError as exc:
+            self._remove_tmpdir()
             raise CandidateError(
                 "startup_failed", f"engine command not found: {self.launch.argv[0]}"
             ) from exc
+        except BaseException:
+            self._remove_tmpdir()
+            raise
         finally:
             log.close()
         self._started_at = time.monotonic()
@@ -164,7 +190,9 @@ class ServerProcess:
             self.on_spawn(self._popen.pid, self.pgid)
         if self.on_record is not None:
             with contextlib.suppress(Exception):  # recorded for `autotune cleanup`
-                self.on_record({"env_marker": self.marker, "descendants": []})
+                self.on_record(
+                    {"env_marker": self.marker, "tmpdir": self.tmpdir, "descendants": []}
+                )
         self._tracker = _proc.DescendantTracker(self._popen.pid, on_new=self._record_descendants)
         self._tracker.start()
 
@@ -430,6 +458,8 @@ class ServerProcess:
         seen = discover()
         survivors = sorted(set(survivors) | set(_proc.group_members(None, tracked=seen)))
         self.stopped_cleanly = not survivors
+        if self.stopped_cleanly:  # a survivor may still use it: `autotune cleanup` removes it
+            self._remove_tmpdir()
         self.redact_log()
         self.stop_record = {
             "descendants": _pairs(seen),
@@ -447,6 +477,20 @@ class ServerProcess:
                 f"processes {survivors} survived SIGKILL",
                 evidence={"pids": survivors},
             )
+
+    def _remove_tmpdir(self) -> None:
+        if self.tmpdir is not None:
+            remove_tmpdir(self.tmpdir)
+
+
+def remove_tmpdir(path: str) -> bool:
+    """Remove a launch's temp folder; only one that autotune made (named ``TMPDIR_PREFIX...``),
+    so a damaged record can never point this at anything else. True if it is gone."""
+    folder = Path(path)
+    if not folder.name.startswith(TMPDIR_PREFIX) or folder.is_symlink():
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return not folder.exists()
 
 
 def _pairs(seen: dict[int, float | None]) -> list[list[float | int | None]]:

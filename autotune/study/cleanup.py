@@ -21,6 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import _proc, names
+from autotune.server.process import remove_tmpdir
 
 
 def worker_record() -> dict[str, Any]:
@@ -178,6 +179,7 @@ def _stop_leftovers(trial: optuna.trial.FrozenTrial, *, this_host_only: bool = T
         elif _proc.create_time(int(pid)) is not None:
             group = None  # the pid was reused: not our group
     if not _proc.group_members(group, tracked=tracked):
+        _remove_recorded_tmpdir(server)
         return None
     survivors = _proc.stop_group(
         group,
@@ -187,9 +189,18 @@ def _stop_leftovers(trial: optuna.trial.FrozenTrial, *, this_host_only: bool = T
     )
     if survivors:
         return f"could not stop pids {survivors}"
+    _remove_recorded_tmpdir(server)
     escaped = len(set(tracked) - {pid})
     extra = f" and {escaped} tracked descendant(s)" if escaped else ""
     return f"stopped its leftover server (pgid {pgid}){extra}"
+
+
+def _remove_recorded_tmpdir(server: dict[str, Any]) -> None:
+    """The launch's own temp folder (``ServerProcess.tmpdir``), once nothing of it runs: left
+    behind when autotune was killed before its stop. Only on the machine that made it."""
+    tmpdir = server.get("tmpdir")
+    if isinstance(tmpdir, str) and _proc.on_this_machine(server):
+        remove_tmpdir(tmpdir)
 
 
 def on_optuna_stale(

@@ -9,9 +9,12 @@ it never shows in ``ps`` or in stored trial records.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import re
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -87,7 +90,7 @@ class VllmEngine(Engine):
         argv += settings.flag_argv()
         return self._launch(
             argv,
-            self.engine_spec.env,
+            {**_inductor_default_env(), **self.engine_spec.env},
             settings,
             host=host,
             port=port,
@@ -252,3 +255,19 @@ def _scalar(text: str) -> Any:
         except json.JSONDecodeError:
             return text
     return text
+
+
+def _inductor_default_env() -> dict[str, str]:
+    """torch's default Inductor cache folder, named outright: each launch runs with a ``TMPDIR``
+    of its own (``server.process``), under which torch would otherwise put a fresh, empty
+    cache per launch, so launches outside a study's compile cache (``compile_cache_env``,
+    which overrides this) would lose what they share today. The name is torch's own rule
+    (``torch._inductor.runtime.cache_dir_utils.default_cache_dir``), computed here so that
+    autotune never imports torch; nothing when autotune's environment already sets it."""
+    if INDUCTOR_CACHE_ENV in os.environ:
+        return {}
+    try:
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except (KeyError, OSError):  # no name for this uid (containers)
+        return {}
+    return {INDUCTOR_CACHE_ENV: os.path.join(tempfile.gettempdir(), "torchinductor_" + user)}
