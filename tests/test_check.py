@@ -424,3 +424,40 @@ def test_a_server_that_does_not_stream_is_named_as_such():
 
     with pytest.raises(StreamError, match=r"not a server-sent event stream \(application/json\)"):
         asyncio.run(ask())
+
+
+@pytest.mark.parametrize("where", [0, -1])
+def test_a_nan_teacher_forced_logprob_fails_and_does_not_hide_the_drift_after_it(where):
+    """A server answered NaN at one scored position and 3 nats off everywhere else: NaN made
+    ``abs(a - b)`` NaN, which compared False with the tolerance and (leading) won ``max``, so
+    the trial passed with a drift the same answer without the NaN fails by."""
+    completions, teacher = candidate("baseline_again")
+    prompt = next(iter(teacher))
+    scores = [value - 3.0 for value in teacher[prompt]]
+    drifted = dict(teacher, **{prompt: tuple(scores)})
+    assert not compare(REFERENCE, completions, drifted, CHECK).passed  # the control
+    scores[where] = float("nan")
+    result = compare(REFERENCE, completions, dict(teacher, **{prompt: tuple(scores)}), CHECK)
+    assert not result.passed
+    assert result.first_divergence.kind == "logprob"
+    only_nan = list(teacher[prompt])
+    only_nan[where] = float("nan")
+    result = compare(REFERENCE, completions, dict(teacher, **{prompt: tuple(only_nan)}), CHECK)
+    assert not result.passed, "a NaN logprob is no match for the reference's"
+    assert "nan where the reference has" in result.first_divergence.detail
+
+
+def test_a_nan_greedy_logprob_fails_wherever_it_is():
+    """Servers without teacher-forced scoring are judged by their greedy tokens' logprobs:
+    a NaN after the first position used to lose ``max`` to a small drift and pass."""
+    reference = dataclasses.replace(
+        _ref([1, 2, 3, 4], [5.0, 5.0, 5.0, 5.0]),
+        capabilities=Capabilities(teacher_forced=None),
+    )
+    for logprobs in [(-0.1, -0.1, float("nan"), -0.1), (float("nan"),) * 4]:
+        got = Completion(prompt="p", text="x", token_ids=(1, 2, 3, 4), logprobs=logprobs)
+        result = compare(reference, {"p": got}, {})
+        assert not result.passed, logprobs
+        assert result.first_divergence.kind == "logprob"
+    same = Completion(prompt="p", text="x", token_ids=(1, 2, 3, 4), logprobs=(-0.1,) * 4)
+    assert compare(reference, {"p": same}, {}).passed  # the control

@@ -8,6 +8,7 @@ correctness-under-load check (:func:`comparable_answers`, :func:`compare_under_l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,7 +120,7 @@ def compare(
                     ),
                     f"{prompt!r}: teacher-forced scoring covered a different number of tokens",
                 )
-            diffs = [abs(a - b) for a, b in zip(expected, teacher[prompt], strict=False)]
+            diffs = [logprob_gap(a, b) for a, b in zip(expected, teacher[prompt], strict=False)]
             if diffs:
                 worst = max(range(len(diffs)), key=diffs.__getitem__)
                 max_drift = max(max_drift, diffs[worst])
@@ -133,7 +134,9 @@ def compare(
                             got_token=_token_at(ref, worst),
                             expected_text=ref.text,
                             got_text=got.text,
-                            detail=f"logprob drift {diffs[worst]:.4f} > tolerance {tol:.4f}",
+                            detail=drift_detail(
+                                expected[worst], teacher[prompt][worst], "logprob", tol
+                            ),
                         ),
                         f"{prompt!r}: logprob drift {diffs[worst]:.4f} at {worst}",
                     )
@@ -217,7 +220,7 @@ def greedy_logprob_drift(
         position, detail = len(got.logprobs), "no logprob for this token (the baseline had one)"
         return 0.0, _logprob_divergence(ref, got, position, detail)
     diffs = [
-        0.0 if a == b else abs(a - b)  # two -inf are equal, not nan
+        logprob_gap(a, b)
         for a, b in zip(ref.logprobs[:compared], got.logprobs[:compared], strict=True)
     ]
     if not diffs:
@@ -225,8 +228,30 @@ def greedy_logprob_drift(
     worst = max(range(len(diffs)), key=diffs.__getitem__)
     if diffs[worst] <= tolerance:
         return diffs[worst], None
-    detail = f"greedy-token logprob drift {diffs[worst]:.4f} > tolerance {tolerance:.4f}"
+    detail = drift_detail(
+        ref.logprobs[worst], got.logprobs[worst], "greedy-token logprob", tolerance
+    )
     return diffs[worst], _logprob_divergence(ref, got, worst, detail)
+
+
+def logprob_gap(expected: float, got: float) -> float:
+    """How far ``got`` is from ``expected``: 0 when equal (two ``-inf`` too), infinite when
+    either is NaN or only one is infinite. ``abs(a - b)`` alone gives NaN there, and a NaN
+    compares False with everything, so it passed every tolerance and hid every other drift
+    of its answer (``max`` keeps a leading NaN as the worst)."""
+    if expected == got:
+        return 0.0
+    gap = abs(expected - got)
+    return gap if math.isfinite(gap) else math.inf
+
+
+def drift_detail(expected: float, got: float, what: str, tolerance: float) -> str:
+    """The divergence's detail: the drift against the tolerance, or both values where the
+    drift is not a number (a NaN or an infinity the reference does not have)."""
+    gap = logprob_gap(expected, got)
+    if math.isfinite(gap):
+        return f"{what} drift {gap:.4f} > tolerance {tolerance:.4f}"
+    return f"{what} {got!r} where the reference has {expected!r} (not a finite drift)"
 
 
 def _logprob_divergence(ref: Completion, got: Completion, position: int, detail: str) -> Divergence:
