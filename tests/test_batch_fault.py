@@ -184,3 +184,43 @@ def test_a_server_wrong_only_in_its_last_round_is_caught(tmp_path: Path) -> None
     assert check["passed"] is True  # the quiet check, before the benchmark, was right
     assert check["under_load_checked"] >= 4  # one a round, not the 2 asked for
     assert 1 <= check["under_load_divergent"] < check["under_load_checked"]
+
+
+ALONE_SPACE = """
+parameters:
+  fault:
+    type: categorical
+    choices: [null, wrong_alone_in_bench]
+    baseline: null
+    target: {flag: --fault}
+"""
+
+
+def test_a_server_wrong_only_when_serving_one_request_is_caught_in_that_phase(
+    tmp_path: Path,
+) -> None:
+    """Right in the quiet check and under load, wrong for a benchmark request that arrives
+    alone: the single-request phase, whose tok/s is the default objective. Only the main load
+    level's answers were judged, so such a config was measured, reported and exported best;
+    now every measured phase has an answer judged, and the evidence names the phase."""
+    spec_path = write_fake_spec(
+        tmp_path,
+        ALONE_SPACE,
+        name="alone",
+        args=("--decode-ms", "1"),
+        workload={"concurrency": 4, "num_requests": 8, "max_tokens": 8, "repeats": 2},
+    )
+    raw = yaml.safe_load(spec_path.read_text())
+    raw["workload"]["warmup_requests"] = 1
+    raw["workload"]["single_requests"] = 1
+    spec_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    study = run_baseline_then(spec_path, {"fault": "wrong_alone_in_bench"})
+    baseline, alone = study.trials
+    assert baseline.state == TrialState.COMPLETE, baseline.user_attrs
+    assert alone.user_attrs[names.FAIL_REASON] == "incorrect_output", alone.user_attrs.get(
+        names.FAIL_DETAIL
+    )
+    assert alone.user_attrs[names.CHECK]["passed"] is True  # the quiet check was right
+    divergence = alone.user_attrs[names.EVIDENCE]["first_divergence"]
+    assert divergence["phase"] == "single-request (round 1)"
+    assert "in single-request (round 1)" in alone.user_attrs[names.FAIL_DETAIL]

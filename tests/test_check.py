@@ -461,3 +461,21 @@ def test_a_nan_greedy_logprob_fails_wherever_it_is():
         assert result.first_divergence.kind == "logprob"
     same = Completion(prompt="p", text="x", token_ids=(1, 2, 3, 4), logprobs=(-0.1,) * 4)
     assert compare(reference, {"p": same}, {}).passed  # the control
+
+
+def test_the_under_load_sample_takes_an_answer_from_every_phase():
+    """A sample of 2 from 1 single-request answer and 20 load answers per round: at least one
+    of each phase of each round is judged, so a server wrong in one phase only is seen."""
+    from autotune.bench.phase import RequestRecord
+    from autotune.gate.judge import comparable_answers
+
+    reference = _ref([1, 2, 3, 4], [5.0] * 4)
+    answers = [
+        RequestRecord(prompt="p", ok=True, token_ids=(1, 2, 3, 4), phase=f"{name} (round {r})")
+        for r in (1, 2)
+        for name, count in (("single-request", 1), ("load at 8", 20))
+        for _ in range(count)
+    ]
+    picked = comparable_answers(reference, answers, {"p": 4}, 2, rounds=2)
+    assert {a.phase for a in picked} == {a.phase for a in answers}
+    assert [answers.index(a) for a in picked] == sorted(answers.index(a) for a in picked)

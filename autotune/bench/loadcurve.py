@@ -56,6 +56,7 @@ from autotune.spec.model import SloSpec, WorkloadSpec
 #: phase names (the server_metrics recorder keys its per-phase deltas by them)
 SINGLE_PHASE = "single-request"
 LOAD_PHASE = "load at"
+WARM_UP = "warm-up"
 
 #: a level is "claimed" (its SLOs hold beyond doubt), "fail" (an SLO is missed beyond doubt),
 #: "straddle" (an interval contains a bound: not claimed) or "errors" (requests failed)
@@ -240,6 +241,8 @@ async def run_benchmark(
         counted = phase_counts(result.records)
         if counted is not None:
             phase_counts_[name] = counted
+        if name != WARM_UP:  # every answer whose numbers are reported is judged (samples)
+            samples.extend(r for r in result.records if r.ok)
         if keep:
             all_records.extend(result.records)
             if name.startswith(SINGLE_PHASE):
@@ -258,7 +261,7 @@ async def run_benchmark(
         async with meter:
             if workload.warmup_requests:
                 warm_concurrency = min(main, workload.warmup_requests)
-                await phase(workload.warmup_requests, warm_concurrency, "warm-up")
+                await phase(workload.warmup_requests, warm_concurrency, WARM_UP)
             start = time.perf_counter()
             while stopped_by is None:
                 index = len(rounds)
@@ -271,7 +274,6 @@ async def run_benchmark(
                         workload.num_requests, level, f"{LOAD_PHASE} {level} (round {index + 1})"
                     )
                 metrics = _round_metrics(single, loads, main)
-                samples += [r for r in loads[main].records if r.ok]
                 rounds.append(metrics)
                 if on_repeat is not None:
                     on_repeat(index, metrics)

@@ -36,7 +36,7 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -103,6 +103,8 @@ class RequestRecord:
     #: times it was sent again on a new connection, its first failing before any answer (a
     #: kept-alive connection the server had closed): the server's habit, not a failure
     transport_retries: int = 0
+    #: the benchmark phase that sent it (``single (round 1)``, ``load 8 (round 2)``, ...)
+    phase: str = ""
 
     @property
     def tokens(self) -> int:
@@ -179,7 +181,9 @@ class BenchResult:
     total_requests: int
     failed_requests: int
     errors: tuple[str, ...] = ()
-    #: successful load-phase records, kept for the correctness-under-load check
+    #: successful records of every measured phase (single-request, each load level, goodput
+    #: probes; not the warm-up), kept for the correctness-under-load check: a server that
+    #: answers wrongly in one phase only must not have that phase's numbers reported
     samples: tuple[RequestRecord, ...] = field(default=(), repr=False)
     #: the first hung request (phase, request, deadline), which ended the benchmark, or None
     hang: str | None = None
@@ -505,7 +509,7 @@ async def run_phase(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    records = [t.result() for t in tasks if t.done() and not t.cancelled()]
+    records = [replace(t.result(), phase=phase) for t in tasks if t.done() and not t.cancelled()]
     if hang is None:
         hang = next((f"{phase} phase: {r.error}" for r in records if r.hung), None)
     return PhaseResult(records=tuple(records), wall_s=time.perf_counter() - start, hang=hang)

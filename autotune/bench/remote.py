@@ -281,7 +281,7 @@ async def bench_remote(
                 result.failure = (
                     f"incorrect_output: {loaded['divergent']} of {loaded['checked']} benchmark "
                     f"responses diverged under load (first at {first['kind']} "
-                    f"{first['position']})"
+                    f"{first['position']}" + (f", in {first['phase']})" if first["phase"] else ")")
                 )
         return result
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import regex
@@ -349,8 +349,11 @@ def comparable_answers(
     rounds: int = 1,
 ) -> list[Any]:
     """The benchmark answers (``.prompt``) the reference can judge, at most ``limit`` but never
-    fewer than one a round (``rounds``): a server that goes wrong in a late round is sampled
-    in that round, whatever ``check.under_load_sample`` says.
+    fewer than one a round (``rounds``) and one a phase (``.phase``: the single-request phase,
+    each load level and goodput probe of each round): a server that goes wrong in a late
+    round, or only when it serves one request at a time, is sampled there, whatever
+    ``check.under_load_sample`` says. Judging is pure computation, so the floor costs no
+    request.
 
     Only answers asked with the reference's own length compare with it: a workload prompt that
     is also a check prompt was recorded at ``check.max_tokens``, and a longer benchmark answer
@@ -366,7 +369,14 @@ def comparable_answers(
     limit = max(limit, rounds)
     if len(eligible) <= limit:
         return eligible
-    return stratified(eligible, limit)
+    picked = stratified(eligible, limit)
+    judged = {getattr(a, "phase", "") for a in picked}
+    phases: dict[str, list[Any]] = {}
+    for answer in eligible:
+        phases.setdefault(getattr(answer, "phase", ""), []).append(answer)
+    picked += [stratified(group, 1)[0] for name, group in phases.items() if name not in judged]
+    order = {id(a): i for i, a in enumerate(eligible)}
+    return sorted(picked, key=lambda a: order[id(a)])
 
 
 def stratified(answers: Sequence[Any], limit: int) -> list[Any]:
@@ -512,6 +522,6 @@ def judge_under_load(
         methods[method] = methods.get(method, 0) + 1
         rules.add(under_load_tie_flips_by(reference, record.prompt, method))
         if divergence is not None:
-            divergences.append(divergence)
+            divergences.append(replace(divergence, phase=getattr(record, "phase", "")))
     # the weaker rule wins the record: one answer excused by the margin alone is enough
     return UnderLoadResult(len(sample), tuple(divergences), methods, weakest_tie_rule(rules))

@@ -192,6 +192,9 @@ class Divergence:
     expected_text: str = ""
     got_text: str = ""
     detail: str = ""
+    #: the benchmark phase of an answer judged under load (``single-request (round 1)``,
+    #: ``load at 4 (round 2)``); empty for the quiet check
+    phase: str = ""
 
 
 @dataclass(frozen=True)

@@ -559,7 +559,8 @@ class TrialRunner:
             raise CandidateError(
                 "incorrect_output",
                 f"{len(divergences)} of {judged.checked} benchmark responses "
-                f"diverged under load (first at {first.kind} {first.position})",
+                f"diverged under load (first at {first.kind} {first.position}"
+                + (f", in {first.phase})" if first.phase else ")"),
                 evidence={"first_divergence": asdict(first)},
             )
 

@@ -227,6 +227,11 @@ class FakeServer:
             ignore_eos=params.ignore_eos,
             rng=rng,
         )
+        if fault == "wrong_alone_in_bench" and params.include_usage:
+            # wrong when it arrives with nothing else in flight: the single-request phase
+            gen.broken = not self.scheduler.waiting and not any(
+                not r.cancelled for r in self.scheduler.running
+            )
         request_id = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         self.scheduler.submit(gen)

@@ -39,6 +39,7 @@ FAULTS = (
     "stale_keepalive",
     "one_500_in_bench",
     "wrong_late",
+    "wrong_alone_in_bench",
 )
 #: which response fields the server speaks: vLLM's (token ids, prompt_logprobs), the plain
 #: OpenAI completions API (text, logprobs, echo), llama.cpp's llama-server's (logprobs in the

@@ -105,6 +105,8 @@ class GenRequest:
     generated: list[int] = field(default_factory=list)
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     cancelled: bool = False
+    #: every token of this request is wrong (a fault chose it at submission)
+    broken: bool = False
 
 
 @dataclass
@@ -235,8 +237,10 @@ class FakeScheduler:
             if request.cancelled:
                 continue
             context = [*request.prompt_ids, *request.generated]
-            broken = batched or (
-                self.wrong_from is not None and len(request.generated) >= self.wrong_from
+            broken = (
+                batched
+                or request.broken
+                or (self.wrong_from is not None and len(request.generated) >= self.wrong_from)
             )
             top = self.model.distribution(context, broken=broken, drift=self.drift)
             chosen = self.model.sample(

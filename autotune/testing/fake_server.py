@@ -83,6 +83,10 @@ Faults (``--fault NAME`` or env ``FAKE_FAULT``), each mimicking a failure real e
 * ``wrong_late``: right for its first ``--fault-after`` benchmark requests (streamed with
   ``stream_options.include_usage``), then every token is wrong (whitespace, as ``wrong_text``):
   a server that goes wrong in a late benchmark round, which only a sample of every round sees.
+* ``wrong_alone_in_bench``: a benchmark request (streamed with
+  ``stream_options.include_usage``) that arrives while no other request is in flight is wrong
+  in every token (whitespace, as ``wrong_text``): right under load and in the quiet check,
+  wrong in the single-request phase, whose numbers are the default objective's.
 * ``stale_keepalive``: llama.cpp's llama-server's connections: every answer advertises
   ``Keep-Alive``, but a connection that carried a streamed answer is closed when the next
   request arrives on it, unanswered (a client that pools connections loses that request).
