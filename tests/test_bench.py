@@ -234,3 +234,36 @@ def test_a_benchmark_measures_its_own_client_and_the_trial_records_it_as_a_trap(
     record_curve(trial, dataclasses.replace(result, client={"flagged": True, "reason": "lag"}))
     traps = trial.user_attrs[names.TRAPS]
     assert traps["client"]["reason"] == "lag" and traps["flagged"] == ["hits 90%", "lag"]
+
+
+def test_a_chunk_that_carries_no_token_sets_neither_the_ttft_nor_an_itl(monkeypatch):
+    """A server that sends a text chunk with no token ids at once, then the real answer,
+    claimed a TTFT of that first chunk's time; empty chunks between tokens cut every ITL.
+    Each network read here is one event and the client's clock ticks one second a read, so
+    the times say which chunk each figure came from."""
+    events = [{"choices": [{"index": 0, "text": " ", "token_ids": []}]}]
+    for i in range(3):
+        events.append({"choices": [{"index": 0, "text": f" t{i}", "token_ids": [i]}]})
+        events.append({"choices": [{"index": 0, "text": " ", "token_ids": []}]})
+
+    async def body():
+        for event in events:
+            yield f"data: {json.dumps(event)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    ticks = iter(range(1000))
+    monkeypatch.setattr("autotune.bench.phase.time.perf_counter", lambda: float(next(ticks)))
+
+    async def go():
+        handler = lambda request: httpx.Response(200, content=body())  # noqa: E731
+        async with client_for(handler) as client:
+            return await stream_request(client, "m", "1 2 3", 3, dialect=VLLM_DIALECT)
+
+    record = asyncio.run(go())
+    assert record.ok and record.output_tokens == 3, record
+    assert record.chunk_tokens == (1, 1, 1)
+    assert record.ttft_s == record.token_times_s[0] == record.chunk_times_s[0]
+    assert len(set(record.chunk_times_s)) == 3
+    first_empty_read = 1.0  # the first clock read after start is the empty chunk's arrival
+    assert record.ttft_s > first_empty_read
+    assert all(gap >= 2.0 for gap in record.itls_s)  # an empty chunk between tokens is no gap

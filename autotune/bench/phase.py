@@ -15,7 +15,8 @@ Measurements, per repeat:
   of stream reads faster than its end-to-end time allows.
 * **load**: ``num_requests`` requests with ``concurrency`` in flight; output tok/s = tokens /
   wall time, requests/s, TTFT, inter-token latency (ITL, one per received chunk, as vLLM's
-  benchmark has it) and end-to-end percentiles.
+  benchmark has it, counting only chunks that carry a token: an empty or half-token chunk
+  would set the TTFT or split an ITL in two) and end-to-end percentiles.
 
 Tokens are counted by autotune (``bench/tokens.py``): by ids, else by the model's tokenizer,
 never by events; the server's ``usage`` is kept as a cross-check. A response is **bursty** when
@@ -93,7 +94,7 @@ class RequestRecord:
     output_tokens: int = 0
     #: no token arrived within the deadline (the request was given up, the phase ended)
     hung: bool = False
-    #: arrival of each received chunk with content, and the tokens each carried
+    #: arrival of each received chunk that carried a token, and the tokens each carried
     chunk_times_s: tuple[float, ...] = ()
     chunk_tokens: tuple[int, ...] = ()
     #: the server's ``usage.completion_tokens`` (a cross-check, never the count), if sent
@@ -112,7 +113,7 @@ class RequestRecord:
 
     @property
     def itls_s(self) -> list[float]:
-        """Inter-token latency per received chunk (``vllm bench serve``'s ITL)."""
+        """Inter-token latency per received chunk with a token (``vllm bench serve``'s ITL)."""
         t = self.chunk_times_s or self.token_times_s
         return [b - a for a, b in zip(t, t[1:], strict=False)]
 
@@ -308,23 +309,32 @@ async def stream_request(
             error += f": the answer was not a server-sent event stream ({kind})"
         return _failed(prompt, error, start, tokens)
     per_chunk, source = tokens.count(counter)
+    chunk_times = list(tokens.chunk_times)
     if source in (BY_IDS, BY_TOKENIZER):
-        pairs = zip(tokens.chunk_times, per_chunk, strict=True)
-        token_times = [t for t, k in pairs for _ in range(k)]
+        # a chunk that carries no token is no token's arrival: a server that sends one at
+        # once (text with no ids, say) would otherwise set the TTFT, and empty chunks between
+        # tokens would cut every ITL
+        kept = [(t, k) for t, k in zip(chunk_times, per_chunk, strict=True) if k > 0]
+        chunk_times, per_chunk = [t for t, _ in kept], [k for _, k in kept]
+        token_times = [t for t, k in kept for _ in range(k)]
         n_tokens = len(token_times)
+        if not token_times:
+            return _failed(
+                prompt, "stream ended without tokens (no chunk carried one)", start, tokens
+            )
     else:  # no tokenizer: one time per chunk, the count the server's word (flagged suspect)
-        token_times = list(tokens.chunk_times)
+        token_times = list(chunk_times)
         n_tokens = tokens.usage if source == BY_USAGE else len(token_times)
     return RequestRecord(
         prompt=prompt,
         ok=True,
-        ttft_s=tokens.chunk_times[0],
+        ttft_s=chunk_times[0],
         e2e_s=e2e,
         token_times_s=tuple(token_times),
         token_ids=tuple(tokens.ids),
         text="".join(tokens.text),
         output_tokens=int(n_tokens or 0),
-        chunk_times_s=tuple(tokens.chunk_times),
+        chunk_times_s=tuple(chunk_times),
         chunk_tokens=tuple(per_chunk),
         usage_tokens=tokens.usage,
         count_source=source,
