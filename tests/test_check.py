@@ -49,6 +49,12 @@ def test_a_known_answer_pattern_that_never_finishes_fails_the_check_instead_of_h
     completions, teacher = candidate("baseline_again")
     completions = dict(completions)
     completions["one two three"] = dataclasses.replace(completions["one two three"], text="a" * 60)
+    entry = REFERENCE.entries["one two three"]  # the same text, so only the pattern is judged
+    entries = dict(REFERENCE.entries)
+    entries["one two three"] = dataclasses.replace(
+        entry, completion=dataclasses.replace(entry.completion, text="a" * 60)
+    )
+    reference = dataclasses.replace(REFERENCE, entries=entries)
     check = dataclasses.replace(
         CHECK,
         known_answers=(
@@ -56,7 +62,7 @@ def test_a_known_answer_pattern_that_never_finishes_fails_the_check_instead_of_h
             KnownAnswer("one two three", "(a|aa)+c"),  # backtracks without end
         ),
     )
-    result = compare(REFERENCE, completions, teacher, check)
+    result = compare(reference, completions, teacher, check)
     assert not result.passed
     assert result.problems == (
         "'one two three': known answer /(a|aa)+c/ could not be checked (timed out)",
@@ -479,3 +485,20 @@ def test_the_under_load_sample_takes_an_answer_from_every_phase():
     picked = comparable_answers(reference, answers, {"p": 4}, 2, rounds=2)
     assert {a.phase for a in picked} == {a.phase for a in answers}
     assert [answers.index(a) for a in picked] == sorted(answers.index(a) for a in picked)
+
+
+def test_the_same_token_ids_with_another_text_fail_the_check():
+    """A config (or a server) that keeps every token id and changes the text they read as:
+    compared by ids alone it passed, though the user reads the text."""
+    completions, teacher = candidate("baseline_again")
+    prompt = "one two three"
+    got = completions[prompt]
+    assert got.token_ids == REFERENCE.entries[prompt].completion.token_ids
+    swapped = dict(completions)
+    swapped[prompt] = dataclasses.replace(got, text=got.text.upper())
+    result = compare(REFERENCE, swapped, teacher, CHECK)
+    assert not result.passed
+    divergence = result.first_divergence
+    assert divergence.kind == "text" and divergence.prompt == prompt
+    assert divergence.got_text == got.text.upper() and divergence.expected_text == got.text
+    assert compare(REFERENCE, completions, teacher, CHECK).passed  # the control

@@ -80,6 +80,8 @@ def compare(
         if rule is not None:
             rules.add(rule)
         divergence = _first_divergence(reference, ref, got, method)
+        if divergence is None and method != COMPARE_TEXT:
+            divergence = text_divergence(ref, got)  # the same tokens must read the same
         if divergence == "tie_flip":
             tie_flips += 1
         elif divergence is not None:
@@ -337,6 +339,27 @@ def _first_divergence(
         expected_text=ref.text,
         got_text=got.text,
         detail=detail,
+    )
+
+
+def text_divergence(ref: Completion, got: Completion) -> Divergence | None:
+    """Where the text of an answer whose tokens all match the reference's first differs from
+    the reference's text, or None. Users read the text: a config that keeps the token ids
+    and changes what they detokenize to (a tokenizer mode, a special-token setting, a server
+    that rewrites its text) changes the output. Both texts come from the same streamed
+    request on the same engine, so a correct config's text is the reference's exactly."""
+    if got.text == ref.text:
+        return None
+    offset = common_prefix(ref.text, got.text)
+    return Divergence(
+        prompt=ref.prompt,
+        position=offset,
+        kind="text",
+        expected_token=_word_at(ref.text, offset),
+        got_token=_word_at(got.text, offset),
+        expected_text=ref.text,
+        got_text=got.text,
+        detail=f"the same tokens, a different text from character {offset}",
     )
 
 
