@@ -67,6 +67,15 @@ def check_url(url: str, *, key: str = "--storage", file: str | None = None) -> s
         raise SpecError(
             f"not a valid SQLAlchemy storage URL: {url!r}", key=key, file=file
         ) from None
+    # A percent-encoded NUL (``%00``) is decoded into the database path, the host or a query
+    # value, where a path lookup or the driver raised ``ValueError: embedded null byte``.
+    parts = [parsed.username, parsed.password, parsed.host, parsed.database, *parsed.query]
+    for value in parsed.query.values():  # a query value is a string, or a tuple when repeated
+        parts += [value] if isinstance(value, str) else list(value)
+    if "\0" in url or any(isinstance(part, str) and "\0" in part for part in parts):
+        raise SpecError(
+            f"the storage URL holds a NUL character (%00): {safe_url(url)!r}", key=key, file=file
+        )
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database or ""
         if (
@@ -87,6 +96,12 @@ def resolve_url(url: str, *, key: str = "--storage", file: str | None = None) ->
     """Validate an SQLAlchemy URL; for SQLite make sure the directory exists and is writable."""
     parsed = make_url(check_url(url, key=key, file=file))
     if parsed.get_backend_name() == "sqlite":
+        if Path(parsed.database).is_dir():
+            raise SpecError(
+                f"{parsed.database} is a directory, not an SQLite database file",
+                key=key,
+                file=file,
+            )
         directory = Path(parsed.database).resolve().parent
         if not directory.is_dir():
             raise SpecError(
@@ -219,6 +234,58 @@ def artifact_store(directory: Path) -> FileSystemArtifactStore:
             f"the artifact directory is not writable: {directory}", key="--artifact-dir"
         )
     return FileSystemArtifactStore(str(directory))
+
+
+def check_artifact_dir(directory: Path) -> None:
+    """Refuse an artifact directory :func:`artifact_store` could not make or write, creating
+    nothing: ``run`` checks it before the study is opened, and makes it only once every refusal
+    (storage, study, warm start, workload) has passed, so bad input leaves no folder behind."""
+    if directory.exists():
+        if not directory.is_dir():
+            raise SpecError(
+                f"cannot create the artifact directory {directory}: not a directory",
+                key="--artifact-dir",
+            )
+        existing = directory
+    else:
+        existing = directory.absolute().parent
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise SpecError(
+                f"cannot create the artifact directory {directory}: {existing} is not a directory",
+                key="--artifact-dir",
+            )
+    if not _writable(existing):
+        raise SpecError(
+            f"the artifact directory is not writable: {directory}"
+            + ("" if existing == directory else f" ({existing} is not writable)"),
+            key="--artifact-dir",
+        )
+
+
+def study_names(url: str, *, key: str = "--storage") -> list[str] | None:
+    """The names of the studies at ``url``, read without writing anything: an SQLite file that
+    is not there is not created, and no Optuna table is made where there is none (None then:
+    no Optuna storage there yet). A storage that cannot be read is a :class:`SpecError`."""
+    from sqlalchemy import inspect, text
+
+    database = sqlite_file(url)
+    if database is not None and not database.exists():
+        return None
+    try:
+        engine = create_engine(url)
+        try:
+            with engine.connect() as connection:
+                if not inspect(connection).has_table("studies"):
+                    return None
+                rows = connection.execute(text("SELECT study_name FROM studies"))
+                return [row[0] for row in rows]
+        finally:
+            engine.dispose()
+    except Exception as exc:  # driver and connection errors share no base class
+        message = f"storage unreachable: {type(exc).__name__}: {exc}".splitlines()[0]
+        raise SpecError(message, key=key) from None
 
 
 #: where each database driver's client library reads a password from the environment

@@ -93,8 +93,12 @@ def check_url(url: str) -> str:
     raised InvalidURL mid-run, a traceback) or anything but http(s)://host."""
     if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in url):
         raise SpecError(f"a URL cannot hold spaces or control characters: {url!r}", key="--url")
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+    try:
+        parsed = urlparse(url)
+        parsed.port  # noqa: B018 - parsed on access: a port outside 0-65535 raises here
+    except ValueError as exc:  # "Invalid IPv6 URL" (an unclosed '['), "Port out of range"
+        raise SpecError(f"not a valid URL ({exc}): {url!r}", key="--url") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise SpecError(f"expected http(s)://host:port, got {url!r}", key="--url")
     return url.rstrip("/")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -33,6 +34,37 @@ def _checked(option: str, *, url: bool = False) -> Callable[[str | None], str | 
     return check
 
 
+def worker_env_problem(value: str) -> str | None:
+    """Why ``--worker-env`` is not a JSON object of strings to strings (the environment a
+    ``--parallel`` parent hands each worker), or None."""
+    try:
+        env = json.loads(value)
+    except ValueError as exc:  # JSONDecodeError, and a lone surrogate's UnicodeDecodeError
+        return f"not JSON: {exc}"
+    if not isinstance(env, dict):
+        return f"must be a JSON object of names to strings, got {type(env).__name__}"
+    for name, text in env.items():
+        if not name or "=" in name or "\0" in name:
+            return f"{name!r} is not an environment variable name"
+        if not isinstance(text, str):
+            return f"{name}: must be a string, got {json.dumps(text)}"
+        if "\0" in text:
+            return f"{name}: a value cannot hold a NUL character"
+    return None
+
+
+def _checked_worker_env(value: str | None) -> str | None:
+    """``--worker-env``, refused at option parsing (exit 2) before anything is written: a list
+    or a number there raised a TypeError traceback after the study and its artifact directory
+    were made."""
+    if value is not None:
+        problem = worker_env_problem(value)
+        if problem:
+            render.print_error(SpecError(problem, key="--worker-env"))
+            raise typer.Exit(code=2)
+    return value
+
+
 DEFAULT_SPEC = Path("studies/demo.yaml")
 SpecOpt = Annotated[Path, typer.Option("--spec", help="Study spec YAML.")]
 StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name (default: the spec's).")]
@@ -55,3 +87,12 @@ ArtifactDirOpt = Annotated[
 ]
 #: NumPy's and Optuna's generators take 0 .. 2**32 - 1; outside it they raised a traceback
 SeedOpt = Annotated[int | None, typer.Option("--seed", min=0, max=2**32 - 1, help="Sampler seed.")]
+WorkerEnvOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--worker-env",
+        hidden=True,
+        help="JSON env of one worker's device set (internal).",
+        callback=_checked_worker_env,
+    ),
+]

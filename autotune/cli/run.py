@@ -22,13 +22,20 @@ from autotune.cli.options import (
     SpecOpt,
     StorageOpt,
     StudyOpt,
+    WorkerEnvOpt,
 )
 from autotune.errors import AutotuneError, SpecError
 from autotune.search.strategy import check_name as check_sampler_name
 from autotune.spec.model import StudySpec
-from autotune.storage import artifact_dir_for, load_study, sqlite_file
+from autotune.storage import (
+    artifact_dir_for,
+    check_artifact_dir,
+    load_study,
+    sqlite_file,
+    study_names,
+)
 from autotune.study.budget import BudgetPlan, launches_made, plan_budget
-from autotune.study.loop import RunOptions, run_study
+from autotune.study.loop import RunOptions, check_warm_start_source, run_study
 from autotune.study.parallel import DevicePlanSpec, check_device_options, run_parallel
 from autotune.study.results import (
     NO_CONFIRMED_WINNER,
@@ -85,12 +92,7 @@ def run(
         typer.Option("--cpus", help="CPU cores the workers share out (CPU engines), e.g. 0-15."),
     ] = None,
     cpus_per_trial: Annotated[int | None, typer.Option("--cpus-per-trial", min=1)] = None,
-    worker_env: Annotated[
-        str | None,
-        typer.Option(
-            "--worker-env", hidden=True, help="JSON env of one worker's device set (internal)."
-        ),
-    ] = None,
+    worker_env: WorkerEnvOpt = None,
     confirm_top: Annotated[
         int,
         typer.Option(
@@ -125,11 +127,11 @@ def run(
             check_sampler_name(sampler)
         # Every name, URL and path is checked before anything is created.
         study_spec, url, name = open_spec(spec, study, storage, existing=False)
-        artifact_dir_for(url, name, artifact_dir)
-        try:
-            extra_env = json.loads(worker_env) if worker_env else None
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"not JSON: {exc}", key="--worker-env") from None
+        study_names(url)  # a storage that cannot be read (not a database) is refused here
+        check_artifact_dir(artifact_dir_for(url, name, artifact_dir))
+        if warm_start is not None:  # before anything is written, for --parallel too
+            check_warm_start_source(url, name, warm_start)
+        extra_env = json.loads(worker_env) if worker_env else None  # checked at parsing
         check_device_options(parallel, gpus, gpus_per_trial, cpus, cpus_per_trial)
         plan = None
         if not worker_env:  # a worker runs its share of the parent's plan

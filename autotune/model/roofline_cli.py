@@ -11,10 +11,23 @@ device table, which is how ``docs/guide/glm5.md`` works the GLM-5 case before an
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from autotune.model.reader import inspect_model
 from autotune.model.roofline import DEVICES, DecodeBytes, decode_roofline, roofline_rows
+
+
+def _positive(text: str) -> float:
+    """A finite number above zero (argparse then exits 2 naming the option): an infinite
+    bandwidth divided by zero, a NaN one printed "nan tok/s", a negative rate a traceback."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,8 +36,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Upper bound on single-request decode tok/s from memory bandwidth.",
     )
     p.add_argument("model", nargs="?", help="GGUF file or HF folder to inspect for the bytes")
-    p.add_argument("--active-params", type=float, help="active parameters per token, e.g. 40e9")
-    p.add_argument("--bits", type=float, help="average stored bits per active weight, e.g. 4.8")
+    p.add_argument("--active-params", type=_positive, help="active parameters per token, e.g. 40e9")
+    p.add_argument("--bits", type=_positive, help="average stored bits per active weight, e.g. 4.8")
     p.add_argument(
         "--kv-bytes-per-token",
         type=float,
@@ -44,13 +57,15 @@ def _parser() -> argparse.ArgumentParser:
         help="override KV cache element size (with MODEL), e.g. 1 for fp8",
     )
     p.add_argument("--device", help=f"one of: {', '.join(DEVICES)}")
-    p.add_argument("--bandwidth-gbs", type=float, help="per-device bandwidth, overrides --device")
+    p.add_argument(
+        "--bandwidth-gbs", type=_positive, help="per-device bandwidth, overrides --device"
+    )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     p.add_argument("--context", type=int, default=0, help="context tokens already in the cache")
     p.add_argument("--efficiency", type=float, default=1.0, help="fraction of peak bandwidth")
     p.add_argument(
         "--measured",
-        type=float,
+        type=_positive,
         nargs="*",
         default=[],
         help="measured decode tok/s to express as fractions of the bound",

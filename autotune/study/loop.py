@@ -41,11 +41,14 @@ from autotune.spec.workload import check_workload
 from autotune.storage import (
     artifact_dir_for,
     artifact_store,
+    check_artifact_dir,
     check_reachable,
     check_study_name,
     open_storage,
     resolve_url,
+    safe_url,
     sqlite_file,
+    study_names,
 )
 from autotune.study.cleanup import (
     cleanup_stale,
@@ -151,6 +154,20 @@ def preflight(spec: StudySpec, engine: Engine, *, validate: bool = True) -> list
                 key=f"parameters.{first.parameter}",
             )
     return engine.machine_limits(spec.space)
+
+
+def check_warm_start_source(url: str, study_name: str, source: str) -> None:
+    """``--warm-start SOURCE`` refused before anything is written (the study, its queued
+    baseline, the artifact directory): a study cannot seed itself, and SOURCE must be a study
+    of the same storage. The storage is only read (:func:`autotune.storage.study_names`)."""
+    if source == study_name:
+        raise SpecError("a study cannot warm-start from itself", key="--warm-start")
+    known = study_names(url) or []
+    if source not in known:
+        raise SpecError(
+            f"no study named {source!r} in {safe_url(url)} (studies: {', '.join(known) or 'none'})",
+            key="--warm-start",
+        )
 
 
 def check_space_unchanged(study: optuna.Study, spec: StudySpec) -> None:
@@ -294,13 +311,17 @@ def run_study(
     roofline = roofline_record(spec)  # before anything is written: it may fail on the model
     neighbours = early_neighbours(spec.space, engine, dropped)
     url = storage_url_for(spec, options.storage_url)
-    # A bad storage URL or an unwritable artifact directory is bad input: found before the
-    # storage is touched.
+    # Bad input writes nothing. A bad storage URL, an artifact directory that cannot be made
+    # and a warm-start study that is not there are found before the storage is touched; a
+    # storage that cannot be opened and a resume refused (objective directions, search space,
+    # workload) are found by opening the study, before the artifact directory is made.
     resolve_url(url)
     check_reachable(url)
-    artifacts = artifact_store(
-        artifact_dir_for(url, options.study_name or spec.name, options.artifact_dir)
-    )
+    name = options.study_name or spec.name
+    artifacts_path = artifact_dir_for(url, name, options.artifact_dir)
+    check_artifact_dir(artifacts_path)
+    if options.warm_start:
+        check_warm_start_source(url, name, options.warm_start)
     study, _created = open_study(
         spec,
         url,
@@ -311,12 +332,13 @@ def run_study(
         sampler_name=options.sampler,
         risky=risky_for(spec.space, engine),
     )
-    if options.warm_start:
-        for line in warm_start_from(study, spec, url, options.warm_start):
-            (on_notice or (lambda _line: None))(line)
     changed = check_workload(study, spec, allow_change=options.allow_workload_change)
     if changed:
         (on_notice or (lambda _line: None))(changed)
+    if options.warm_start:
+        for line in warm_start_from(study, spec, url, options.warm_start):
+            (on_notice or (lambda _line: None))(line)
+    artifacts = artifact_store(artifacts_path)
     record_plan(study, dropped, neighbours)
     summary = RunSummary(study_name=study.study_name, storage_url=url)
     summary.cleaned = cleanup_stale(study)
@@ -329,7 +351,6 @@ def run_study(
         study.enqueue_trial(
             spec.space.baseline_optuna_params(), user_attrs={names.ROLE: names.BASELINE}
         )
-    artifacts_path = artifact_dir_for(url, study.study_name, options.artifact_dir)
     ctx = TrialContext(
         spec=spec,
         engine=engine,
