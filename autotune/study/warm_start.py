@@ -16,6 +16,7 @@ from autotune import names
 from autotune.errors import SpecError
 from autotune.search.model import config_key
 from autotune.space.model import SearchSpace
+from autotune.storage import safe_url
 from autotune.study.results import is_verified_feasible
 
 #: trial attribute of a warm-start trial: where its config came from
@@ -88,5 +89,7 @@ def warm_start_from(study: optuna.Study, spec: Any, url: str, source_name: str) 
     try:
         source = optuna.load_study(study_name=source_name, storage=study._storage)  # noqa: SLF001
     except KeyError:
-        raise SpecError(f"no study named {source_name!r} in {url}", key="--warm-start") from None
+        raise SpecError(
+            f"no study named {source_name!r} in {safe_url(url)}", key="--warm-start"
+        ) from None
     return warm_start(study, source, spec.space)
