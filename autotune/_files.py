@@ -88,6 +88,21 @@ def _size(limit: int) -> str:
     return f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same resolved path (links followed), or, where
+    both exist, the same inode (a hard link)."""
+    try:
+        if a.resolve() == b.resolve():
+            return True
+    except (OSError, RuntimeError):  # a symlink loop
+        if a.absolute() == b.absolute():
+            return True
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
 def write_text_atomically(out: Path, text: str, *, option: str) -> Path:
     """Write ``text`` to ``out`` (parents created), or raise SpecError naming ``option``."""
     write_files_atomically({out: text}, option=option)

@@ -107,13 +107,10 @@ def run_ablation(
 ) -> AblationReport:
     if repeats < 2:
         raise SpecError("ablation needs at least 2 repeats to know its noise band", key="--repeats")
-    trial = _pick_trial(study, trial_number)
+    trial = _pick_trial(spec, study, trial_number)
     metric = spec.objective.metrics[0]
     sign = names.sign(metric)
-    best_values = {
-        name: spec.space.parameter(name).from_optuna(value)
-        for name, value in (trial.user_attrs.get(names.PARAMS_RESOLVED) or trial.params).items()
-    }
+    best_values = _trial_values(spec, trial)
     changes = changes_from_baseline(spec, best_values)
     variants = [Variant("best", best_values)]
     variants += [Variant(f"revert:{name}", revert(spec, best_values, name)) for name in changes]
@@ -181,7 +178,28 @@ def run_ablation(
     return report
 
 
-def _pick_trial(study: optuna.Study, number: int | None) -> optuna.trial.FrozenTrial:
+def _trial_values(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The parameter values ``trial`` ran with, in the parameters' own terms."""
+    values = {}
+    for name, value in (trial.user_attrs.get(names.PARAMS_RESOLVED) or trial.params).items():
+        try:
+            param = spec.space.parameter(name)
+        except KeyError:
+            raise SpecError(
+                f"trial {trial.number} sets {name!r}, which the search space of {spec.path} "
+                "does not have",
+                key="--trial",
+            ) from None
+        values[name] = param.from_optuna(value)
+    return values
+
+
+def _pick_trial(
+    spec: StudySpec, study: optuna.Study, number: int | None
+) -> optuna.trial.FrozenTrial:
+    """The trial to ablate: ``number``, or the best (the confirmation's best median when the
+    baseline stands). A trial that makes no change from the baseline is refused (SpecError,
+    before anything is launched): there is nothing to revert."""
     trials = study.get_trials(deepcopy=False)  # one read, passed down
     if number is None:
         best = best_trials(study, trials=trials)
@@ -205,6 +223,17 @@ def _pick_trial(study: optuna.Study, number: int | None) -> optuna.trial.FrozenT
         return best[0]
     if number < 0 or number >= len(trials) or not is_verified_feasible(trials[number]):
         raise SpecError(f"trial {number} is not a verified correct trial", key="--trial")
+    if not changes_from_baseline(spec, _trial_values(spec, trials[number])):
+        what = (
+            "is the baseline"
+            if trials[number].user_attrs.get(names.ROLE) == names.BASELINE
+            else "runs the baseline's values"
+        )
+        raise SpecError(
+            f"trial {number} {what}: there is no change to ablate (name a trial that "
+            "changes something)",
+            key="--trial",
+        )
     return trials[number]
 
 

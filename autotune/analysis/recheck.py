@@ -49,9 +49,10 @@ from autotune.analysis.remeasure import Variant, measure_variants
 from autotune.engines import build_engine
 from autotune.errors import SpecError
 from autotune.spec.load import load_spec
-from autotune.storage import open_storage
-from autotune.study.export import read_record
+from autotune.storage import artifact_dir_for, open_storage
+from autotune.study.export import RECORD_KEY, read_record
 from autotune.study.hardware import describe_machine
+from autotune.study.loop import preflight, roofline_record, study_target
 
 DEFAULT_MIN_EFFECT = 0.10
 WRONG, SLOWER, BASELINE_BROKEN, OK = "wrong", "slower", "baseline_broken", "ok"
@@ -180,13 +181,26 @@ def run_recheck(
     on_phase: Any = None,
 ) -> RecheckResult:
     record = read_record(best_path)
-    spec = load_spec(spec_path or Path(record.get("spec") or ""))
+    if spec_path is None and not record.get("spec"):
+        raise SpecError(
+            "the record names no study spec: give it with --spec",
+            file=str(best_path),
+            key=f"{RECORD_KEY}.spec",
+        )
+    spec = load_spec(spec_path or Path(record["spec"]))
     values = _values(spec, record, best_path)
     metric = spec.objective.metrics[0]
     sign = names.sign(metric)
-    url = storage or spec.storage or spec.default_storage()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%f")
     name = f"recheck-{spec.name}-{stamp}"
+    # What `autotune run` checks before it creates anything, checked the same way (a model
+    # that is not there, an engine not installed, a space the engine refuses, a bad storage
+    # URL): a recheck of a spec `run` refuses creates no study and launches nothing.
+    engine = build_engine(spec)
+    preflight(spec, engine)
+    roofline_record(spec)
+    url, _ = study_target(spec, None, storage, existing=False)
+    artifact_dir_for(url, name)
     study = optuna.create_study(
         storage=open_storage(url), study_name=name, directions=spec.objective.directions
     )
@@ -239,7 +253,7 @@ def run_recheck(
         changes=changes,
         guilty=tuple(guilty),
         reverted=reverted,
-        engine_version=build_engine(spec).version(),
+        engine_version=engine.version(),
         recorded_engine_version=record.get("engine_version"),
     )
     study.set_user_attr(
@@ -264,14 +278,20 @@ def _values(spec: Any, record: Mapping[str, Any], path: Path) -> dict[str, Any]:
                 f"the exported config sets {name!r}, which the search space of "
                 f"{spec.path} does not have",
                 file=str(path),
-                key=name,
+                key=f"{RECORD_KEY}.values.{name}",
             ) from None
-        value = param.from_optuna(value)
-        if not param.contains(value):
+        try:
+            value = param.from_optuna(value)
+            inside = param.contains(value)
+        except (TypeError, ValueError, OverflowError):
+            inside = False
+        if not inside:
+            shown = repr(value)
+            shown = shown if len(shown) <= 80 else shown[:60] + "..."
             raise SpecError(
-                f"{name}={value!r} is outside the parameter's domain in {spec.space.path}",
+                f"{name}={shown} is outside the parameter's domain in {spec.space.path}",
                 file=str(path),
-                key=name,
+                key=f"{RECORD_KEY}.values.{name}",
             )
         values[name] = value
     return values

@@ -19,7 +19,7 @@ from autotune.cli.options import (
 )
 from autotune.errors import AutotuneError
 from autotune.storage import artifact_dir_for, load_study
-from autotune.study.export import export_values
+from autotune.study.export import check_output, export_values
 
 
 def ablate(
@@ -49,6 +49,8 @@ def ablate(
     try:
         study_spec, url, name = open_spec(spec, study, storage)
         artifact_dir_for(url, name, artifact_dir)
+        if output is not None:  # refused before the first launch, not after the ablation
+            check_output(study_spec, output, storage_url=url)
         loaded = load_study(url, name, heartbeat=True)
         report = run_ablation(
             study_spec,

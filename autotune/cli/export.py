@@ -57,6 +57,7 @@ def export(
             output or default_output(study_spec),
             pareto=pareto,
             require_confirmed=not allow_unconfirmed,
+            storage_url=url,
         )
     except AutotuneError as exc:
         raise fail(exc) from None

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
+from sqlalchemy.exc import ArgumentError
 
 from autotune import names
-from autotune._files import write_files_atomically
+from autotune._files import read_bounded, same_file, write_files_atomically
 from autotune.bench.tokens import suspect_line
 from autotune.engines import build_engine
 from autotune.engines.base import Engine
@@ -30,6 +32,7 @@ from autotune.engines.export_files import EXPORT_API_KEY, ExportFiles, bash_word
 from autotune.errors import SpecError
 from autotune.gate.reference import describe_checks
 from autotune.spec.model import StudySpec
+from autotune.storage import sqlite_file
 from autotune.study.results import (
     NO_CONFIRMED_WINNER,
     baseline_reason,
@@ -42,6 +45,8 @@ from autotune.study.results import (
 
 #: the header line of every exported file that ``autotune recheck`` reads back
 RECORD_PREFIX = "# autotune-record: "
+#: what an error about the record names as its key (``autotune-record.spec``)
+RECORD_KEY = "autotune-record"
 RECORD_VERSION = 1
 
 
@@ -184,6 +189,7 @@ def export_values(
     """Write parameter ``values`` as the engine's config file, with env and launch command.
 
     The header's ``# autotune-record:`` line is what ``autotune recheck`` reads back."""
+    check_output(spec, out)
     engine = build_engine(spec)
     settings = spec.space.resolve(values)
     files = render_files(spec, engine, values, out)
@@ -230,6 +236,55 @@ def export_values(
     )
 
 
+def check_output(
+    spec: StudySpec, out: Path, *, storage_url: str | None = None, option: str = "--output"
+) -> None:
+    """Refuse (SpecError, exit 2, nothing written) an output that would overwrite its own .env
+    or a file the study is made of: the spec, its search space, its workload file, its SQLite
+    storage (``storage_url``, the spec's own when None). Paths are compared resolved."""
+    try:
+        env_path = env_path_for(out)
+    except ValueError:  # a name with no file name in it: "/", "."
+        raise SpecError(f"{out} names no file to write", key=option) from None
+    if same_file(out, env_path):
+        raise SpecError(
+            f"{out} would be both the config and the .env file written beside it: give the "
+            f"config another suffix (e.g. {out.with_suffix(build_engine(spec).export_suffix)})",
+            key=option,
+        )
+    for target in (out, env_path):
+        for path, what in _study_files(spec, storage_url):
+            if same_file(target, path):
+                written = "" if target == out else f" (the .env beside {out})"
+                shown = "" if str(target) == str(path) else f" ({path})"
+                raise SpecError(
+                    f"{target}{written} is {what}{shown}: exporting there would overwrite "
+                    "it; choose another file",
+                    key=option,
+                )
+
+
+#: how ``spec.workload.source`` names a prompt file (autotune/spec/workload.py)
+_WORKLOAD_FILE = re.compile(r"file (.+?)(?: \(\d+ records without a human turn skipped\))?")
+
+
+def _study_files(spec: StudySpec, storage_url: str | None) -> list[tuple[Path, str]]:
+    files = [(spec.path, "the study spec"), (spec.space.path, "the search-space file")]
+    workload = _WORKLOAD_FILE.fullmatch(spec.workload.source)
+    if workload:
+        files.append((Path(workload.group(1)), "the workload file"))
+    try:
+        database = sqlite_file(storage_url or spec.storage or spec.default_storage())
+    except (ValueError, ArgumentError):  # a bad URL is refused where the storage is opened
+        database = None
+    if database is not None:
+        files += [
+            (database.with_name(database.name + end), "the study's SQLite storage")
+            for end in ("", "-journal", "-wal", "-shm")
+        ]
+    return files
+
+
 def render_files(spec: StudySpec, engine: Engine, values: dict[str, Any], out: Path) -> ExportFiles:
     """What an export of ``values`` to ``out`` holds, in the engine's terms (written by
     :func:`export_values`, read back against by ``autotune compare``)."""
@@ -254,6 +309,7 @@ def export_best(
     *,
     pareto: bool = False,
     require_confirmed: bool = True,
+    storage_url: str | None = None,
 ) -> list[ExportResult]:
     """Export the confirmed winner (single objective) or the Pareto front (``pareto``).
 
@@ -265,7 +321,11 @@ def export_best(
     ``require_confirmed=False`` (``--allow-unconfirmed``) asks for the best measured config: the
     confirmation's winner whose interval includes no change, or the best search trial of a
     study never confirmed; its header's first line then says it is NOT a confirmed gain.
+
+    An output that would overwrite its own .env or a file of the study (``check_output``, with
+    the study's ``storage_url``) is refused before anything is written.
     """
+    check_output(spec, out, storage_url=storage_url)
     trials = snapshot(study)  # one read: a live study's next trial cannot split the answer
     reason = baseline_reason(study, trials=trials)
     confirmation = study.user_attrs.get(names.CONFIRMATION)
@@ -345,12 +405,14 @@ def export_best(
                 not_confirmed=not_confirmed,
             )
         ]
-    results = []
-    for trial in best:
-        suffix = out.suffix or build_engine(spec).export_suffix
-        path = out.with_name(f"{out.stem}-trial{trial.number}{suffix}")
-        results.append(export_trial(spec, trial, path, baseline_metrics=base_metrics))
-    return results
+    suffix = out.suffix or build_engine(spec).export_suffix
+    paths = [out.with_name(f"{out.stem}-trial{trial.number}{suffix}") for trial in best]
+    for path in paths:  # every one before the first is written
+        check_output(spec, path, storage_url=storage_url)
+    return [
+        export_trial(spec, trial, path, baseline_metrics=base_metrics)
+        for trial, path in zip(best, paths, strict=True)
+    ]
 
 
 def record_line(
@@ -379,27 +441,103 @@ def record_line(
     return RECORD_PREFIX + json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 
+#: the largest exported file ``autotune recheck`` reads (one is a few KiB)
+MAX_EXPORT_BYTES = 1 << 20
+
+
 def read_record(path: Path) -> dict[str, Any]:
-    """The record of an exported file; a :class:`SpecError` (exit 2) naming the file otherwise."""
+    """The record of an exported file; a :class:`SpecError` (exit 2) naming the file otherwise.
+
+    Every malformed record is that one error, never a traceback: a file that is not UTF-8, a
+    number Python will not convert (over 4300 digits), nesting deeper than the parser goes, a
+    field of the wrong type (``"spec": 5``). The record returned holds only the fields
+    :func:`record_line` writes, each of the type it writes."""
+    raw = read_bounded(path, what="exported config", limit=MAX_EXPORT_BYTES)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"cannot read {path}: {exc.strerror or exc}", file=str(path)) from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
+            "not a file written by `autotune export`",
+            file=str(path),
+        ) from None
     for line in text.splitlines():
         if not line.startswith("#"):
             break  # the header ends where the engine's body starts
         if line.startswith(RECORD_PREFIX):
-            try:
-                record = json.loads(line[len(RECORD_PREFIX) :])
-            except json.JSONDecodeError as exc:
-                raise SpecError(
-                    f"malformed autotune-record line: {exc.msg}", file=str(path)
-                ) from None
-            if not isinstance(record, dict) or not isinstance(record.get("values"), dict):
-                raise SpecError("autotune-record has no parameter values", file=str(path))
-            return record
+            return _checked_record(_parse_record(line[len(RECORD_PREFIX) :], path), path)
     raise SpecError(
         "no '# autotune-record:' line in the header: not written by `autotune export` "
         "(or exported before recheck existed; export it again)",
         file=str(path),
     )
+
+
+def _parse_record(text: str, path: Path) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        why = f"{exc.msg} (column {exc.colno})"
+    except RecursionError:
+        why = "nested too deeply"
+    except ValueError as exc:  # an integer of more digits than Python converts
+        why = str(exc).split(";")[0]
+    raise SpecError(f"malformed record line: {why}", file=str(path), key=RECORD_KEY)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | bool | int | float)
+
+
+def _checked_record(record: Any, path: Path) -> dict[str, Any]:
+    """``record`` with the fields :func:`record_line` writes, each checked for its type."""
+
+    def bad(field: str, what: str) -> SpecError:
+        return SpecError(f"must be {what}", file=str(path), key=f"{RECORD_KEY}.{field}")
+
+    if not isinstance(record, dict):
+        raise SpecError("must be a JSON object", file=str(path), key=RECORD_KEY)
+    values = record.get("values")
+    if not isinstance(values, dict):
+        raise SpecError("has no parameter values", file=str(path), key=f"{RECORD_KEY}.values")
+    for name, value in values.items():
+        if not (_is_scalar(value) or (isinstance(value, list) and all(map(_is_scalar, value)))):
+            raise bad(f"values.{name}", "a parameter value (a string, number, bool or null)")
+    spec = record.get("spec")
+    if spec is not None and (not isinstance(spec, str) or not spec or "\0" in spec):
+        raise bad("spec", "the path of the study spec, a string")
+    for field in ("metrics", "baseline_metrics"):
+        figures = record.get(field)
+        if figures is not None and (
+            not isinstance(figures, dict) or not all(map(_is_number, figures.values()))
+        ):
+            raise bad(field, "an object of metric names and numbers")
+    for field in ("study", "engine_version"):
+        if record.get(field) is not None and not isinstance(record[field], str):
+            raise bad(field, "a string")
+    for field in ("version", "trial"):
+        if record.get(field) is not None and not (
+            isinstance(record[field], int) and not isinstance(record[field], bool)
+        ):
+            raise bad(field, "an integer")
+    objective = record.get("objective")
+    if objective is not None and (
+        not isinstance(objective, list) or not all(isinstance(m, str) for m in objective)
+    ):
+        raise bad("objective", "a list of metric names")
+    known = (
+        "version",
+        "study",
+        "spec",
+        "trial",
+        "values",
+        "objective",
+        "metrics",
+        "baseline_metrics",
+        "engine_version",
+    )
+    return {k: record[k] for k in known if k in record}
