@@ -169,7 +169,12 @@ SPEC_KEYS: dict[str, tuple[Key, ...]] = {
             "the engine's",
         ),
         Key(
-            "engine.args", "Fixed arguments appended to every launch, not tuned.", "EngineSpec.args"
+            "engine.args",
+            "Fixed arguments appended to every launch, not tuned. They may not set what "
+            "autotune sets per launch (`--host`, `--port`, `--uds`, the engine's own flags) "
+            "nor name every interface (`0.0.0.0`, `::`); a flag the space tunes may stay here "
+            "as its value while the parameter is left out (the tuned value comes after it).",
+            "EngineSpec.args",
         ),
         Key(
             "engine.env",
@@ -178,7 +183,8 @@ SPEC_KEYS: dict[str, tuple[Key, ...]] = {
         ),
         Key(
             "engine.patch_dirs",
-            "Directories patches are loaded from (only there), relative to the spec.",
+            "Directories patches are loaded from (only there), relative to the spec; `[]`: "
+            "none.",
             "EngineSpec.patch_dirs",
             "[../patches]",
         ),

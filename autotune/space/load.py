@@ -52,12 +52,24 @@ MAX_ARG_BYTES = 131_072
 _RESERVED_ENV = {
     "PATH": "PATH decides which program starts: set it where autotune runs, not per trial",
 }
-#: flags no parameter may set, and why: a tuned ``--port`` made the server listen where autotune
-#: never looked, and the startup timeout was blamed on the configuration
-_RESERVED_FLAGS = {
-    "--host": "autotune gives each server its address",
+#: flags no parameter (and no fixed ``engine.args`` word) may set, whatever the engine, and why:
+#: a tuned ``--port`` made the server listen where autotune never looked, and the startup
+#: timeout was blamed on the configuration; a fixed ``--host 0.0.0.0`` came after autotune's
+#: ``--host 127.0.0.1`` and opened the server to the network (a parser takes the last one)
+RESERVED_FLAGS = {
+    "--host": "autotune gives each server its address (127.0.0.1)",
     "--port": "autotune gives each server its address",
+    "--uds": "autotune reaches each server at the address it gives it (127.0.0.1 and a port); "
+    "a Unix socket replaces that address",
 }
+
+
+def flag_name(word: str) -> str | None:
+    """The flag a command-line word sets, as vLLM's and llama.cpp's parsers read it: ``--a_b``
+    and ``--a-b=3`` both set ``--a-b``; None for a word that is no ``--`` flag."""
+    if not word.startswith("--") or word == "--":
+        return None
+    return "--" + word[2:].split("=", 1)[0].replace("_", "-")
 
 
 #: The most parameters a search space may hold (a real one has a dozen; each is checked against
@@ -93,14 +105,19 @@ def load_space(
             _parse_parameter(doc, doc.name("parameters", name, "parameter name"), raw, params)
         )
     reserved = {**_RESERVED_ENV, **(reserved_env or {})}
-    flags = {**_RESERVED_FLAGS, **(reserved_flags or {})}
+    flags = {
+        flag_name(flag) or flag: why
+        for flag, why in {**RESERVED_FLAGS, **(reserved_flags or {})}.items()
+    }
     for param in params:
         _check_env_target(doc, param, reserved)
         _check_flag_target(doc, param, flags)
         _check_reachable(doc, param, {p.name: p for p in params})
     names = {p.name for p in params}
     constraints = []
-    raw_constraints = doc.data.get("constraints") or []
+    # absent or null: none; ``{}``, ``""`` or ``0`` is refused (``or []`` read them as none)
+    raw_constraints = doc.data.get("constraints")
+    raw_constraints = [] if raw_constraints is None else raw_constraints
     if not isinstance(raw_constraints, list):
         raise doc.error("constraints", "must be a list of expressions")
     for index, expr in enumerate(raw_constraints):
@@ -314,10 +331,10 @@ def _check_flag_target(doc: YamlDoc, param: Parameter, reserved: Mapping[str, st
     if target.kind not in ("flag", "json"):
         return
     for flag, what in ((target.name, target.kind), (target.false_flag, "false_flag")):
-        if flag in reserved:
+        why = reserved.get(flag_name(flag) or "") if flag else None  # --served_model_name too
+        if why is not None:
             raise doc.error(
-                f"parameters.{param.name}.target.{what}",
-                f"{flag} cannot be tuned: {reserved[flag]}",
+                f"parameters.{param.name}.target.{what}", f"{flag} cannot be tuned: {why}"
             )
 
 

@@ -5,10 +5,12 @@ is one :class:`~autotune.errors.SpecError` naming the file and the key (``YamlDo
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import math
 import os
+import re
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
@@ -17,11 +19,12 @@ from sqlalchemy.exc import NoSuchModuleError
 from autotune._yaml import YamlDoc, check_keys, number
 from autotune.errors import SpecError
 from autotune.model.roofline import get_device
-from autotune.space.load import MAX_ARG_BYTES
+from autotune.space.load import MAX_ARG_BYTES, RESERVED_FLAGS, flag_name
 from autotune.space.model import Parameter, SearchSpace
 
 if TYPE_CHECKING:
     from autotune.engines.base import Engine
+    from autotune.spec.model import EngineSpec
 
 
 def launch_word(doc: YamlDoc, key: str, value: Any, prefix: str = "") -> None:
@@ -35,6 +38,103 @@ def launch_word(doc: YamlDoc, key: str, value: Any, prefix: str = "") -> None:
         raise doc.error(
             key, f"longer than a command-line word can be ({MAX_ARG_BYTES - 1:,} bytes)"
         )
+
+
+#: the flags a command template (an engine with no default command) places itself, and the
+#: placeholder its value must come from
+_PLACED = {"--host": "{host}", "--port": "{port}"}
+
+
+def check_fixed_args(
+    doc: YamlDoc, engine_cls: type[Engine], engine: EngineSpec, space: SearchSpace
+) -> None:
+    """``engine.command`` and ``engine.args`` leave to autotune what it sets per launch.
+
+    ``engine.args`` come after autotune's own flags (and before the tuned ones), and a parser
+    takes the last of a repeated flag: ``[--host, 0.0.0.0]`` opened vLLM's server to the
+    network, and ``--port 80`` moved it where autotune never looked. Refused in
+    ``engine.args``, whatever the spelling (``--host=...``, ``--served_model_name``, an
+    unambiguous prefix such as ``--hos``, which vLLM's parser reads as ``--host``): the flags
+    every launch owns (:data:`~autotune.space.load.RESERVED_FLAGS`), the engine's own
+    (``own_flags``) and those the command template sets from a placeholder. A command template
+    (the ``command`` engine) places the address itself: there ``--host``/``--port`` must take
+    ``{host}``/``{port}``, in ``command`` or ``args``; and a word that names every interface
+    (``0.0.0.0``, ``::``) is refused anywhere.
+
+    A flag the search space tunes may stay in ``engine.args``: it is the value a launch runs
+    with while its parameter is left out (null, or a ``when`` that does not hold), and a tuned
+    value, placed after it, wins (the export says which place each flag comes from)."""
+    template = engine_cls.default_command is None
+    owned = {
+        flag_name(flag) or flag: why
+        for flag, why in {**RESERVED_FLAGS, **engine_cls.own_flags}.items()
+    }
+    command = engine.command
+    for flag, word in zip(command, (*command[1:], ""), strict=True):
+        name = flag_name(flag)
+        filled = flag.split("=", 1)[1] if "=" in flag else word  # --model={served_name} too
+        if name and name not in owned and re.search(r"\{[a-z_]+\}", filled):
+            written = flag if "=" in flag else f"{flag} {word}"
+            owned[name] = f"the spec's engine command sets it ({written})"
+    for what, words in (("command", command), ("args", engine.args)):
+        for index, word in enumerate(words):
+            key = f"engine.{what}[{index}]"
+            if _any_address(word):
+                raise doc.error(
+                    key,
+                    f"{word!r} listens on every network interface: autotune's servers listen "
+                    "on 127.0.0.1 only, the address it gives each launch",
+                )
+            name = flag_name(word)
+            if name is None:
+                continue
+            value = word.split("=", 1)[1] if "=" in word else _next(words, index)
+            if template and name in _PLACED:
+                if _PLACED[name] not in value:
+                    raise doc.error(
+                        key,
+                        f"{name} must take its value from {_PLACED[name]} (autotune gives each "
+                        f"server its address, on 127.0.0.1), got {name} {value!r}",
+                    )
+                continue
+            # the command comes before autotune's own flags (vLLM, llama.cpp), which replace its
+            # copies; or it is the template that places them (the command engine)
+            problem = _owned_problem(word, name, owned) if what == "args" else None
+            if problem:
+                raise doc.error(key, problem)
+
+
+def _next(words: Sequence[str], index: int) -> str:
+    return words[index + 1] if index + 1 < len(words) else ""
+
+
+def _owned_problem(word: str, name: str, owned: Mapping[str, str]) -> str | None:
+    if name in owned:
+        return f"{word!r} sets {name}, which autotune sets itself: {owned[name]}"
+    if len(name) > 3:  # "--ho" is no flag of its own; a parser allowing prefixes reads --host
+        for flag, why in owned.items():
+            if flag.startswith(name):
+                return (
+                    f"{word!r} is read as {flag} (a prefix of it), which autotune sets "
+                    f"itself: {why}"
+                )
+    return None
+
+
+def _any_address(word: str) -> bool:
+    """``word`` (or its ``--flag=`` value, or its host in ``host:port`` or a URL) is an address
+    of every interface: ``0.0.0.0``, ``::``, ``[::]:8000``, ``http://0.0.0.0:80``."""
+    text = word.split("=", 1)[1] if word.startswith("-") and "=" in word else word
+    text = re.sub(r"^[a-z][a-z0-9+.-]*://", "", text).split("/", 1)[0]
+    bracketed = re.fullmatch(r"\[([^\]]*)\](?::\d*)?", text)
+    if bracketed:
+        text = bracketed.group(1)
+    elif text.count(":") == 1:  # IPv4 host:port (IPv6 has more colons)
+        text = text.split(":", 1)[0]
+    try:
+        return ipaddress.ip_address(text).is_unspecified
+    except ValueError:
+        return False
 
 
 #: Linux's ceiling on one launch's argv and environment together, whatever the stack limit:
@@ -81,6 +181,7 @@ def check_launch_size(doc: YamlDoc, space: SearchSpace, engine: Engine) -> None:
     upper bound: ``when`` conditions and constraints may keep those values apart, and a float
     counts as the longest float text. What the engine's launch does not show (the program's
     path, a parallel worker's devices) is :data:`LAUNCH_SLACK`."""
+    _check_words(doc, space, engine)
     limit = arg_max()
     if limit is None:
         return
@@ -113,6 +214,42 @@ def check_launch_size(doc: YamlDoc, space: SearchSpace, engine: Engine) -> None:
         file=str(space.path),
         key="parameters",
     )
+
+
+def _check_words(doc: YamlDoc, space: SearchSpace, engine: Engine) -> None:
+    """Each word of the launch, and each ``NAME=value`` of its env, within Linux's limit on one
+    (MAX_ARG_STRLEN): each key is checked on its own (``launch_word``), but a template fills
+    ``{served_name}`` into a longer word, and a JSON flag joins several parameters' values."""
+    model = engine.model_spec
+    for values, file, fallback in (({}, doc.path, "engine"), (None, space.path, "parameters")):
+        if values is None:
+            values = {p.name: _widest_value(engine, space, p) for p in space.parameters}
+        launch = engine.build_launch(space.resolve(values), **_WIDEST_ADDRESS)
+        for word in (*launch.argv, *(f"{k}={v}" for k, v in launch.env.items())):
+            size = len(os.fsencode(word))
+            if size < MAX_ARG_BYTES:
+                continue
+            key = next(
+                (
+                    f"model.{name}"
+                    for name, value in (
+                        ("served_name", model.served_name),
+                        ("path", model.path),
+                        ("tokenizer", model.tokenizer),
+                    )
+                    if value and fallback == "engine" and value in word
+                ),
+                fallback,
+            )
+            where = "with no parameter set" if fallback == "engine" else "of this space"
+            raise SpecError(
+                f"a launch {where} has a word of {size:,} bytes ({word[:40]!r}...): longer than "
+                f"one command-line argument or environment variable can be "
+                f'({MAX_ARG_BYTES - 1:,} bytes); it would fail with "Argument list too long"',
+                file=str(file),
+                key=key,
+                line=doc.line(key) if fallback == "engine" else None,
+            )
 
 
 def _launch_bytes(engine: Engine, settings: Any) -> int:

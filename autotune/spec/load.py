@@ -24,7 +24,13 @@ from autotune.names import (
 from autotune.space.load import load_space
 from autotune.space.model import ENV_NAME, is_one_line
 from autotune.spec import workload as sources  # prompts, file or synthetic: see workload.py
-from autotune.spec.checks import check_launch_size, launch_word, roofline_section, unknown_scheme
+from autotune.spec.checks import (
+    check_fixed_args,
+    check_launch_size,
+    launch_word,
+    roofline_section,
+    unknown_scheme,
+)
 from autotune.spec.model import (
     CheckSpec,
     EngineSpec,
@@ -50,6 +56,14 @@ _TOP_KEYS = {
     "description",
     "roofline",
 }
+
+
+def _given(raw: dict[str, Any], key: str, default: Any) -> Any:
+    """``raw[key]``, or ``default`` when the key is absent or null. A value of the wrong type
+    is returned as written, for the caller to refuse: ``raw.get(key) or default`` read
+    ``objective: 0``, ``timeouts: []`` or ``check.known_answers: 0`` as the default."""
+    value = raw.get(key)
+    return default if value is None else value
 
 
 def load_spec(path: str | Path) -> StudySpec:
@@ -91,11 +105,19 @@ def load_spec(path: str | Path) -> StudySpec:
                 for flag, word in zip(words, words[1:], strict=False)
                 if flag.startswith("--") and re.search(r"\{[a-z_]+\}", word)
             },
+            **{  # one word: "--model={served_name}"
+                flag.split("=", 1)[0]: f"the spec's engine command sets it ({flag})"
+                for flag in words
+                if flag.startswith("--") and re.search(r"=.*\{[a-z_]+\}", flag)
+            },
         },
     )
     check_text(doc, "description", data.get("description"))
     timeouts = check_keys(
-        doc, data.get("timeouts") or {}, "timeouts", {"startup_s", "max_consecutive_infra_failures"}
+        doc,
+        _given(data, "timeouts", {}),
+        "timeouts",
+        {"startup_s", "max_consecutive_infra_failures"},
     )
     storage = data.get("storage")
     if storage is not None and not isinstance(storage, str):
@@ -119,7 +141,7 @@ def load_spec(path: str | Path) -> StudySpec:
             workload := _workload(doc, data["workload"], base, _model(doc, data["model"], base))
         ),
         objective=_check_objective_levels(
-            doc, _objective(doc, data.get("objective") or {}), workload, data
+            doc, _objective(doc, _given(data, "objective", {})), workload, data
         ),
         startup_timeout_s=seconds(doc, "timeouts.startup_s", timeouts.get("startup_s", 300)),
         max_consecutive_infra_failures=count(
@@ -130,6 +152,7 @@ def load_spec(path: str | Path) -> StudySpec:
         storage=storage,
         roofline=roofline_section(doc, data.get("roofline")),
     )
+    check_fixed_args(doc, engine_class(engine.kind), spec.engine, spec.space)
     check_launch_size(doc, spec.space, engine_class(engine.kind)(spec.engine, spec.model))
     return spec
 
@@ -162,7 +185,7 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
     problem = engine.command_problem(command)
     if problem:
         raise doc.error("engine.command", problem)
-    args = raw.get("args") or []
+    args = _given(raw, "args", [])
     if not isinstance(args, list):
         raise doc.error("engine.args", "must be a list of strings")
     for index, arg in enumerate(args):
@@ -178,7 +201,7 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
                     f"gets it in the {engine.key_env} environment variable, or name your own "
                     'with engine.env: {MY_SERVER_API_KEY: "{api_key}"}',
                 )
-    env = raw.get("env") or {}
+    env = _given(raw, "env", {})
     if not isinstance(env, dict):
         raise doc.error("engine.env", "must be a mapping of variable -> value")
     for raw_var, value in env.items():
@@ -191,14 +214,14 @@ def _engine(doc: YamlDoc, raw: Any, base: Path) -> EngineSpec:
         launch_word(doc, f"engine.env.{var}", value, prefix=f"{var}=")
         if isinstance(value, str) and not is_one_line(value):
             raise doc.error(f"engine.env.{var}", f"must be one line of text, got {value!r}")
-    version_command = raw.get("version_command") or []
+    version_command = _given(raw, "version_command", [])
     if not (isinstance(version_command, list) and all(isinstance(c, str) for c in version_command)):
         raise doc.error("engine.version_command", "must be a list of strings (no shell)")
     if version_command and not version_command[0]:
         raise doc.error("engine.version_command[0]", "the program to start cannot be empty")
     if version_command and not engine.takes_version_command:
         raise doc.error("engine.version_command", "only the command engine takes it")
-    dirs = raw.get("patch_dirs") or ["../patches"]
+    dirs = _given(raw, "patch_dirs", ["../patches"])  # []: no patch directory
     if not isinstance(dirs, list) or not all(isinstance(d, str) and d for d in dirs):
         raise doc.error("engine.patch_dirs", "must be a list of directories")
     patch_dirs = tuple((base / d).resolve() for d in dirs)
@@ -222,20 +245,39 @@ def _model(doc: YamlDoc, raw: Any, base: Path) -> ModelSpec:
     path = raw["path"]
     if not isinstance(path, str) or not path:
         raise doc.error("model.path", "must be a path (or an engine model id)")
-    local = base / path
-    # A relative path that exists next to the spec is a local folder; otherwise keep it as an
-    # engine model id / absolute path and let preflight decide whether it exists.
-    resolved = str(local.resolve()) if (path.startswith(".") or local.exists()) else path
     tokenizer = raw.get("tokenizer")
     for field_name, kinds in (("served_name", str | int), ("tokenizer", str)):
         value = raw.get(field_name)  # a list became the name "['x']"
         if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
             raise doc.error(f"model.{field_name}", f"must be a string, got {value!r}")
+        if value == "":  # "" became the model's folder name, or the spec's own folder
+            raise doc.error(f"model.{field_name}", "must be a non-empty string")
+    # Each is one launch word (vLLM's --served-model-name, llama.cpp's --alias, a template's
+    # {served_name}): one over Linux's limit failed the first launch with "Argument list too
+    # long", after the study was created. Checked as written, then as resolved.
+    for key in ("path", "served_name", "tokenizer"):
+        if raw.get(key) is not None:
+            launch_word(doc, f"model.{key}", raw[key])
+    local = base / path
+    # A relative path that exists next to the spec is a local folder; otherwise keep it as an
+    # engine model id / absolute path and let preflight decide whether it exists.
+    resolved = str(local.resolve()) if (path.startswith(".") or _exists(local)) else path
     if tokenizer is not None:
         tok_local = base / str(tokenizer)
-        tokenizer = str(tok_local.resolve()) if tok_local.exists() else str(tokenizer)
-    served = raw.get("served_name") or Path(path).name or "model"
+        tokenizer = str(tok_local.resolve()) if _exists(tok_local) else str(tokenizer)
+    for key, value in (("path", resolved), ("tokenizer", tokenizer)):
+        if value is not None:
+            launch_word(doc, f"model.{key}", value)
+    served = _given(raw, "served_name", Path(path).name or "model")
     return ModelSpec(path=resolved, served_name=str(served), tokenizer=tokenizer)
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; False where the system cannot say (a name over 255 bytes)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def _check(doc: YamlDoc, raw: Any) -> CheckSpec:
@@ -255,9 +297,10 @@ def _check(doc: YamlDoc, raw: Any) -> CheckSpec:
     )
     prompts = _strings(doc, "check.prompts", raw["prompts"])
     answers = []
-    if not isinstance(raw.get("known_answers") or [], list):
+    known = _given(raw, "known_answers", [])
+    if not isinstance(known, list):  # 0 turned the known-answer checks off
         raise doc.error("check.known_answers", "must be a list of {prompt, expect}")
-    for index, item in enumerate(raw.get("known_answers") or []):
+    for index, item in enumerate(known):
         key = f"check.known_answers[{index}]"
         item = check_keys(doc, item, key, {"prompt", "expect"}, {"prompt", "expect"})
         for part in ("prompt", "expect"):  # a list was sent as the text "['...']"
@@ -375,7 +418,7 @@ def _curve(doc: YamlDoc, raw: dict[str, Any]) -> dict[str, Any]:
     for key in ("max_repeats", "goodput_max_concurrency"):
         if key in raw:
             out[key] = count(doc, f"workload.{key}", raw[key])
-    slos = raw.get("slo") or []
+    slos = _given(raw, "slo", [])
     if not isinstance(slos, list):
         raise doc.error("workload.slo", "must be a list like ['ttft_p95_ms <= 500']")
     parsed = [_slo(doc, f"workload.slo[{i}]", text) for i, text in enumerate(slos)]
@@ -412,7 +455,7 @@ def _check_objective_levels(
 ) -> ObjectiveSpec:
     """A metric named at a level (``output_tokens_per_s@16``) must name a measured level, and
     ``goodput`` needs the SLOs it is defined by."""
-    raw = data.get("objective") or {}
+    raw = _given(data, "objective", {})
     names = [
         ("objective.metrics" if "metrics" in raw else "objective.metric", m)
         for m in objective.metrics
@@ -454,11 +497,11 @@ def _objective(doc: YamlDoc, raw: Any) -> ObjectiveSpec:
                 f"objective.metrics[{index}]" if "metrics" in raw else "objective.metric",
                 f"unknown metric {metric!r} (one of {', '.join(METRIC_DIRECTIONS)})",
             )
-    if not isinstance(raw.get("constraints") or [], list):  # a string was read letter by letter
+    constraints = _given(raw, "constraints", [])
+    if not isinstance(constraints, list):  # a string was read letter by letter
         raise doc.error("objective.constraints", "must be a list like ['ttft_p95_ms <= 500']")
     slos = [
-        _slo(doc, f"objective.constraints[{index}]", text)
-        for index, text in enumerate(raw.get("constraints") or [])
+        _slo(doc, f"objective.constraints[{index}]", text) for index, text in enumerate(constraints)
     ]
     return ObjectiveSpec(metrics=tuple(metrics), slos=tuple(slos))
 
