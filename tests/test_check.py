@@ -502,3 +502,28 @@ def test_the_same_token_ids_with_another_text_fail_the_check():
     assert divergence.kind == "text" and divergence.prompt == prompt
     assert divergence.got_text == got.text.upper() and divergence.expected_text == got.text
     assert compare(REFERENCE, completions, teacher, CHECK).passed  # the control
+
+
+def test_under_load_the_same_ids_with_another_text_diverge():
+    """A streamed benchmark answer with every id right and the text rewritten passed the
+    under-load check, which compared ids only (second hostile-server audit)."""
+    from autotune.gate.judge import compare_under_load
+
+    prompt = "one two three"
+    ref = REFERENCE.entries[prompt].completion
+    same, method = compare_under_load(REFERENCE, prompt, ref.token_ids, ref.text)
+    assert same is None and method == "token_ids"  # the control
+    divergence, _ = compare_under_load(REFERENCE, prompt, ref.token_ids, ref.text.upper())
+    assert divergence is not None and divergence.kind == "text_under_load"
+
+
+def test_answers_to_prompts_outside_the_reference_are_counted_as_unchecked():
+    from autotune.bench.phase import RequestRecord
+    from autotune.gate.judge import judge_under_load
+
+    reference = _ref([1, 2, 3, 4], [5.0] * 4)
+    answers = [RequestRecord(prompt="p", ok=True, token_ids=(1, 2, 3, 4), text="x")] * 3
+    answers += [RequestRecord(prompt="other", ok=True, token_ids=(9,), text="y")] * 5
+    judged = judge_under_load(reference, answers, {"p": 4, "other": 4}, 8)
+    assert judged.checked == 3 and not judged.divergences
+    assert (judged.answers, judged.unreferenced) == (8, 5)

@@ -34,7 +34,9 @@ def _answers(right_for: int) -> list[tuple[int, RequestRecord]]:
     out = []
     for n in range(ROUNDS * PER_ROUND):
         ids = RIGHT if n < right_for else WRONG
-        record = RequestRecord(prompt=PROMPTS[n % len(PROMPTS)], ok=True, token_ids=ids)
+        record = RequestRecord(
+            prompt=PROMPTS[n % len(PROMPTS)], ok=True, token_ids=ids, text=" a b c d"
+        )
         out.append((n // PER_ROUND, record))
     return out
 
@@ -48,14 +50,14 @@ def test_a_server_right_throughout_passes_and_the_count_is_the_limit() -> None:
     sample = _sample(_answers(right_for=ROUNDS * PER_ROUND))
     assert len(sample) == SAMPLE
     assert all(
-        compare_under_load(_reference(), r.prompt, r.token_ids, "")[0] is None for r in sample
+        compare_under_load(_reference(), r.prompt, r.token_ids, r.text)[0] is None for r in sample
     )
 
 
 def test_a_server_wrong_after_its_first_12_benchmark_answers_is_caught() -> None:
     sample = _sample(_answers(right_for=12))
     divergent = [
-        r for r in sample if compare_under_load(_reference(), r.prompt, r.token_ids, "")[0]
+        r for r in sample if compare_under_load(_reference(), r.prompt, r.token_ids, r.text)[0]
     ]
     assert divergent, "every sampled answer came from before the server turned wrong"
 
@@ -74,7 +76,7 @@ def test_more_rounds_than_the_sample_still_samples_every_round() -> None:
     sample grows to one answer a round (``rounds``), and the count is what was compared."""
     rounds = 12
     answers = [
-        RequestRecord(prompt=PROMPTS[i % len(PROMPTS)], ok=True, token_ids=RIGHT)
+        RequestRecord(prompt=PROMPTS[i % len(PROMPTS)], ok=True, token_ids=RIGHT, text=" a b c d")
         for i in range((rounds - 1) * PER_ROUND)
     ] + [
         RequestRecord(prompt=PROMPTS[i % len(PROMPTS)], ok=True, token_ids=WRONG)
@@ -83,6 +85,32 @@ def test_more_rounds_than_the_sample_still_samples_every_round() -> None:
     asked = dict.fromkeys(PROMPTS, 4)
     sample = comparable_answers(_reference(), answers, asked, SAMPLE, rounds=rounds)
     assert len(sample) == rounds
-    verdicts = [compare_under_load(_reference(), r.prompt, r.token_ids, "")[0] for r in sample]
+    verdicts = [compare_under_load(_reference(), r.prompt, r.token_ids, r.text)[0] for r in sample]
     # (without the round count, 8 windows of 12 answers pick round 10's right answers last)
     assert any(v is not None for v in verdicts)
+
+
+def test_a_server_wrong_on_one_prompt_only_is_caught_whatever_its_position() -> None:
+    """Ten prompts round-robin, a sample of 8: the windows' first answers skipped some prompts
+    at every position, so a server wrong on one of those passed (second hostile-server audit:
+    wrong on every prompt past the 32nd). Now every referenced prompt has an answer judged."""
+    prompts = tuple(f"q{i}" for i in range(10))
+    entries = {
+        p: ReferenceEntry(Completion(prompt=p, text=" a b c d", token_ids=RIGHT)) for p in prompts
+    }
+    reference = Reference(
+        entries=entries, max_tokens=dict.fromkeys(prompts, 4), tolerance=0.0, drift_observed=0.0
+    )
+    for wrong in prompts:
+        answers = [
+            RequestRecord(
+                prompt=p, ok=True, token_ids=WRONG if p == wrong else RIGHT, text=" a b c d"
+            )
+            for _ in range(ROUNDS * 4)
+            for p in prompts
+        ]
+        sample = comparable_answers(reference, answers, dict.fromkeys(prompts, 4), SAMPLE)
+        assert {r.prompt for r in sample} == set(prompts)
+        assert any(
+            compare_under_load(reference, r.prompt, r.token_ids, r.text)[0] for r in sample
+        ), wrong

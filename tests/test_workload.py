@@ -165,6 +165,11 @@ def test_reference_prompts_are_capped_and_consistent(tmp_path) -> None:
     w = load_spec(_spec_with(tmp_path, {"file": "p.jsonl"})).workload
     chosen = reference_requests(w)
     assert "p0" not in chosen and len(chosen) == 32 and set(chosen.values()) == {4}
+    # not the first 32: a server wrong on every prompt past the 32nd passed unchecked
+    assert any(int(p[1:]) >= 33 for p in chosen), chosen
+    assert reference_requests(w) == chosen  # the same workload, the same reference (resume)
+    order = [p for p in w.prompts if p in chosen]
+    assert list(chosen) == list(dict.fromkeys(order))  # in workload order
 
 
 def test_resumed_study_with_changed_workload_is_refused(tmp_path) -> None:

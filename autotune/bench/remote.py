@@ -208,6 +208,8 @@ def under_load(
         "checked": judged.checked,
         "divergent": len(judged.divergences),
         "tie_flips_by": judged.tie_flips_by,
+        "answers": judged.answers,
+        "unreferenced": judged.unreferenced,
         "first_divergence": asdict(judged.divergences[0]) if judged.divergences else None,
     }
 

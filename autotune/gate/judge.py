@@ -9,6 +9,7 @@ correctness-under-load check (:func:`comparable_answers`, :func:`compare_under_l
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -372,11 +373,15 @@ def comparable_answers(
     rounds: int = 1,
 ) -> list[Any]:
     """The benchmark answers (``.prompt``) the reference can judge, at most ``limit`` but never
-    fewer than one a round (``rounds``) and one a phase (``.phase``: the single-request phase,
-    each load level and goodput probe of each round): a server that goes wrong in a late
-    round, or only when it serves one request at a time, is sampled there, whatever
-    ``check.under_load_sample`` says. Judging is pure computation, so the floor costs no
-    request.
+    fewer than one a round (``rounds``), one a phase (``.phase``: the single-request phase,
+    each load level and goodput probe of each round) and one a prompt: a server that goes
+    wrong in a late round, only when it serves one request at a time, or only on some prompts,
+    is sampled there, whatever ``check.under_load_sample`` says. Judging is pure computation,
+    so the floors cost no request.
+
+    Which answer stands for a window, a phase or a prompt is drawn at random (seeded by the
+    number of answers: the same benchmark gives the same sample), never the first or any
+    fixed position, which a server (or a periodic fault) would pass by being wrong elsewhere.
 
     Only answers asked with the reference's own length compare with it: a workload prompt that
     is also a check prompt was recorded at ``check.max_tokens``, and a longer benchmark answer
@@ -392,27 +397,30 @@ def comparable_answers(
     limit = max(limit, rounds)
     if len(eligible) <= limit:
         return eligible
-    picked = stratified(eligible, limit)
-    judged = {getattr(a, "phase", "") for a in picked}
-    phases: dict[str, list[Any]] = {}
-    for answer in eligible:
-        phases.setdefault(getattr(answer, "phase", ""), []).append(answer)
-    picked += [stratified(group, 1)[0] for name, group in phases.items() if name not in judged]
+    rng = random.Random(len(eligible))
+    picked = stratified(eligible, limit, rng)
+    for attribute in ("phase", "prompt"):
+        covered = {getattr(a, attribute, "") for a in picked}
+        groups: dict[str, list[Any]] = {}
+        for answer in eligible:
+            groups.setdefault(getattr(answer, attribute, ""), []).append(answer)
+        picked += [rng.choice(group) for key, group in groups.items() if key not in covered]
     order = {id(a): i for i, a in enumerate(eligible)}
-    return sorted(picked, key=lambda a: order[id(a)])
+    return sorted({id(a): a for a in picked}.values(), key=lambda a: order[id(a)])
 
 
-def stratified(answers: Sequence[Any], limit: int) -> list[Any]:
-    """``limit`` of ``answers`` (in benchmark order, round after round), deterministically: the
-    answers cut into ``limit`` consecutive windows of equal length (so every round has its
-    share), and from each window the first answer to the prompt picked least so far (so the
-    prompts share the sample). In benchmark order."""
+def stratified(answers: Sequence[Any], limit: int, rng: random.Random) -> list[Any]:
+    """``limit`` of ``answers`` (in benchmark order, round after round): the answers cut into
+    ``limit`` consecutive windows of equal length (so every round has its share), and from
+    each window an answer, at random, to a prompt picked least so far (so the prompts share
+    the sample). In benchmark order."""
     picked: list[Any] = []
     used: dict[str, int] = {}
     n = len(answers)
     for i in range(limit):
         window = answers[(i * n) // limit : ((i + 1) * n) // limit]
-        choice = min(window, key=lambda a: used.get(a.prompt, 0))
+        fewest = min(used.get(a.prompt, 0) for a in window)
+        choice = rng.choice([a for a in window if used.get(a.prompt, 0) == fewest])
         used[choice.prompt] = used.get(choice.prompt, 0) + 1
         picked.append(choice)
     return picked
@@ -423,13 +431,19 @@ def compare_under_load(
 ) -> tuple[Divergence | None, str]:
     """One benchmark response against the reference (correctness under load).
 
-    Compared by token ids where both have them, else by the text (every server streams text).
+    Compared by token ids where both have them, else by the text (every server streams text);
+    an answer whose ids all match must also read as the reference's text.
     Returns the divergence (or None) and the method used.
     """
     ref = reference.entries[prompt].completion
     method = COMPARE_TOKEN_IDS if ref.token_ids and token_ids else COMPARE_TEXT
     got = Completion(prompt=prompt, text=text, token_ids=tuple(token_ids))
     divergence = _first_divergence(reference, ref, got, method, kind_suffix="_under_load")
+    if divergence is None and method == COMPARE_TOKEN_IDS:
+        # streamed like the reference's answer, by the same engine: the same ids read the same
+        found = text_divergence(ref, got)
+        if found is not None:
+            divergence = replace(found, kind="text_under_load")
     return (None if divergence in (None, "tie_flip") else divergence), method
 
 
@@ -521,6 +535,10 @@ class UnderLoadResult:
     compared_by: dict[str, int] = field(default_factory=dict)
     #: the weakest rule that excused a near-tie flip in any of them (None: none needed)
     tie_flips_by: str | None = None
+    #: answers seen, and of them those no reference covers (a prompt outside the recorded
+    #: ones, or asked with another length): never compared, so said, never counted as checked
+    answers: int = 0
+    unreferenced: int = 0
 
 
 def judge_under_load(
@@ -535,6 +553,12 @@ def judge_under_load(
     batching bugs live, against the reference: a sample of :func:`comparable_answers`, each
     compared by token ids where it and the reference have them, else by its text."""
     sample = comparable_answers(reference, answers, asked, limit, rounds=rounds)
+    unreferenced = sum(
+        1
+        for a in answers
+        if a.prompt not in reference.entries
+        or reference.max_tokens.get(a.prompt) != asked.get(a.prompt)
+    )
     divergences = []
     methods: dict[str, int] = {}
     rules: set[str | None] = set()
@@ -547,4 +571,11 @@ def judge_under_load(
         if divergence is not None:
             divergences.append(replace(divergence, phase=getattr(record, "phase", "")))
     # the weaker rule wins the record: one answer excused by the margin alone is enough
-    return UnderLoadResult(len(sample), tuple(divergences), methods, weakest_tie_rule(rules))
+    return UnderLoadResult(
+        len(sample),
+        tuple(divergences),
+        methods,
+        weakest_tie_rule(rules),
+        answers=len(answers),
+        unreferenced=unreferenced,
+    )

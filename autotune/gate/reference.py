@@ -255,5 +255,11 @@ def describe_checks(check: dict[str, Any] | None) -> str:
         rule = check.get("under_load_tie_flips_by")
         if rule:
             how += "; " + tie_flips.get(rule, f"near-tie flips by {rule}")
+        unreferenced = check.get("under_load_unreferenced")
+        if unreferenced:
+            how += (
+                f"; {unreferenced} of {check.get('under_load_answers')} answers were to prompts "
+                "outside the reference, unchecked"
+            )
         parts.append(f"under load ({how})")
     return "; ".join(parts)

@@ -580,11 +580,20 @@ def check_workload(study: Any, spec: Any, *, allow_change: bool = False) -> str 
 
 def reference_requests(workload: Any) -> dict[str, int]:
     """The workload prompts the baseline records a reference for, with their output lengths:
-    at most :data:`REFERENCE_PROMPTS_MAX` distinct ones, first first, and only prompts sent with
-    one length (a prompt asked twice with two lengths cannot match one reference)."""
+    only prompts sent with one length (a prompt asked twice with two lengths cannot match one
+    reference), at most :data:`REFERENCE_PROMPTS_MAX` distinct ones, in workload order.
+
+    Where there are more, the 32 are drawn at random, seeded by the workload itself (the same
+    workload always gets the same ones, so a resumed study keeps its reference): the first 32
+    let a server answer every later prompt wrongly and pass, since nothing compared those
+    answers. Answers to prompts left out are counted as unchecked (``under_load_unreferenced``)."""
     lengths = list(workload.output_tokens) or [workload.max_tokens] * len(workload.prompts)
     seen: dict[str, set[int]] = {}
     for prompt, n in zip(workload.prompts, lengths, strict=True):
         seen.setdefault(prompt, set()).add(n)
     chosen = {p: next(iter(ns)) for p, ns in seen.items() if len(ns) == 1}
-    return dict(list(chosen.items())[:REFERENCE_PROMPTS_MAX])
+    if len(chosen) <= REFERENCE_PROMPTS_MAX:
+        return chosen
+    digest = hashlib.sha256("\0".join(chosen).encode()).digest()
+    picked = set(random.Random(digest).sample(list(chosen), REFERENCE_PROMPTS_MAX))
+    return {p: n for p, n in chosen.items() if p in picked}

@@ -548,6 +548,8 @@ class TrialRunner:
         check["under_load_compared_by"] = judged.compared_by
         check["under_load_tie_flips_by"] = judged.tie_flips_by
         check["under_load_divergent"] = len(judged.divergences)
+        check["under_load_answers"] = judged.answers
+        check["under_load_unreferenced"] = judged.unreferenced
         if not judged.checked:
             check["under_load_skipped"] = (
                 "no benchmark response used a reference prompt at its recorded length"
