@@ -17,7 +17,7 @@ from typing import Any
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -268,8 +268,6 @@ def study_names(url: str, *, key: str = "--storage") -> list[str] | None:
     """The names of the studies at ``url``, read without writing anything: an SQLite file that
     is not there is not created, and no Optuna table is made where there is none (None then:
     no Optuna storage there yet). A storage that cannot be read is a :class:`SpecError`."""
-    from sqlalchemy import inspect, text
-
     database = sqlite_file(url)
     if database is not None and not database.exists():
         return None

@@ -3,8 +3,8 @@
 It takes an ``httpx.AsyncClient`` and never builds one, so tests can hand it a
 ``MockTransport``. Every request is greedy and fixed-length where the engine's dialect allows
 (``engines/dialect.py``: fixed output lengths, and the responses can be checked against the
-reference: correctness under load). Each request's
-timestamps are kept; nothing is averaged away and a failed request is counted, never dropped.
+reference: correctness under load). Each request's timestamps are kept; nothing is averaged away
+and a failed request is counted, never dropped.
 
 Measurements, per repeat:
 
@@ -14,9 +14,8 @@ Measurements, per repeat:
   decoding without the prefill) falls back to tokens / e2e for a bursty response, so no shape
   of stream reads faster than its end-to-end time allows.
 * **load**: ``num_requests`` requests with ``concurrency`` in flight; output tok/s = tokens /
-  wall time, requests/s, TTFT, inter-token latency (ITL, one per received chunk, as vLLM's
-  benchmark has it, counting only chunks that carry a token: an empty or half-token chunk
-  would set the TTFT or split an ITL in two) and end-to-end percentiles.
+  wall time, requests/s, TTFT, inter-token latency (ITL, one per received chunk that carries a
+  token, as vLLM's benchmark has it) and end-to-end percentiles.
 
 Tokens are counted by autotune (``bench/tokens.py``): by ids, else by the model's tokenizer,
 never by events; the server's ``usage`` is kept as a cross-check. A response is **bursty** when
@@ -51,6 +50,7 @@ from autotune.bench.tokens import (
     BY_USAGE,
     NO_TOKENIZER,
     TokenCounter,
+    usage_tokens,
 )
 from autotune.client.bounds import PROTOCOL_VIOLATION, runaway_cap
 from autotune.client.choice import token_ids
@@ -182,9 +182,8 @@ class BenchResult:
     total_requests: int
     failed_requests: int
     errors: tuple[str, ...] = ()
-    #: successful records of every measured phase (single-request, each load level, goodput
-    #: probes; not the warm-up), kept for the correctness-under-load check: a server that
-    #: answers wrongly in one phase only must not have that phase's numbers reported
+    #: successful records of every measured phase (single-request, each level, goodput probes;
+    #: not the warm-up): the correctness-under-load check judges a sample of each
     samples: tuple[RequestRecord, ...] = field(default=(), repr=False)
     #: the first hung request (phase, request, deadline), which ended the benchmark, or None
     hang: str | None = None
@@ -308,20 +307,12 @@ async def stream_request(
             kind = stream.content_type or "no content type"
             error += f": the answer was not a server-sent event stream ({kind})"
         return _failed(prompt, error, start, tokens)
-    per_chunk, source = tokens.count(counter)
-    chunk_times = list(tokens.chunk_times)
+    chunk_times, per_chunk, source = tokens.count(counter)
+    if not chunk_times:
+        return _failed(prompt, "stream ended without tokens (no chunk carried one)", start, tokens)
     if source in (BY_IDS, BY_TOKENIZER):
-        # a chunk that carries no token is no token's arrival: a server that sends one at
-        # once (text with no ids, say) would otherwise set the TTFT, and empty chunks between
-        # tokens would cut every ITL
-        kept = [(t, k) for t, k in zip(chunk_times, per_chunk, strict=True) if k > 0]
-        chunk_times, per_chunk = [t for t, _ in kept], [k for _, k in kept]
-        token_times = [t for t, k in kept for _ in range(k)]
+        token_times = [t for t, k in zip(chunk_times, per_chunk, strict=True) for _ in range(k)]
         n_tokens = len(token_times)
-        if not token_times:
-            return _failed(
-                prompt, "stream ended without tokens (no chunk carried one)", start, tokens
-            )
     else:  # no tokenizer: one time per chunk, the count the server's word (flagged suspect)
         token_times = list(chunk_times)
         n_tokens = tokens.usage if source == BY_USAGE else len(token_times)
@@ -395,14 +386,20 @@ class _Tokens:
         if payload is not None:
             self._take(payload, now)
 
-    def count(self, counter: TokenCounter) -> tuple[list[int], str]:
-        """Tokens per chunk and how they were counted: ids, else the tokenizer on the text,
-        else (no tokenizer) the server's usage or, lacking that, one per event."""
+    def count(self, counter: TokenCounter) -> tuple[list[float], list[int], str]:
+        """The arrival time and tokens of each chunk that carried a token, and how they were
+        counted: ids, else the tokenizer on the text, else (no tokenizer) one per event, the
+        count then the server's usage. A chunk with no token is no arrival: one sent at once
+        (text with no ids) set the TTFT, and empty or half-token chunks cut every ITL."""
         if self.ids:
-            return list(self.chunk_ids), BY_IDS
-        if counter.available:
-            return counter.per_chunk(self.text), BY_TOKENIZER
-        return [1] * len(self.chunk_times), BY_USAGE if self.usage is not None else BY_EVENTS
+            per_chunk, source = list(self.chunk_ids), BY_IDS
+        elif counter.available:
+            per_chunk, source = counter.per_chunk(self.text), BY_TOKENIZER
+        else:
+            source = BY_USAGE if self.usage is not None else BY_EVENTS
+            return list(self.chunk_times), [1] * len(self.chunk_times), source
+        kept = [(t, k) for t, k in zip(self.chunk_times, per_chunk, strict=True) if k > 0]
+        return [t for t, _ in kept], [k for _, k in kept], source
 
     def _take(self, payload: bytes, now: float) -> bool:
         """Record one event's content and time; True at ``[DONE]``.
@@ -422,7 +419,7 @@ class _Tokens:
                     raise problem
             usage = chunk.get("usage")
             if usage:
-                self.usage = _completion_tokens(usage)
+                self.usage = usage_tokens(usage)
             for choice in chunk.get("choices") or ():
                 new_ids = token_ids(self.dialect, choice)  # the dialect's field or logprobs'
                 piece = choice.get("text")
@@ -444,14 +441,6 @@ class _Tokens:
             # a list where an object belongs, a number for text: named, not a Python error
             raise bad_shape(payload) from None
         return False
-
-
-def _completion_tokens(usage: dict[str, Any]) -> int | None:
-    """``usage.completion_tokens``, the server's own count of the answer's tokens, if given."""
-    count = usage.get("completion_tokens")
-    if count is not None and count.__class__ is not int:
-        raise TypeError("usage.completion_tokens is not an integer")
-    return count
 
 
 def _failed(prompt: str, error: str, start: float, tokens: _Tokens) -> RequestRecord:

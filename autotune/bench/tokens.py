@@ -234,3 +234,12 @@ def uncountable_detail(why_no_tokenizer: str | None) -> str:
         f"({why}); speeds would be the server's own word. Give model.tokenizer (a "
         "tokenizer.json, a folder with one, or a GGUF file) in the spec"
     )
+
+
+def usage_tokens(usage: dict[str, Any]) -> int | None:
+    """``usage.completion_tokens``, the server's own count of the answer's tokens (a
+    cross-check, never the count), if given; TypeError when it is not an integer."""
+    count = usage.get("completion_tokens")
+    if count is not None and count.__class__ is not int:
+        raise TypeError("usage.completion_tokens is not an integer")
+    return count

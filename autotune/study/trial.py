@@ -555,14 +555,13 @@ class TrialRunner:
                 "no benchmark response used a reference prompt at its recorded length"
             )
         trial.set_user_attr(names.CHECK, check)
-        divergences = judged.divergences
-        if divergences:
-            first = divergences[0]
+        if judged.divergences:
+            first = judged.divergences[0]
+            phase = f", in {first.phase}" if first.phase else ""
             raise CandidateError(
                 "incorrect_output",
-                f"{len(divergences)} of {judged.checked} benchmark responses "
-                f"diverged under load (first at {first.kind} {first.position}"
-                + (f", in {first.phase})" if first.phase else ")"),
+                f"{len(judged.divergences)} of {judged.checked} benchmark responses diverged "
+                f"under load (first at {first.kind} {first.position}{phase})",
                 evidence={"first_divergence": asdict(first)},
             )
 
