@@ -166,6 +166,17 @@ def sigint_as_a_terminal_would() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+#: the fake server's ``decode_ms`` space that :func:`verified_trial` builds trials of
+DECODE_MS_SPACE = """
+parameters:
+  decode_ms:
+    type: categorical
+    choices: [2, 40]
+    baseline: 40
+    target: {flag: --decode-ms}
+"""
+
+
 def verified_trial(role: str, decode_ms: int, tps: float, choices: list[int], **attrs: Any) -> Any:
     """A COMPLETE trial as a correct, measured one of the fake server's ``decode_ms`` space is
     stored (verified, feasible, its metrics), for studies built without launching anything."""

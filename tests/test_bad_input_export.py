@@ -26,16 +26,9 @@ from autotune import names
 from autotune.cli.app import app
 from autotune.spec.load import load_spec
 from autotune.study.loop import open_study
-from tests.builders import verified_trial, write_fake_spec
+from tests.builders import DECODE_MS_SPACE, verified_trial, write_fake_spec
 
-SPACE = """
-parameters:
-  decode_ms:
-    type: categorical
-    choices: [2, 40]
-    baseline: 40
-    target: {flag: --decode-ms}
-"""
+SPACE = DECODE_MS_SPACE
 CHOICES = [2, 40]
 
 

@@ -158,27 +158,44 @@ parameters:
 """
 
 
+def rejected_fault(
+    tmp_path: Path,
+    space: str,
+    fault: str,
+    args: tuple[str, ...],
+    *,
+    repeats: int,
+    sample: int | None = None,
+) -> optuna.trial.FrozenTrial:
+    """The baseline, then one trial with the fake server's ``fault`` (a warm-up request, then
+    1 single + 8 load requests a round), which must be rejected as ``incorrect_output``."""
+    spec_path = write_fake_spec(
+        tmp_path,
+        space,
+        name=fault.replace("_", ""),
+        args=("--decode-ms", "1", *args),
+        workload={"concurrency": 4, "num_requests": 8, "max_tokens": 8, "repeats": repeats},
+    )
+    raw = yaml.safe_load(spec_path.read_text())
+    if sample is not None:
+        raw["check"]["under_load_sample"] = sample
+    raw["workload"]["warmup_requests"] = 1
+    raw["workload"]["single_requests"] = 1
+    spec_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    baseline, faulty = run_baseline_then(spec_path, {"fault": fault}).trials
+    assert baseline.state == TrialState.COMPLETE, baseline.user_attrs
+    assert faulty.user_attrs[names.FAIL_REASON] == "incorrect_output", faulty.user_attrs.get(
+        names.FAIL_DETAIL
+    )
+    return faulty
+
+
 def test_a_server_wrong_only_in_its_last_round_is_caught(tmp_path: Path) -> None:
     """Right for its first 3 rounds of benchmark requests (a warm-up, then 1 single + 8 load
     requests a round), wrong from the 4th: a sample of 2 answers would fall in rounds 1 and 3;
     the check takes one a round at least, so the last round is seen and the trial rejected."""
-    spec_path = write_fake_spec(
-        tmp_path,
-        LATE_SPACE,
-        name="late",
-        args=("--decode-ms", "1", "--fault-after", str(1 + 3 * 9)),
-        workload={"concurrency": 4, "num_requests": 8, "max_tokens": 8, "repeats": 4},
-    )
-    raw = yaml.safe_load(spec_path.read_text())
-    raw["check"]["under_load_sample"] = 2
-    raw["workload"]["warmup_requests"] = 1
-    raw["workload"]["single_requests"] = 1
-    spec_path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    study = run_baseline_then(spec_path, {"fault": "wrong_late"})
-    baseline, late = study.trials
-    assert baseline.state == TrialState.COMPLETE, baseline.user_attrs
-    assert late.user_attrs[names.FAIL_REASON] == "incorrect_output", late.user_attrs.get(
-        names.FAIL_DETAIL
+    late = rejected_fault(
+        tmp_path, LATE_SPACE, "wrong_late", ("--fault-after", str(1 + 3 * 9)), repeats=4, sample=2
     )
     check = late.user_attrs[names.CHECK]
     assert check["passed"] is True  # the quiet check, before the benchmark, was right
@@ -203,23 +220,7 @@ def test_a_server_wrong_only_when_serving_one_request_is_caught_in_that_phase(
     alone: the single-request phase, whose tok/s is the default objective. Only the main load
     level's answers were judged, so such a config was measured, reported and exported best;
     now every measured phase has an answer judged, and the evidence names the phase."""
-    spec_path = write_fake_spec(
-        tmp_path,
-        ALONE_SPACE,
-        name="alone",
-        args=("--decode-ms", "1"),
-        workload={"concurrency": 4, "num_requests": 8, "max_tokens": 8, "repeats": 2},
-    )
-    raw = yaml.safe_load(spec_path.read_text())
-    raw["workload"]["warmup_requests"] = 1
-    raw["workload"]["single_requests"] = 1
-    spec_path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    study = run_baseline_then(spec_path, {"fault": "wrong_alone_in_bench"})
-    baseline, alone = study.trials
-    assert baseline.state == TrialState.COMPLETE, baseline.user_attrs
-    assert alone.user_attrs[names.FAIL_REASON] == "incorrect_output", alone.user_attrs.get(
-        names.FAIL_DETAIL
-    )
+    alone = rejected_fault(tmp_path, ALONE_SPACE, "wrong_alone_in_bench", (), repeats=2)
     assert alone.user_attrs[names.CHECK]["passed"] is True  # the quiet check was right
     divergence = alone.user_attrs[names.EVIDENCE]["first_divergence"]
     assert divergence["phase"] == "single-request (round 1)"

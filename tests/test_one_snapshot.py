@@ -24,16 +24,9 @@ from autotune.spec.load import load_spec
 from autotune.study.export import export_best
 from autotune.study.loop import open_study
 from autotune.study.results import ReportSource, load_report, report_of
-from tests.builders import verified_trial, write_fake_spec
+from tests.builders import DECODE_MS_SPACE, verified_trial, write_fake_spec
 
-SPACE = """
-parameters:
-  decode_ms:
-    type: categorical
-    choices: [2, 40]
-    baseline: 40
-    target: {flag: --decode-ms}
-"""
+SPACE = DECODE_MS_SPACE
 DIST = {"decode_ms": optuna.distributions.CategoricalDistribution([2, 40])}
 
 
