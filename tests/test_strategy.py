@@ -319,9 +319,10 @@ def load_space_text(text, _cache={}):  # noqa: B006 - a tiny memo for the tests
     from pathlib import Path
 
     if text not in _cache:
-        path = Path(tempfile.mkdtemp()) / "space.yaml"
-        path.write_text(textwrap.dedent(text))
-        _cache[text] = load_space(path)
+        with tempfile.TemporaryDirectory() as folder:  # read at load: nothing is left in /tmp
+            path = Path(folder) / "space.yaml"
+            path.write_text(textwrap.dedent(text))
+            _cache[text] = load_space(path)
     return _cache[text]
 
 
