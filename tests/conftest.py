@@ -26,7 +26,15 @@ from tests.helpers import IN_CI, PG_ENV, pg_bin
 _session: pytest.Session | None = None
 
 
+#: the temp dir every process a test starts inherits (``TMPDIR``), removed when the session
+#: ends: servers that tests launch themselves (vLLM for the export and patch checks, outside
+#: autotune's ``ServerProcess``, which gives each launch its own) leave IPC sockets there
+_SESSION_TMP = tempfile.mkdtemp(prefix="at-tests-")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    os.environ["TMPDIR"] = _SESSION_TMP
+
     def stop_session(name: str) -> None:
         # a test may swallow the KeyboardInterrupt (the in-process ``autotune run`` exits
         # 130): pytest still stops after it, as it would not on its own
@@ -59,6 +67,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     reaper.reap_all()  # where sessionfinish never ran (also registered with atexit)
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
