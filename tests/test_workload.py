@@ -15,7 +15,8 @@ from autotune import names
 from autotune.cli.app import app
 from autotune.errors import SpecError
 from autotune.spec.load import load_spec
-from autotune.spec.workload import check_workload, reference_requests, workload_hash
+from autotune.spec.reference_prompts import reference_requests
+from autotune.spec.workload import check_workload, workload_hash
 from autotune.study.loop import RunOptions, open_study
 from tests.builders import write_fake_spec
 
@@ -205,3 +206,30 @@ def test_resumed_study_with_changed_workload_is_refused(tmp_path) -> None:
     assert study.user_attrs[names.WORKLOAD]["hash"] == workload_hash(changed.workload)
     assert len(study.user_attrs["workload_changes"]) == 1
     assert RunOptions(trials=1, allow_workload_change=True).allow_workload_change
+
+
+def test_a_resumed_reference_of_other_prompts_still_judges_every_answer_it_covers(
+    tmp_path,
+) -> None:
+    """A study recorded before the reference's prompts were drawn holds the first 32: the
+    under-load check takes lengths for every prompt (``single_length_prompts``), so answers to
+    those 32 stay judged, though today's draw would pick others."""
+    from autotune.bench.phase import RequestRecord
+    from autotune.gate.judge import judge_under_load
+    from autotune.gate.reference import Completion, Reference, ReferenceEntry
+    from autotune.spec.reference_prompts import single_length_prompts
+
+    lines = [{"prompt": f"p{i}", "max_tokens": 4} for i in range(40)]
+    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    w = load_spec(_spec_with(tmp_path, {"file": "p.jsonl"})).workload
+    old = [f"p{i}" for i in range(32)]  # the old rule's reference
+    assert set(old) != set(reference_requests(w))
+    reference = Reference(
+        entries={p: ReferenceEntry(Completion(prompt=p, text="x", token_ids=(1,))) for p in old},
+        max_tokens=dict.fromkeys(old, 4),
+        tolerance=0.0,
+        drift_observed=0.0,
+    )
+    answers = [RequestRecord(prompt=f"p{i}", ok=True, token_ids=(1,), text="x") for i in range(40)]
+    judged = judge_under_load(reference, answers, single_length_prompts(w), 8)
+    assert judged.unreferenced == 8 and judged.checked == 32

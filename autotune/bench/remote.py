@@ -47,7 +47,8 @@ from autotune.gate import (
 )
 from autotune.server.metrics import MetricsMap, ServerMetricsRecorder
 from autotune.spec.model import StudySpec, WorkloadSpec
-from autotune.spec.workload import describe, reference_requests
+from autotune.spec.reference_prompts import single_length_prompts
+from autotune.spec.workload import describe
 from autotune.storage import load_study
 
 
@@ -202,7 +203,7 @@ def under_load(
 ) -> dict[str, Any]:
     """Benchmark answers against the reference, as a trial's check does (``judge_under_load``)."""
     judged = judge_under_load(
-        reference, bench.samples, reference_requests(workload), sample, rounds=len(bench.repeats)
+        reference, bench.samples, single_length_prompts(workload), sample, rounds=len(bench.repeats)
     )
     return {
         "checked": judged.checked,

@@ -386,7 +386,7 @@ def comparable_answers(
     Only answers asked with the reference's own length compare with it: a workload prompt that
     is also a check prompt was recorded at ``check.max_tokens``, and a longer benchmark answer
     to it is not a divergence. ``asked`` is the workload's length per prompt
-    (``workload.reference_requests``).
+    (``reference_prompts.single_length_prompts``).
     """
     eligible = [
         a

@@ -130,7 +130,7 @@ async def record_reference(
     for prompt in workload_prompts:
         if isinstance(workload_max_tokens, int):
             max_tokens.setdefault(prompt, workload_max_tokens)
-        else:  # one length per prompt (workload.reference_requests)
+        else:  # one length per prompt (reference_prompts.reference_requests)
             max_tokens.setdefault(prompt, workload_max_tokens[prompt])
     prompts = list(max_tokens)
     alone = await gather_completions(

@@ -50,9 +50,6 @@ from autotune._yaml import MAX_COUNT
 from autotune._yaml import SURROGATE as _SURROGATE
 from autotune.errors import SpecError
 
-#: at most this many distinct workload prompts get a reference (correctness under load);
-#: a 10,000-line file must not make the baseline answer 10,000 prompts twice
-REFERENCE_PROMPTS_MAX = 32
 #: WorkloadSpec fields that say how long or how often to measure, not what is measured: a
 #: change of these keeps a study's trials comparable, so they stay out of the hash. Every other
 #: field (prompts, lengths, concurrency, request count, anything added later) is hashed.
@@ -576,24 +573,3 @@ def check_workload(study: Any, spec: Any, *, allow_change: bool = False) -> str 
         f"{str(stored.get('hash'))[:12]} -> {current['hash'][:12]}; earlier trials were "
         "measured with the old one"
     )
-
-
-def reference_requests(workload: Any) -> dict[str, int]:
-    """The workload prompts the baseline records a reference for, with their output lengths:
-    only prompts sent with one length (a prompt asked twice with two lengths cannot match one
-    reference), at most :data:`REFERENCE_PROMPTS_MAX` distinct ones, in workload order.
-
-    Where there are more, the 32 are drawn at random, seeded by the workload itself (the same
-    workload always gets the same ones, so a resumed study keeps its reference): the first 32
-    let a server answer every later prompt wrongly and pass, since nothing compared those
-    answers. Answers to prompts left out are counted as unchecked (``under_load_unreferenced``)."""
-    lengths = list(workload.output_tokens) or [workload.max_tokens] * len(workload.prompts)
-    seen: dict[str, set[int]] = {}
-    for prompt, n in zip(workload.prompts, lengths, strict=True):
-        seen.setdefault(prompt, set()).add(n)
-    chosen = {p: next(iter(ns)) for p, ns in seen.items() if len(ns) == 1}
-    if len(chosen) <= REFERENCE_PROMPTS_MAX:
-        return chosen
-    digest = hashlib.sha256("\0".join(chosen).encode()).digest()
-    picked = set(random.Random(digest).sample(list(chosen), REFERENCE_PROMPTS_MAX))
-    return {p: n for p, n in chosen.items() if p in picked}

@@ -52,7 +52,7 @@ from autotune.server.process import ServerProcess
 from autotune.space.model import SearchSpace
 from autotune.space.settings import ServerSettings
 from autotune.spec.model import StudySpec
-from autotune.spec.workload import reference_requests
+from autotune.spec.reference_prompts import reference_requests, single_length_prompts
 from autotune.study.cleanup import reclaim, trial_dead_reason, worker_record
 from autotune.study.outcome import bench_failure
 from autotune.study.phase_clock import GATE, MEASUREMENT, STARTUP, TEARDOWN, PhaseClock
@@ -539,7 +539,7 @@ class TrialRunner:
         judged = judge_under_load(
             reference,
             bench.samples,
-            reference_requests(self.ctx.spec.workload),
+            single_length_prompts(self.ctx.spec.workload),
             self.ctx.spec.check.under_load_sample,
             rounds=len(bench.repeats),
         )
