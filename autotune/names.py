@@ -113,6 +113,7 @@ CANDIDATE_REASONS: dict[str, str] = {
     "incorrect_output": "the output diverged from the pinned reference",
     "unverifiable": "the server's answers carry nothing the gate can check (e.g. no text)",
     "uncountable": "autotune cannot count the output tokens itself (no token ids, no tokenizer)",
+    "replayed_answers": "repeated prompts were answered far faster than a fresh one (a cache)",
     "patch_failed": "a selected patch could not be applied",
     "constraint_violated": "the sampled parameters violate a search-space constraint",
     "duplicate": "another worker is running the same parameters right now (not launched)",

@@ -13,11 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import optuna
 import psutil
 import pytest
 from optuna.trial import TrialState
 
 from autotune import names
+from autotune.spec.load import load_spec
+from autotune.study.loop import RunOptions, open_study, run_study
 
 PG_ENV = "AUTOTUNE_TEST_POSTGRES_URL"
 IN_CI = bool(os.environ.get("CI"))
@@ -139,3 +142,15 @@ def needs_pg(test):
         not HAVE_PG, reason=f"no PostgreSQL: set {PG_ENV} or install the postgresql server"
     )(test)
     return pytest.mark.postgres(test)
+
+
+def run_baseline_then(spec_path: Path, params: dict) -> optuna.Study:
+    """The baseline (records the reference), then exactly one trial with ``params``; returns
+    the study as stored."""
+    spec = load_spec(spec_path)
+    study, created = open_study(spec, spec.default_storage())
+    assert created
+    study.enqueue_trial(params, user_attrs={names.ROLE: "search"})
+    summary = run_study(spec, RunOptions(trials=2, seed=0, validate=False))
+    assert summary.stopped_because is None, summary.stopped_because
+    return optuna.load_study(study_name=spec.name, storage=spec.default_storage())

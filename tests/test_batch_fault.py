@@ -25,9 +25,8 @@ from optuna.trial import TrialState
 
 from autotune import names
 from autotune.spec.load import load_spec
-from autotune.study.loop import RunOptions, open_study, run_study
 from tests.builders import write_demo_spec, write_fake_spec
-from tests.helpers import measured_or_screened
+from tests.helpers import measured_or_screened, run_baseline_then
 
 FAKE_SPACE = """
 parameters:
@@ -45,17 +44,6 @@ parameters:
     baseline: false
     target: {patch: batch_corrupt}
 """
-
-
-def run_baseline_then(spec_path: Path, params: dict) -> optuna.Study:
-    """The baseline (records the reference), then exactly one trial with ``params``."""
-    spec = load_spec(spec_path)
-    study, created = open_study(spec, spec.default_storage())
-    assert created
-    study.enqueue_trial(params, user_attrs={names.ROLE: "search"})
-    summary = run_study(spec, RunOptions(trials=2, seed=0, validate=False))
-    assert summary.stopped_because is None, summary.stopped_because
-    return optuna.load_study(study_name=spec.name, storage=spec.default_storage())
 
 
 def assert_rejected_under_load(study: optuna.Study, params: dict, spec_path: Path) -> dict:
@@ -168,7 +156,8 @@ def rejected_fault(
     sample: int | None = None,
 ) -> optuna.trial.FrozenTrial:
     """The baseline, then one trial with the fake server's ``fault`` (a warm-up request, then
-    1 single + 8 load requests a round), which must be rejected as ``incorrect_output``."""
+    1 single, 1 fresh control and 8 load requests a round), which must be rejected as
+    ``incorrect_output``."""
     spec_path = write_fake_spec(
         tmp_path,
         space,
@@ -191,11 +180,12 @@ def rejected_fault(
 
 
 def test_a_server_wrong_only_in_its_last_round_is_caught(tmp_path: Path) -> None:
-    """Right for its first 3 rounds of benchmark requests (a warm-up, then 1 single + 8 load
-    requests a round), wrong from the 4th: a sample of 2 answers would fall in rounds 1 and 3;
-    the check takes one a round at least, so the last round is seen and the trial rejected."""
+    """Right for its first 3 rounds of benchmark requests (a warm-up, then 1 single, 1 fresh
+    control and 8 load requests a round), wrong from the 4th: a sample of 2 answers would fall
+    in rounds 1 and 3; the check takes one a round at least, so the last round is seen and the
+    trial rejected."""
     late = rejected_fault(
-        tmp_path, LATE_SPACE, "wrong_late", ("--fault-after", str(1 + 3 * 9)), repeats=4, sample=2
+        tmp_path, LATE_SPACE, "wrong_late", ("--fault-after", str(1 + 3 * 10)), repeats=4, sample=2
     )
     check = late.user_attrs[names.CHECK]
     assert check["passed"] is True  # the quiet check, before the benchmark, was right

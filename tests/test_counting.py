@@ -115,7 +115,8 @@ def test_usage_four_times_the_stream_is_not_the_speed_and_is_flagged(url: str) -
     assert names.MEASUREMENT_SUSPECT not in honest_attrs
     suspect = liar_attrs[names.MEASUREMENT_SUSPECT]
     assert suspect["disagree"] == ["usage"]
-    assert suspect["usage"] == 4 * suspect["autotune"] and suspect["autotune"] == 6 * N
+    # six benchmark answers and the round's fresh-prompt control
+    assert suspect["usage"] == 4 * suspect["autotune"] and suspect["autotune"] == 7 * N
     assert "usage" in suspect_line(suspect)
 
 
@@ -130,7 +131,7 @@ def test_without_a_tokenizer_the_servers_word_is_a_flagged_figure(url: str) -> N
     result, attrs = measured(url, "text", NO_TOKENIZER)
     assert all(r.count_source == BY_USAGE and r.output_tokens == N for r in result.samples)
     suspect = attrs[names.MEASUREMENT_SUSPECT]
-    assert suspect["disagree"] == [] and suspect["counted_by"] == {BY_USAGE: 6}
+    assert suspect["disagree"] == [] and suspect["counted_by"] == {BY_USAGE: 7}
     assert suspect["no_tokenizer"] == "no tokenizer given"
     assert "no tokenizer" in suspect_line(suspect)
 

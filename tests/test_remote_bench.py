@@ -55,12 +55,14 @@ def test_bench_url_writes_metric_names_and_server_metrics(tmp_path, served) -> N
     assert len(data["workload"]["hash"]) == 64
     server_metrics = data["server_metrics"]
     assert server_metrics["available"] is True
-    # 1 warm-up + 1 single + 8 load requests of 16 tokens each, all counted by the server
-    assert server_metrics["total"]["generation_tokens"] == 10 * 16
+    # 1 warm-up + 1 single + 1 control + 8 load requests of 16 tokens each, all counted by the
+    # server
+    assert server_metrics["total"]["generation_tokens"] == 11 * 16
     assert {"requests_running_max", "kv_cache_usage_mean"} <= set(server_metrics["total"])
     assert set(server_metrics["phases"]) == {
         "warm-up",
         "single-request (round 1)",
+        "control (round 1)",
         "load at 4 (round 1)",
     }
     assert server_metrics["phases"]["load at 4 (round 1)"]["generation_tokens"] == 8 * 16

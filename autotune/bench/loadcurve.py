@@ -7,6 +7,9 @@ minutes at GLM-5 scale). So after one warm-up, one launch answers:
   each round, its metrics stored as ``<metric>@<level>`` (``output_tokens_per_s@16``); the
   unsuffixed names are those of the largest level, and the single-request decode rate is
   measured once per round for all levels.
+* **a fresh-prompt control** each round, beside the single-request phase: one prompt no earlier
+  request carried, timed and never judged, so a server that replays stored answers for the
+  workload's repeated prompts is seen (``bench/replay.py``; ``BenchResult.replay``).
 * **as many rounds as the figure needs**: rounds go on until the 95% t interval of the mean of
   every ``focus`` metric (the objective's) is within ``workload.target_precision`` of its mean
   (half-width / mean), never fewer than ``workload.repeats``, and never past
@@ -46,6 +49,7 @@ from autotune.bench.phase import (
     run_phase,
     summarize,
 )
+from autotune.bench.replay import control_prompt, replay_check
 from autotune.bench.shape import stream_shape
 from autotune.bench.tokens import NO_TOKENIZER, TokenCounter, cross_check
 from autotune.bench.traps import ClientMeter
@@ -57,6 +61,8 @@ from autotune.spec.model import SloSpec, WorkloadSpec
 SINGLE_PHASE = "single-request"
 LOAD_PHASE = "load at"
 WARM_UP = "warm-up"
+#: one fresh prompt a round, timed and never judged (bench/replay.py)
+CONTROL_PHASE = "control"
 
 #: a level is "claimed" (its SLOs hold beyond doubt), "fail" (an SLO is missed beyond doubt),
 #: "straddle" (an interval contains a bound: not claimed) or "errors" (requests failed)
@@ -219,17 +225,27 @@ async def run_benchmark(
     phase_counts_: dict[str, dict[str, Any]] = {}
     rounds: list[dict[str, float]] = []
     samples: list[RequestRecord] = []
+    controls: list[RequestRecord] = []
+    lengths = workload.output_tokens or workload.max_tokens
 
-    async def phase(requests: int, concurrency: int, name: str, *, keep: bool = True):
+    async def phase(
+        requests: int,
+        concurrency: int,
+        name: str,
+        *,
+        keep: bool = True,
+        asked: tuple[Sequence[str], int | Sequence[int]] | None = None,
+    ):
+        phase_prompts, phase_lengths = asked or (prompts, lengths)
         if phase_hook is not None:  # server-side evidence around each phase (server/metrics.py)
             await phase_hook(name, "start")
         result = await run_phase(
             client,
             model,
-            prompts,
+            phase_prompts,
             requests,
             concurrency,
-            workload.output_tokens or workload.max_tokens,
+            phase_lengths,
             dialect=dialect,
             read_timeout_s=read_timeout,
             phase=name,
@@ -241,7 +257,9 @@ async def run_benchmark(
         counted = phase_counts(result.records)
         if counted is not None:
             phase_counts_[name] = counted
-        if name != WARM_UP:  # every answer whose numbers are reported is judged (samples)
+        if name.startswith(CONTROL_PHASE):  # timed only: no reference holds its answer
+            controls.extend(result.records)
+        elif name != WARM_UP:  # every answer whose numbers are reported is judged (samples)
             samples.extend(r for r in result.records if r.ok)
         if keep:
             all_records.extend(result.records)
@@ -268,6 +286,17 @@ async def run_benchmark(
                 single = await phase(
                     workload.single_requests, 1, f"{SINGLE_PHASE} (round {index + 1})"
                 )
+                # one fresh prompt beside them: a cache replaying repeated prompts shows
+                which = index % len(prompts)
+                control = await phase(
+                    1,
+                    1,
+                    f"{CONTROL_PHASE} (round {index + 1})",
+                    asked=(
+                        [control_prompt(prompts[which])],
+                        lengths if isinstance(lengths, int) else lengths[which],
+                    ),
+                )
                 loads: dict[int, PhaseResult] = {}
                 for level in levels:
                     loads[level] = await phase(
@@ -277,7 +306,7 @@ async def run_benchmark(
                 rounds.append(metrics)
                 if on_repeat is not None:
                     on_repeat(index, metrics)
-                if any(not r.ok for p in (single, *loads.values()) for r in p.records):
+                if any(not r.ok for p in (single, control, *loads.values()) for r in p.records):
                     stopped_by = "request_errors"  # the caller decides what failures mean
                     break
                 stopped_by = _stop_reason(workload, rounds, names, start)
@@ -333,6 +362,7 @@ async def run_benchmark(
         },
         shape=stream_shape(single_records, load_records),
         transport_retries=sum(r.transport_retries for r in all_records),
+        replay=replay_check(single_records, controls) if rounds else None,
     )
 
 
@@ -400,11 +430,15 @@ async def _probe(
 
 
 def record_curve(trial: Any, bench: BenchResult) -> None:
-    """Store a trial's intervals, load curve, goodput search, stream shape and count
-    cross-check (``optuna.Trial``; the cross-check reads its ``server_metrics``, so call this
+    """Store a trial's intervals, load curve, goodput search, stream shape, replay check and
+    count cross-check (``optuna.Trial``; the cross-check reads its ``server_metrics``, so call this
     after that is stored)."""
     if bench.shape:
         trial.set_user_attr(names.STREAM_SHAPE, bench.shape)
+    if bench.replay is not None:  # the fresh-prompt control, beside the gate's checks
+        check = dict((getattr(trial, "user_attrs", None) or {}).get(names.CHECK) or {})
+        check["replay"] = bench.replay
+        trial.set_user_attr(names.CHECK, check)
     if bench.counts:
         server_metrics = (getattr(trial, "user_attrs", None) or {}).get(names.SERVER_METRICS)
         suspect = cross_check(bench.counts, server_metrics)

@@ -204,6 +204,8 @@ class BenchResult:
     client: dict[str, Any] | None = None
     #: requests sent again on a new connection (``RequestRecord.transport_retries``), in all
     transport_retries: int = 0
+    #: fresh-prompt controls against the repeated prompts (bench/replay.py), None: no round
+    replay: dict[str, Any] | None = None
 
 
 async def stream_request(
@@ -580,6 +582,7 @@ def bench_summary(result: BenchResult) -> dict[str, Any]:
         "counted_by": result.counts.get("counted_by", {}),
         "tokenizer": result.counts.get("tokenizer"),
         "transport_retries": result.transport_retries,
+        "replay_check": result.replay,
     }
 
 

@@ -280,6 +280,10 @@ async def bench_remote(
                 f"request_errors: {bench.failed_requests} of {bench.total_requests} requests "
                 f"failed: {bench.errors[0] if bench.errors else ''}"
             )
+        elif (bench.replay or {}).get("flagged"):
+            result.failure = f"replayed_answers: {bench.replay['reason']}"
+        if bench.replay is not None and not bench.replay.get("checked"):
+            result.notices.append(bench.replay["reason"])  # a check that could not run says so
         if reference is not None and result.check is not None:
             loaded = under_load(reference, bench, spec.workload, spec.check.under_load_sample)
             result.check["under_load"] = loaded

@@ -262,4 +262,9 @@ def describe_checks(check: dict[str, Any] | None) -> str:
                 "outside the reference, unchecked"
             )
         parts.append(f"under load ({how})")
+    replay = check.get("replay")  # the fresh-prompt control (bench/replay.py)
+    if replay:
+        parts.append(
+            f"no cache replay ({replay['reason']})" if replay.get("checked") else replay["reason"]
+        )
     return "; ".join(parts)

@@ -2,9 +2,9 @@
 
 A trial's benchmark returns figures and failures; before any figure is scored, this decides
 whether the run itself condemns the config: a speed autotune could not count itself, a request
-that went silent, a server that died, a stream past ``max_tokens``, or too many failed
-requests. Each is the config's failure (:class:`CandidateError`), except what the server's own
-log names as something else (``ServerProcess.failure``).
+that went silent, a server that died, a stream past ``max_tokens``, too many failed requests,
+or answers replayed from a cache. Each is the config's failure (:class:`CandidateError`),
+except what the server's own log names as something else (``ServerProcess.failure``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def bench_failure(
         # alive and silent: the config's fault, never re-read from the log as infrastructure
         return CandidateError("hang", bench.hang, evidence={"log_tail": server.log_tail()})
     if not bench.failed_requests:
-        return None
+        return _replayed(bench)
     if not server.alive():
         return server.failure(
             "server_crashed",
@@ -57,4 +57,13 @@ def bench_failure(
             "hang" if hung else "request_errors",
             f"{bench.failed_requests} of {bench.total_requests} requests failed: {bench.errors[0]}",
         )
-    return None
+    return _replayed(bench)
+
+
+def _replayed(bench: BenchResult) -> TrialFailure | None:
+    """Answers to repeated prompts far faster than to a fresh one: served from a cache, so
+    the figures are the cache's, never the config's (``bench/replay.py``)."""
+    replay = bench.replay or {}
+    if not replay.get("flagged"):
+        return None
+    return CandidateError("replayed_answers", replay["reason"], evidence={"replay_check": replay})

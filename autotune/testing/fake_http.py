@@ -73,6 +73,8 @@ class FakeServer:
         self.child: subprocess.Popen[bytes] | None = None
         self.port = opts.port  # the real one once bound (--port 0)
         self._scheduler_task: asyncio.Task[None] | None = None
+        #: the ``replay_cache`` fault's stored answers: (prompt as sent, max_tokens) -> chunks
+        self._replayed: dict[tuple[str, int], list[str]] = {}
 
     def app(self) -> Any:
         """Build the ASGI app."""
@@ -217,6 +219,10 @@ class FakeServer:
                 "configuration: head_dim=16",
                 "InternalServerError",
             )
+        replay_key = (json.dumps(body.get("prompt")), params.max_tokens)  # the text, as sent
+        if fault == "replay_cache" and params.include_usage and replay_key in self._replayed:
+            stored = self._replayed[replay_key]  # sent at once: nothing is decoded
+            return StreamingResponse(iter(stored), media_type="text/event-stream")
         if fault == "hang" or (fault == "hang_in_bench" and params.include_usage):
             await asyncio.Event().wait()  # never set: the request is accepted and never answered
         rng = random.Random(params.seed if params.seed is not None else random.getrandbits(64))
@@ -236,9 +242,10 @@ class FakeServer:
         created = int(time.time())
         self.scheduler.submit(gen)
         if params.stream:
-            return StreamingResponse(
-                self._stream(gen, params, request_id, created), media_type="text/event-stream"
-            )
+            chunks = self._stream(gen, params, request_id, created)
+            if fault == "replay_cache" and params.include_usage:
+                chunks = self._recorded(chunks, replay_key)
+            return StreamingResponse(chunks, media_type="text/event-stream")
         events: list[TokenEvent] = []
         try:
             while not events or events[-1].finish_reason is None:
@@ -456,6 +463,16 @@ class FakeServer:
         finally:
             if not gen.events.empty() or len(gen.generated) < gen.max_tokens:
                 gen.cancelled = True  # client went away: free the slot
+
+    async def _recorded(
+        self, chunks: AsyncIterator[str], key: tuple[str, int]
+    ) -> AsyncIterator[str]:
+        """The ``replay_cache`` fault: pass ``chunks`` on and keep them, once complete."""
+        sent = []
+        async for chunk in chunks:
+            sent.append(chunk)
+            yield chunk
+        self._replayed[key] = sent
 
     def _text(self, token_ids: list[int]) -> str:
         return "" if self.opts.fault == "no_text" else self.model.decode(token_ids)

@@ -40,6 +40,7 @@ FAULTS = (
     "one_500_in_bench",
     "wrong_late",
     "wrong_alone_in_bench",
+    "replay_cache",
 )
 #: which response fields the server speaks: vLLM's (token ids, prompt_logprobs), the plain
 #: OpenAI completions API (text, logprobs, echo), llama.cpp's llama-server's (logprobs in the

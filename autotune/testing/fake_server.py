@@ -87,6 +87,9 @@ Faults (``--fault NAME`` or env ``FAKE_FAULT``), each mimicking a failure real e
   ``stream_options.include_usage``) that arrives while no other request is in flight is wrong
   in every token (whitespace, as ``wrong_text``): right under load and in the quiet check,
   wrong in the single-request phase, whose numbers are the default objective's.
+* ``replay_cache``: a response cache in front of the engine: a benchmark request (streamed with
+  ``stream_options.include_usage``) whose prompt and ``max_tokens`` an earlier one had gets
+  that answer's chunks again at once, undecoded (right ids and text, any speed it likes).
 * ``stale_keepalive``: llama.cpp's llama-server's connections: every answer advertises
   ``Keep-Alive``, but a connection that carried a streamed answer is closed when the next
   request arrives on it, unanswered (a client that pools connections loses that request).

@@ -1,0 +1,109 @@
+"""A response cache, caught by a prompt it has never seen.
+
+The workload repeats its prompts by design: the correctness gate can only judge an answer to a
+prompt whose reference it holds. A server (or a proxy in front of it) that stores answers and
+replays them for a repeated prompt therefore answers the benchmark from memory: its answers are
+right, token for token, and arrive as fast as it cares to send them (an audit's server measured
+7648 tok/s against the engine's 362). Nothing in the answers themselves shows it.
+
+So each round of the benchmark also sends one **control**: the round's prompt (rotating through
+the workload) behind a fresh nonce line, at the same length, alone (as the single-request
+phase). No cache keyed by the prompt or by its prefix can hold its answer, while everything a
+real engine does to repeated text is kept: the same content follows, so the answer and any
+speculation drawn from earlier outputs (n-gram, suffix decoding) stay the same, and the prefix
+cache only ever saves a prefill, which the comparison leaves out. The control's answer is timed,
+never judged (no reference holds it).
+
+:func:`replay_check` compares the time per output token after the first (TPOT) of the
+single-request answers with that of the controls: a real engine decodes a prompt it saw before
+no faster than a fresh one, so repeated answers :data:`REPLAY_RATIO` times faster than the
+controls were not decoded. The trial is then refused (``replayed_answers``), its figures never
+scored. An answer that came in one chunk has no TPOT; its end-to-end time per token stands in
+(for a repeated answer an upper bound of its decode time, so that fallback can only make the
+check more lenient). A cache that matches prompts by meaning rather than by text is not caught.
+"""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+#: repeated prompts decoding this many times faster than a fresh prompt were not decoded; far
+#: above what a real engine shows (speculation drawn from earlier outputs applies to the control
+#: too, and noise on a busy machine moves one request's TPOT by well under 2x)
+REPLAY_RATIO = 4.0
+#: a control answer with fewer tokens has no TPOT worth comparing
+MIN_CONTROL_TOKENS = 8
+
+
+def control_prompt(prompt: str) -> str:
+    """``prompt`` behind a nonce line no earlier request carried (never the same twice)."""
+    return f"Request {secrets.token_hex(6)}.\n{prompt}"
+
+
+def _ms_per_token(record: Any) -> float | None:
+    """TPOT in ms, or end-to-end time per token when the answer has no TPOT (one chunk)."""
+    if not record.ok or not record.tokens:
+        return None
+    tpot = record.tpot_s
+    if tpot is None:
+        return record.e2e_s / record.tokens * 1000 if record.e2e_s else None
+    return tpot * 1000
+
+
+def _controls(n: int) -> str:
+    return f"{n} control" if n == 1 else f"{n} controls"
+
+
+def replay_check(repeated: Sequence[Any], controls: Sequence[Any]) -> dict[str, Any]:
+    """The ``replay_check`` record of one benchmark (``RequestRecord``s of the single-request
+    phases and of the controls): ``checked`` (False, with the reason, when no control or no
+    repeated answer could be timed), ``flagged`` and the figures it rests on."""
+    timed_controls = [
+        t
+        for r in controls
+        if r.tokens >= MIN_CONTROL_TOKENS
+        for t in [_ms_per_token(r)]
+        if t is not None
+    ]
+    timed_repeated = [t for r in repeated for t in [_ms_per_token(r)] if t is not None]
+    record: dict[str, Any] = {
+        "controls": len(timed_controls),
+        "repeated": len(timed_repeated),
+        "ratio_limit": REPLAY_RATIO,
+    }
+    if not timed_controls or not timed_repeated:
+        missing = "fresh-prompt control" if not timed_controls else "single-request answer"
+        record.update(
+            checked=False,
+            flagged=False,
+            reason=f"replay check not run: no {missing} could be timed "
+            f"(a control needs {MIN_CONTROL_TOKENS} tokens or more)",
+        )
+        return record
+    control_ms = statistics.median(timed_controls)
+    repeated_ms = statistics.median(timed_repeated)
+    ratio = control_ms / repeated_ms if repeated_ms > 0 else float("inf")
+    flagged = ratio >= REPLAY_RATIO
+    record.update(
+        checked=True,
+        flagged=flagged,
+        control_ms_per_token=round(control_ms, 4),
+        repeated_ms_per_token=round(repeated_ms, 4),
+        ratio=round(ratio, 2) if ratio != float("inf") else None,
+    )
+    how = "inf" if ratio == float("inf") else f"{ratio:.1f}"
+    if flagged:
+        record["reason"] = (
+            f"answers to repeated prompts came {how}x faster per token ({repeated_ms:.3g} ms) "
+            f"than to a fresh prompt ({control_ms:.3g} ms, {_controls(len(timed_controls))}): "
+            "replayed from a cache, not decoded; its speed is not the engine's"
+        )
+    else:
+        record["reason"] = (
+            f"repeated prompts {how}x a fresh prompt's speed per token "
+            f"({_controls(len(timed_controls))})"
+        )
+    return record
