@@ -119,6 +119,12 @@ def test_engine_args_cannot_move_the_address(
         ("vllm", "--model"),
         ("llamacpp", "--alias"),
         ("llamacpp", "--metrics"),
+        # llama-server's short spellings, and other sources of weights than model.path
+        ("llamacpp", "-m"),
+        ("llamacpp", "-a"),
+        ("llamacpp", "-m=other.gguf"),
+        ("llamacpp", "-hf"),
+        ("llamacpp", "--model-url"),
     ],
 )
 def test_engine_args_cannot_set_the_engine_s_own_flags(

@@ -178,6 +178,9 @@ class Engine(abc.ABC):
     #: flags this engine's launch sets itself, and why a search space may not tune them (a
     #: tuned ``--served-model-name`` made every request name a model the server did not serve)
     own_flags: Mapping[str, str] = {}
+    #: the engine parser's short spellings of its long flags (llama.cpp's ``-m`` for
+    #: ``--model``): ``engine.args`` may not set an own flag by its short name either
+    short_flags: Mapping[str, str] = {}
     #: whether the server keeps a connection open after a streamed answer, as HTTP/1.1
     #: keep-alive promises. llama.cpp's server advertises keep-alive and closes the connection
     #: after each streamed answer, so a client that reuses it sees the next request dropped:

@@ -85,7 +85,7 @@ def check_fixed_args(
                     f"{word!r} listens on every network interface: autotune's servers listen "
                     "on 127.0.0.1 only, the address it gives each launch",
                 )
-            name = flag_name(word)
+            name = flag_name(word) or _short_flag(word, engine_cls.short_flags)
             if name is None:
                 continue
             value = word.split("=", 1)[1] if "=" in word else _next(words, index)
@@ -102,6 +102,11 @@ def check_fixed_args(
             problem = _owned_problem(word, name, owned) if what == "args" else None
             if problem:
                 raise doc.error(key, problem)
+
+
+def _short_flag(word: str, short_flags: Mapping[str, str]) -> str | None:
+    """The long flag a short spelling sets (``-m`` or ``-m=x`` for llama.cpp's ``--model``)."""
+    return short_flags.get(word.split("=", 1)[0]) if word.startswith("-") else None
 
 
 def _next(words: Sequence[str], index: int) -> str:

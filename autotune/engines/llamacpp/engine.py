@@ -65,9 +65,25 @@ class LlamaCppEngine(Engine):
         "--metrics": "autotune turns /metrics on: the trial's server-side evidence",
         "--log-prefix": "autotune reads failures from the log's level prefixes",
         "--no-log-prefix": "autotune reads failures from the log's level prefixes",
+        # another source of weights: the server would serve a model other than model.path
+        "--model-url": "autotune launches the spec's model.path",
+        "--hf-repo": "autotune launches the spec's model.path",
+        "--docker-repo": "autotune launches the spec's model.path",
+    }
+    #: ``llama-server --help`` (build 11434): the short names of the flags above
+    short_flags = {
+        "-m": "--model",
+        "-a": "--alias",
+        "-mu": "--model-url",
+        "-hf": "--hf-repo",
+        "-hfr": "--hf-repo",
+        "-dr": "--docker-repo",
     }
     own_env = {
         "LLAMA_ARG_MODEL": "autotune launches the spec's model.path (--model)",
+        "LLAMA_ARG_MODEL_URL": "autotune launches the spec's model.path (--model-url)",
+        "LLAMA_ARG_HF_REPO": "autotune launches the spec's model.path (--hf-repo)",
+        "LLAMA_ARG_DOCKER_REPO": "autotune launches the spec's model.path (--docker-repo)",
         "LLAMA_ARG_ALIAS": "autotune's requests name the spec's model.served_name (--alias)",
         "LLAMA_ARG_HOST": "autotune gives each server its address (--host)",
         "LLAMA_ARG_PORT": "autotune gives each server its address (--port)",
