@@ -305,6 +305,25 @@ def test_ablate_of_a_trial_with_the_baselines_values_is_refused(tmp_path):
     assert not (tmp_path / "bad-artifacts").exists()
 
 
+def test_ablate_of_a_best_with_the_baselines_values_is_refused(tmp_path):
+    """Without --trial: the best is a search trial that drew the baseline's values (measured
+    faster by noise); there is nothing to revert, so nothing is launched."""
+    spec_path = _study(tmp_path)
+    spec = load_spec(spec_path)
+    study = optuna.load_study(study_name=spec.name, storage=spec.default_storage())
+    study.add_trial(verified_trial("search", 40, 500.0, CHOICES))  # the baseline's values
+    number = max(t.number for t in _trials(spec_path))
+    trials = len(_trials(spec_path))
+    ran = CliRunner().invoke(app, ["ablate", "--spec", str(spec_path)])
+    _refused(
+        ran,
+        "--trial",
+        f"trial {number} (the best config) runs the baseline's values: there is no change",
+    )
+    assert len(_trials(spec_path)) == trials
+    assert not (tmp_path / "bad-artifacts").exists()
+
+
 def test_ablate_output_over_a_study_file_is_refused_before_any_launch(tmp_path):
     spec_path = _study(tmp_path)
     number = _stored(spec_path, "search")

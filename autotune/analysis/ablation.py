@@ -202,39 +202,49 @@ def _pick_trial(
     before anything is launched): there is nothing to revert."""
     trials = study.get_trials(deepcopy=False)  # one read, passed down
     if number is None:
-        best = best_trials(study, trials=trials)
-        if not best:
-            raise SpecError("the study has no verified correct trial to ablate", key="--study")
-        if best[0].user_attrs.get(names.ROLE) == names.BASELINE:
-            # the baseline stands (no confirmed winner): ablate the confirmation's best median,
-            # the config whose changes the user asks about; the baseline has none to revert
-            winner = (study.user_attrs.get(names.CONFIRMATION) or {}).get("winner")
-            if (
-                isinstance(winner, int)
-                and 0 <= winner < len(trials)
-                and is_verified_feasible(trials[winner])
-            ):
-                return trials[winner]
-            raise SpecError(
-                "the baseline is the best config: there is no change to ablate (name one "
-                "with --trial)",
-                key="--trial",
-            )
-        return best[0]
-    if number < 0 or number >= len(trials) or not is_verified_feasible(trials[number]):
+        picked = _best_to_ablate(study, trials)
+    elif number < 0 or number >= len(trials) or not is_verified_feasible(trials[number]):
         raise SpecError(f"trial {number} is not a verified correct trial", key="--trial")
-    if not changes_from_baseline(spec, _trial_values(spec, trials[number])):
+    else:
+        picked = trials[number]
+    # the best may be a search trial that drew the baseline's values: as little to revert
+    if not changes_from_baseline(spec, _trial_values(spec, picked)):
         what = (
             "is the baseline"
-            if trials[number].user_attrs.get(names.ROLE) == names.BASELINE
+            if picked.user_attrs.get(names.ROLE) == names.BASELINE
             else "runs the baseline's values"
         )
+        which = " (the best config)" if number is None else ""
         raise SpecError(
-            f"trial {number} {what}: there is no change to ablate (name a trial that "
-            "changes something)",
+            f"trial {picked.number}{which} {what}: there is no change to ablate (name a "
+            "trial that changes something with --trial)",
             key="--trial",
         )
-    return trials[number]
+    return picked
+
+
+def _best_to_ablate(
+    study: optuna.Study, trials: list[optuna.trial.FrozenTrial]
+) -> optuna.trial.FrozenTrial:
+    """The best trial, or the confirmation's best median when the baseline stands."""
+    best = best_trials(study, trials=trials)
+    if not best:
+        raise SpecError("the study has no verified correct trial to ablate", key="--study")
+    if best[0].user_attrs.get(names.ROLE) != names.BASELINE:
+        return best[0]
+    # the baseline stands (no confirmed winner): ablate the confirmation's best median, the
+    # config whose changes the user asks about; the baseline has none to revert
+    winner = (study.user_attrs.get(names.CONFIRMATION) or {}).get("winner")
+    if (
+        isinstance(winner, int)
+        and 0 <= winner < len(trials)
+        and is_verified_feasible(trials[winner])
+    ):
+        return trials[winner]
+    raise SpecError(
+        "the baseline is the best config: there is no change to ablate (name one with --trial)",
+        key="--trial",
+    )
 
 
 def _noise_band(measured, best_median: float, min_effect: float) -> float:
