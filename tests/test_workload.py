@@ -192,14 +192,18 @@ def test_resumed_study_with_changed_workload_is_refused(tmp_path) -> None:
         check_workload(study, changed)
     assert info.value.file == str(path) and info.value.key == "workload"
     assert "--allow-workload-change" in str(info.value)
-    # the CLI: exit 2 naming the file and key, before any trial
+    # the CLI: exit 2 naming the file and key, before any trial, and nothing written to the
+    # study (another --sampler was recorded, and the machine, before the refusal)
+    attrs = dict(study.user_attrs)
     result = CliRunner().invoke(
-        app, ["run", "--spec", str(path), "--trials", "1", "--confirm-top", "0"]
+        app,
+        ["run", "--spec", str(path), "--trials", "1", "--confirm-top", "0", "--sampler", "random"],
     )
     assert result.exit_code == 2, result.output
     assert f"{path}: workload:" in result.output.replace("\n", "")
     loaded = optuna.load_study(storage=spec.default_storage(), study_name="resume")
     assert all(t.state != optuna.trial.TrialState.COMPLETE for t in loaded.trials)
+    assert loaded.user_attrs == attrs
     # allowed: accepted, recorded, the new hash stored
     note = check_workload(study, changed, allow_change=True)
     assert note and "workload changed after" in note

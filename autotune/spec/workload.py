@@ -553,16 +553,7 @@ def check_workload(study: Any, spec: Any, *, allow_change: bool = False) -> str 
         return None
     if stored.get("hash") == current["hash"]:
         return None
-    if not allow_change:
-        raise SpecError(
-            f"study {study.study_name!r} was measured with another workload "
-            f"(hash {str(stored.get('hash'))[:12]}, {stored.get('source')}; now "
-            f"{current['hash'][:12]}, {current['source']}): its trials would not be "
-            "comparable. Restore the workload, give a new --study name, or pass "
-            "--allow-workload-change",
-            file=str(spec.path),
-            key="workload",
-        )
+    refuse_changed_workload(study, spec, allow_change=allow_change)
     trials = len(study.get_trials(deepcopy=False))
     changes = list(study.user_attrs.get(names.WORKLOAD_CHANGES) or [])
     changes.append({"from": stored, "to": current, "after_trials": trials})
@@ -572,4 +563,25 @@ def check_workload(study: Any, spec: Any, *, allow_change: bool = False) -> str 
         f"workload changed after {trials} trials (--allow-workload-change): "
         f"{str(stored.get('hash'))[:12]} -> {current['hash'][:12]}; earlier trials were "
         "measured with the old one"
+    )
+
+
+def refuse_changed_workload(study: Any, spec: Any, *, allow_change: bool) -> None:
+    """Raise :class:`SpecError` (naming the spec file and ``workload``) when the study was
+    measured with another workload and the change is not allowed; writes nothing, so a
+    resume can be refused before anything is recorded in the study."""
+    stored = study.user_attrs.get(names.WORKLOAD)
+    if stored is None or allow_change:
+        return
+    current = describe(spec.workload)
+    if stored.get("hash") == current["hash"]:
+        return
+    raise SpecError(
+        f"study {study.study_name!r} was measured with another workload "
+        f"(hash {str(stored.get('hash'))[:12]}, {stored.get('source')}; now "
+        f"{current['hash'][:12]}, {current['source']}): its trials would not be "
+        "comparable. Restore the workload, give a new --study name, or pass "
+        "--allow-workload-change",
+        file=str(spec.path),
+        key="workload",
     )

@@ -37,7 +37,7 @@ from autotune.search import strategy
 from autotune.search.guide import GuidedSampler, Neighbour, early_neighbours, record_plan, risky_for
 from autotune.spec.load import spec_error_for_missing_model
 from autotune.spec.model import StudySpec
-from autotune.spec.workload import check_workload
+from autotune.spec.workload import check_workload, refuse_changed_workload
 from autotune.storage import (
     artifact_dir_for,
     artifact_store,
@@ -204,12 +204,15 @@ def open_study(
     neighbours: Sequence[Neighbour] = (),
     sampler_name: str | None = None,
     risky: Mapping[str, Sequence[Any]] | None = None,
+    allow_workload_change: bool | None = None,
 ) -> tuple[optuna.Study, bool]:
     """Load the study or create it. Exactly one worker creates it, even when several start
     together: creation is an INSERT guarded by the database's unique study name.
 
     ``dropped`` choices are never proposed and ``neighbours`` are the first sampled trials
-    (``autotune/search/guide.py``)."""
+    (``autotune/search/guide.py``). A resumed study is refused before anything is written to
+    it when its objective's directions, its search space's domains or (unless
+    ``allow_workload_change`` is None: not checked, or True) its workload changed."""
     storage = _open_storage(url)
     name = study_name or spec.name
 
@@ -250,6 +253,8 @@ def open_study(
                 key="objective",
             ) from None
         check_space_unchanged(study, spec)  # before anything is written to the study
+        if allow_workload_change is not None:
+            refuse_changed_workload(study, spec, allow_change=allow_workload_change)
     chosen = strategy.record_sampler(study, sampler_name)
     if chosen != first_choice:  # resumed without --sampler: the study's own strategy
         study.sampler = make_sampler(chosen)
@@ -331,6 +336,7 @@ def run_study(
         neighbours=neighbours,
         sampler_name=options.sampler,
         risky=risky_for(spec.space, engine),
+        allow_workload_change=options.allow_workload_change,
     )
     changed = check_workload(study, spec, allow_change=options.allow_workload_change)
     if changed:

@@ -396,15 +396,19 @@ def run_parallel(
     preflight(spec, engine, validate=getattr(options, "validate", True))
     roofline_record(spec)  # each worker stores it; a spec whose roofline fails stops here
     study, _created = open_study(
-        spec, url, study_name=options.study_name, seed=options.seed, sampler_name=options.sampler
+        spec,
+        url,
+        study_name=options.study_name,
+        seed=options.seed,
+        sampler_name=options.sampler,
+        allow_workload_change=options.allow_workload_change,
     )
-    if options.warm_start:
-        for line in warm_start_from(study, spec, url, options.warm_start):
-            say("info", line)
-
     changed = check_workload(study, spec, allow_change=options.allow_workload_change)
     if changed:
         say("notice", f"workload: {changed}")
+    if options.warm_start:
+        for line in warm_start_from(study, spec, url, options.warm_start):
+            say("info", line)
     name = study.study_name
     study.set_user_attr(
         names.PARALLEL_CONTENTION,
