@@ -115,6 +115,7 @@ def test_a_server_replaying_stored_answers_is_refused_not_reported(tmp_path: Pat
     honest = baseline.user_attrs[names.CHECK]["replay"]
     assert honest["checked"] and not honest["flagged"] and honest["controls"] == 2
     assert honest["control_ms_per_token"] >= 20.0  # the fake server's decode step
+    assert honest["control_ttft_ms"] > 0 and honest["repeated_ttft_ms"] > 0
     assert "no cache replay" in describe_checks(baseline.user_attrs[names.CHECK])
 
     assert cached.state == TrialState.PRUNED
