@@ -200,6 +200,7 @@ async def run_benchmark(
     counter: TokenCounter = NO_TOKENIZER,
     request_bound_s: float | None = None,
     stop_rule: Callable[[int, Sequence[dict[str, float]]], str | None] | None = None,
+    speculates: bool = False,
 ) -> BenchResult:
     """Warm up once, then rounds of (single-request decode, load at every level) until
     ``focus``'s interval is precise enough (see the module docstring), then the goodput search.
@@ -212,7 +213,8 @@ async def run_benchmark(
     A hung request ends the benchmark at once (``BenchResult.hang``): a trial whose server went
     silent costs one ``request_timeout_s``, not one per phase and wave. ``request_bound_s``
     bounds each request's whole time as well (a stream that trickles a token just inside
-    every deadline still ends).
+    every deadline still ends). ``speculates``: the server decodes speculatively, so repeated
+    prompts may be faster than the fresh-prompt controls without a cache (``bench/replay.py``).
     """
     read_timeout = hang_timeout_s or workload.request_timeout_s
     prompts = list(workload.prompts)
@@ -362,7 +364,7 @@ async def run_benchmark(
         },
         shape=stream_shape(single_records, load_records),
         transport_retries=sum(r.transport_retries for r in all_records),
-        replay=replay_check(single_records, controls) if rounds else None,
+        replay=replay_check(single_records, controls, speculates=speculates) if rounds else None,
     )
 
 
@@ -444,9 +446,13 @@ def record_curve(trial: Any, bench: BenchResult) -> None:
         suspect = cross_check(bench.counts, server_metrics)
         if suspect is not None:
             trial.set_user_attr(names.MEASUREMENT_SUSPECT, suspect)
-    if bench.client is not None:  # the client's own trap beside the server-side ones
+    replayed = (bench.replay or {}).get("flagged") and not bench.replay.get("refused")
+    if bench.client is not None or replayed:  # the client's own traps beside the server's
         traps = dict((getattr(trial, "user_attrs", None) or {}).get(names.TRAPS) or {})
-        traps["client"] = bench.client
+        if bench.client is not None:
+            traps["client"] = bench.client
+        if replayed:  # repeated prompts faster than fresh ones, by speculation: said
+            traps["repeated_prompts"] = bench.replay
         traps["flagged"] = [
             v["reason"] for v in traps.values() if isinstance(v, dict) and v.get("flagged")
         ]

@@ -280,7 +280,7 @@ async def bench_remote(
                 f"request_errors: {bench.failed_requests} of {bench.total_requests} requests "
                 f"failed: {bench.errors[0] if bench.errors else ''}"
             )
-        elif (bench.replay or {}).get("flagged"):
+        elif (bench.replay or {}).get("refused"):
             result.failure = f"replayed_answers: {bench.replay['reason']}"
         if bench.replay is not None and not bench.replay.get("checked"):
             result.notices.append(bench.replay["reason"])  # a check that could not run says so

@@ -194,6 +194,12 @@ class Engine(abc.ABC):
     #: the suffix of the file ``autotune export`` writes when no ``-o`` names one
     export_suffix: str = ".yaml"
 
+    def speculates(self, launch: LaunchConfig) -> bool:
+        """Whether ``launch`` decodes speculatively: then a repeated prompt may really decode
+        faster than a fresh one (``bench/replay.py``). False for an engine that cannot tell,
+        so a server that replays answers is refused there."""
+        return False
+
     @classmethod
     def command_problem(cls, command: Sequence[str]) -> str | None:
         """What is wrong with a spec's ``engine.command`` for this engine, or None."""

@@ -263,8 +263,7 @@ def describe_checks(check: dict[str, Any] | None) -> str:
             )
         parts.append(f"under load ({how})")
     replay = check.get("replay")  # the fresh-prompt control (bench/replay.py)
-    if replay:
-        parts.append(
-            f"no cache replay ({replay['reason']})" if replay.get("checked") else replay["reason"]
-        )
+    if replay:  # a flagged ratio (a speculating launch's) or a check not run says its reason
+        ok = replay.get("checked") and not replay.get("flagged")
+        parts.append(f"no cache replay ({replay['reason']})" if ok else replay["reason"])
     return "; ".join(parts)

@@ -64,6 +64,6 @@ def _replayed(bench: BenchResult) -> TrialFailure | None:
     """Answers to repeated prompts far faster than to a fresh one: served from a cache, so
     the figures are the cache's, never the config's (``bench/replay.py``)."""
     replay = bench.replay or {}
-    if not replay.get("flagged"):
+    if not replay.get("refused"):  # a speculating launch's ratio is a trap, not a refusal
         return None
     return CandidateError("replayed_answers", replay["reason"], evidence={"replay_check": replay})

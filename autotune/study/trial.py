@@ -36,7 +36,7 @@ from autotune.bench.traps import trial_traps
 from autotune.client.bounds import PROTOCOL_VIOLATION
 from autotune.client.http import build_client, connections_for, transport_retries
 from autotune.client.stream import NoTokenWithin, StreamError
-from autotune.engines.base import Engine
+from autotune.engines.base import Engine, LaunchConfig
 from autotune.errors import CandidateError, InfrastructureError, TrialFailure, excerpt
 from autotune.gate import (
     CheckResult,
@@ -345,7 +345,7 @@ class TrialRunner:
                 self._phase(trial, "benchmarking")
                 clock.start(MEASUREMENT)
                 screen = screen_for(ctx.study if ctx.allow_pruning else None, spec.objective, role)
-                bench = await self._benchmark(client, launch.served_model, server, trial, screen)
+                bench = await self._benchmark(client, launch, server, trial, screen)
                 await self._engine_evidence(client, trial, settings)
                 self._check_under_load(trial, reference, bench)
                 if not server.alive():
@@ -478,7 +478,7 @@ class TrialRunner:
     async def _benchmark(
         self,
         client: httpx.AsyncClient,
-        model: str,
+        launch: LaunchConfig,
         server: ServerProcess,
         trial: optuna.Trial,
         screen: Screen | None = None,
@@ -501,7 +501,7 @@ class TrialRunner:
         try:
             bench = await run_benchmark(
                 client,
-                model,
+                launch.served_model,
                 self.ctx.spec.workload,
                 dialect=self.ctx.engine.dialect,
                 on_repeat=on_repeat,
@@ -513,6 +513,7 @@ class TrialRunner:
                     self.ctx.study and verified_baseline(self.ctx.study),
                     self.ctx.spec.workload.request_timeout_s,
                 ),
+                speculates=self.ctx.engine.speculates(launch),
             )
         finally:  # stored whatever the benchmark's outcome; never fails the trial
             server_metrics = await evidence.stop()
@@ -575,8 +576,7 @@ class TrialRunner:
         shared = self.ctx.engine.compile_cache_env(cache) if cache is not None else {}
         if not self.ctx.extra_env and not (shared.keys() - settings.env.keys()):
             return settings
-        env = {**shared, **settings.env}
-        env.update(self.ctx.extra_env)
+        env = {**shared, **settings.env, **self.ctx.extra_env}
         return ServerSettings(
             flags=settings.flags, json_flags=settings.json_flags, env=env, patches=settings.patches
         )

@@ -46,6 +46,18 @@ _FULL_PRECISION_CACHE = frozenset({"f32", "f16", "bf16"})
 _CACHE_TYPE_FLAGS = frozenset({"--cache-type-k", "--cache-type-v", "-ctk", "-ctv"})
 
 
+#: llama-server's spellings (build 11434) of a draft model for speculative decoding
+_DRAFT_MODEL = frozenset(
+    {"--spec-draft-model", "-md", "--model-draft", "--spec-draft-hf", "-hfd", "-hfrd"}
+    | {"--hf-repo-draft"}
+)
+
+
+def _speculative_type(value: str) -> bool:
+    """``--spec-type`` names a kind of speculation (``none`` alone is none)."""
+    return any(kind.strip() not in ("", "none") for kind in value.split(","))
+
+
 class LlamaCppEngine(Engine):
     name = "llamacpp"
     dialect = LLAMACPP_DIALECT
@@ -91,6 +103,26 @@ class LlamaCppEngine(Engine):
         "LLAMA_ARG_LOG_PREFIX": "autotune reads failures from the log's level prefixes",
         "LLAMA_ARG_NO_LOG_PREFIX": "autotune reads failures from the log's level prefixes",
     }
+
+    def speculates(self, launch: LaunchConfig) -> bool:
+        """A draft model, or a ``--spec-type`` other than ``none`` (n-gram lookups, the
+        n-gram cache, MTP ...), on the command line or in its ``LLAMA_ARG_*`` variable."""
+        argv = launch.argv
+        for index, word in enumerate(argv):
+            flag, given, value = word.partition("=")
+            flag = canonical(flag)
+            if flag in _DRAFT_MODEL:
+                return True
+            if flag == "--spec-type":
+                value = value if given else (argv[index + 1] if index + 1 < len(argv) else "")
+                if _speculative_type(value):
+                    return True
+        env = launch.env
+        return bool(
+            env.get("LLAMA_ARG_SPEC_DRAFT_MODEL")
+            or env.get("LLAMA_ARG_SPEC_DRAFT_HF_REPO")
+            or _speculative_type(env.get("LLAMA_ARG_SPEC_TYPE", ""))
+        )
 
     def __init__(self, engine: EngineSpec, model: ModelSpec) -> None:
         super().__init__(engine, model)

@@ -213,6 +213,14 @@ class VllmEngine(Engine):
     def server_metrics_map(self) -> MetricsMap:
         return VLLM_METRICS
 
+    def speculates(self, launch: LaunchConfig) -> bool:
+        """``--speculative-config`` in the launch, fixed or tuned (any spelling)."""
+        return any(
+            "--" + w[2:].split("=", 1)[0].replace("_", "-") == speculative.FLAG
+            for w in launch.argv
+            if w.startswith("--")
+        )
+
     async def evidence(self, client: Any, settings: ServerSettings) -> dict[str, Any]:
         """The speculative-decoding acceptance, when the trial speculates (one GET of
         ``/metrics``; see ``speculative.py``); nothing otherwise."""
