@@ -92,10 +92,14 @@ def test_bench_url_measures_a_running_vllm_server(tmp_path) -> None:
         evidence = data["server_metrics"]
         assert evidence["available"] is True, evidence
         total = evidence["total"]
-        # 1 warm-up + 1 single + 8 load requests of 32 tokens, counted by vLLM itself
-        assert total["generation_tokens"] == 10 * 32, total
+        # 1 warm-up + 1 single + 1 fresh-prompt control + 8 load requests of 32 tokens,
+        # counted by vLLM itself
+        assert total["generation_tokens"] == 11 * 32, total
         assert {"preemptions", "requests_running_max", "kv_cache_usage_max"} <= set(total)
         assert "load at 4 (round 1)" in evidence["phases"]
+        # the real server decodes a fresh prompt as fast as a repeated one: no cache replay
+        replay = data["bench"]["replay_check"]
+        assert replay["checked"] and not replay["flagged"], replay
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
