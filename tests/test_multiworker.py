@@ -536,6 +536,8 @@ def test_a_parallel_workers_argv_carries_no_storage_password(
         raise Stop
 
     monkeypatch.setattr(parallel.subprocess, "Popen", popen)
+    # a PostgreSQL study's artifacts go to studies/ below the working directory: not the repo's
+    monkeypatch.chdir(tmp_path)
     options = RunOptions(trials=2, storage_url=url, study_name=token)
     with contextlib.suppress(Stop):
         parallel.run_parallel(spec, options, workers=2, plan=DevicePlanSpec(), say=lambda *_: None)
