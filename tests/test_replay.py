@@ -48,47 +48,47 @@ ARGS = ("--decode-ms", "20", "--prefill-ms", "1")
 WORKLOAD = {"max_tokens": 16, "repeats": 2, "single_requests": 2}
 
 
-def record(tokens: int, tpot_ms: float | None, ttft_ms: float = 5.0) -> RequestRecord:
-    """A streamed answer of ``tokens`` tokens, one a chunk every ``tpot_ms`` after the first
-    (None: all in one chunk)."""
-    first = ttft_ms / 1000
-    step = (tpot_ms or 0) / 1000
+def record(tokens: int, e2e_ms: float, *, burst_ms: float | None = None) -> RequestRecord:
+    """A streamed answer of ``tokens`` tokens over ``e2e_ms``: one token a chunk, evenly
+    spaced after a 5 % TTFT, or (``burst_ms``) all of them in the last ``burst_ms``, the way
+    vLLM's CPU server flushes an answer when its API server was starved of CPU."""
+    e2e = e2e_ms / 1000
+    first = e2e - (burst_ms / 1000 if burst_ms is not None else 0.95 * e2e)
+    step = (e2e - first) / max(1, tokens - 1)
     times = tuple(first + i * step for i in range(tokens))
     return RequestRecord(
-        prompt="p",
-        ok=True,
-        ttft_s=first,
-        e2e_s=times[-1] if tpot_ms else first,
-        token_times_s=times,
-        output_tokens=tokens,
+        prompt="p", ok=True, ttft_s=first, e2e_s=e2e, token_times_s=times, output_tokens=tokens
     )
 
 
 def test_repeated_answers_much_faster_than_a_fresh_prompt_are_flagged() -> None:
-    cached = replay_check([record(16, 0.5)] * 4, [record(16, 20.0), record(16, 22.0)])
-    assert cached["checked"] and cached["flagged"]
-    assert cached["ratio"] == pytest.approx(42, rel=0.01)
+    cached = replay_check([record(16, 10.0)] * 4, [record(16, 320.0), record(16, 352.0)])
+    assert cached["checked"] and cached["flagged"] and cached["refused"]
+    assert cached["ratio"] == pytest.approx(33.6)
     assert "replayed from a cache" in cached["reason"] and "2 controls" in cached["reason"]
-    honest = replay_check([record(16, 20.0)] * 4, [record(16, 25.0)])
-    assert honest["checked"] and not honest["flagged"]
+    honest = replay_check([record(16, 320.0)] * 4, [record(16, 400.0)])
+    assert honest["checked"] and not honest["flagged"] and not honest["refused"]
     assert honest["ratio"] == pytest.approx(1.25) and "1 control)" in honest["reason"]
     # just under the limit is a real engine's noise, not a cache
-    near = replay_check([record(16, 10.0)], [record(16, 10.0 * REPLAY_RATIO * 0.95)])
+    near = replay_check([record(16, 100.0)], [record(16, 100.0 * REPLAY_RATIO * 0.95)])
     assert not near["flagged"]
 
 
-def test_an_answer_in_one_chunk_is_timed_end_to_end() -> None:
-    """No TPOT (one chunk): the end-to-end time per token stands in, so a cache that sends its
-    whole answer at once is still seen, and an honest one-chunk server is not flagged."""
-    dumped = replay_check([record(16, None, ttft_ms=2.0)] * 3, [record(16, 20.0)])
-    assert dumped["flagged"], dumped
-    assert dumped["repeated_ms_per_token"] == pytest.approx(2.0 / 16)
-    whole = replay_check([record(16, None, ttft_ms=320.0)] * 3, [record(16, 20.0)])
-    assert not whole["flagged"], whole
+def test_answers_that_arrive_in_bursts_are_timed_end_to_end() -> None:
+    """vLLM's CPU demo server sends most of an answer in one flush: the time after the first
+    token then measures nothing (0.006 ms a token on the demo). An honest server whose
+    repeated answers came in bursts and whose controls did not is not flagged; a cache that
+    sends its whole answer at once still is."""
+    bursty = [record(16, 320.0, burst_ms=0.1)] * 5
+    steady = [record(16, 320.0)] * 2
+    assert not replay_check(bursty, steady)["flagged"]
+    assert not replay_check(steady, bursty)["flagged"]
+    dumped = replay_check([record(16, 2.0, burst_ms=0.1)] * 3, steady)
+    assert dumped["flagged"] and dumped["repeated_ms_per_token"] == pytest.approx(2.0 / 16)
 
 
 def test_a_check_that_cannot_run_says_so() -> None:
-    short = replay_check([record(16, 1.0)], [record(MIN_CONTROL_TOKENS - 1, 20.0)])
+    short = replay_check([record(16, 10.0)], [record(MIN_CONTROL_TOKENS - 1, 320.0)])
     assert short == {
         "controls": 0,
         "repeated": 1,
@@ -97,20 +97,20 @@ def test_a_check_that_cannot_run_says_so() -> None:
         "flagged": False,
         "refused": False,
         "reason": "replay check not run: no fresh-prompt control could be timed "
-        f"(a control needs {MIN_CONTROL_TOKENS} tokens or more)",
+        f"(an answer needs {MIN_CONTROL_TOKENS} tokens or more)",
     }
     failed = RequestRecord(prompt="p", ok=False, error="http 500")
-    none = replay_check([failed], [record(16, 20.0)])
+    none = replay_check([failed, record(4, 1.0)], [record(16, 320.0)])
     assert not none["checked"] and "no single-request answer" in none["reason"]
     # and "checks passed" says it was not run rather than nothing
     said = describe_checks({"passed": True, "checks": {"compared_by": "ids"}, "replay": short})
     assert "replay check not run" in said
 
 
-def test_each_control_prompt_is_new_and_ends_with_the_prompt() -> None:
+def test_each_control_prompt_is_new_and_keeps_the_prompt_as_its_prefix() -> None:
     prompts = {control_prompt("1 2 3") for _ in range(50)}
     assert len(prompts) == 50
-    assert all(p.endswith("\n1 2 3") for p in prompts)
+    assert all(p.startswith("1 2 3\n") for p in prompts)
 
 
 def test_a_server_replaying_stored_answers_is_refused_not_reported(tmp_path: Path) -> None:
@@ -123,7 +123,6 @@ def test_a_server_replaying_stored_answers_is_refused_not_reported(tmp_path: Pat
     honest = baseline.user_attrs[names.CHECK]["replay"]
     assert honest["checked"] and not honest["flagged"] and honest["controls"] == 2
     assert honest["control_ms_per_token"] > 10.0  # the fake server sleeps 20 ms a step
-    assert honest["control_ttft_ms"] > 0 and honest["repeated_ttft_ms"] > 0
     assert "no cache replay" in describe_checks(baseline.user_attrs[names.CHECK])
 
     assert cached.state == TrialState.PRUNED
@@ -190,7 +189,7 @@ def bench_with(replay: dict) -> BenchResult:
 
 
 def test_a_speculating_launch_is_said_not_refused() -> None:
-    repeated, controls = [record(16, 2.0)] * 4, [record(16, 20.0)]
+    repeated, controls = [record(16, 32.0)] * 4, [record(16, 320.0)]
     said = replay_check(repeated, controls, speculates=True)
     assert said["flagged"] and not said["refused"] and said["speculative"]
     assert "speculative decoding on" in said["reason"]

@@ -7,24 +7,25 @@ right, token for token, and arrive as fast as it cares to send them (an audit's 
 7648 tok/s against the engine's 362). Nothing in the answers themselves shows it.
 
 So each round of the benchmark also sends one **control**: the round's prompt (rotating through
-the workload) behind a fresh nonce line, at the same length, alone (as the single-request
-phase). No cache keyed by the prompt or by its prefix can hold its answer, while what a real
-engine does to repeated text is mostly kept: the same content follows (the answer, and
-speculation drawn from the prompt, stay much the same), and the prefix cache only ever saves
-a prefill, which the comparison leaves out. The control's answer is timed, never judged (no
-reference holds it).
+the workload) with a fresh nonce line after it, at the same length, alone (as the
+single-request phase). No cache keyed by the whole prompt can hold its answer, while the work a
+real engine does is the same: the prompt's prefix is the repeated prompt's (a prefix cache
+serves both alike, so the prefill costs the same), and the answer has the same length. The
+control's answer is timed, never judged (no reference holds it).
 
-:func:`replay_check` compares the time per output token after the first (TPOT) of the
-single-request answers with that of the controls: without speculation a real engine decodes a
-prompt it saw before no faster than a fresh one, so repeated answers :data:`REPLAY_RATIO` times
-faster than the controls were not decoded. The trial is then refused (``replayed_answers``),
-its figures never scored, unless the launch decodes speculatively (the engine reads it from
-the argv, ``Engine.speculates``): speculation drawn from earlier answers (llama.cpp's n-gram
-cache, vLLM's suffix decoding) does make repeated prompts faster than fresh ones, so there the
-ratio is said (a trap, in ``show``), not refused. An answer that came in one chunk has no TPOT;
-its end-to-end time per token stands in (for a repeated answer an upper bound of its decode
-time, so that fallback can only make the check more lenient). A cache that matches prompts by
-meaning rather than by text is not caught.
+:func:`replay_check` compares the end-to-end time per output token of the single-request
+answers with the controls'. End to end, because it is the one clock no shape of stream can
+bend: a real engine that streams in bursts (vLLM's CPU server, starved of CPU, sends most of
+an answer in one flush) leaves no meaning in the time after the first token, and measured
+0.006 ms "per token" that way on the demo. Without speculation, a real engine answers a prompt
+it saw before no faster than the same prompt with a line added, so repeated answers
+:data:`REPLAY_RATIO` times faster than the controls were not decoded. The trial is then
+refused (``replayed_answers``), its figures never scored, unless the launch decodes
+speculatively (the engine reads it from the launch, ``Engine.speculates``): speculation drawn
+from earlier answers (llama.cpp's n-gram cache, vLLM's suffix decoding) does make repeated
+prompts faster than new ones, so there the ratio is said (a trap, in ``show``), not refused.
+A cache that matches prompts by a prefix, or by meaning, rather than by the whole text is not
+caught.
 """
 
 from __future__ import annotations
@@ -34,32 +35,26 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-#: repeated prompts decoding this many times faster than a fresh prompt were not decoded; far
-#: above what a real engine without speculation shows (noise on a busy machine moves one
-#: request's TPOT by well under 2x)
+#: repeated prompts answered this many times faster per token than a fresh one were not
+#: decoded; far above what a real engine without speculation shows (the two do the same work,
+#: and noise on a busy machine moves one request's time by well under 2x)
 REPLAY_RATIO = 4.0
-#: a control answer with fewer tokens has no TPOT worth comparing
+#: an answer with fewer tokens is left out of the comparison (its time is mostly the prefill)
 MIN_CONTROL_TOKENS = 8
 
 
 def control_prompt(prompt: str) -> str:
-    """``prompt`` behind a nonce line no earlier request carried (never the same twice)."""
-    return f"Request {secrets.token_hex(6)}.\n{prompt}"
+    """``prompt`` with a nonce line after it that no earlier request carried (never the same
+    twice): its prefix stays the repeated prompt's, the whole text is new."""
+    return f"{prompt}\n(request {secrets.token_hex(6)})"
 
 
 def _ms_per_token(record: Any) -> float | None:
-    """TPOT in ms, or end-to-end time per token when the answer has no TPOT (one chunk)."""
-    if not record.ok or not record.tokens:
+    """End-to-end time per output token in ms (None: failed, or fewer than
+    :data:`MIN_CONTROL_TOKENS` tokens)."""
+    if not record.ok or record.tokens < MIN_CONTROL_TOKENS or not record.e2e_s:
         return None
-    tpot = record.tpot_s
-    if tpot is None:
-        return record.e2e_s / record.tokens * 1000 if record.e2e_s else None
-    return tpot * 1000
-
-
-def _median_ttft_ms(records: Sequence[Any]) -> float | None:
-    ttfts = [r.ttft_s * 1000 for r in records if r.ok and r.ttft_s is not None]
-    return round(statistics.median(ttfts), 3) if ttfts else None
+    return record.e2e_s / record.tokens * 1000
 
 
 def _controls(n: int) -> str:
@@ -76,15 +71,9 @@ def replay_check(
 
     ``speculates``: the launch decodes speculatively. Speculation drawn from earlier answers
     (llama.cpp's n-gram cache, vLLM's suffix decoding) really does make a repeated prompt
-    decode faster than a fresh one, so there a flagged ratio is said (the speed holds for
+    decode faster than a new one, so there a flagged ratio is said (the speed holds for
     repeated prompts only) but not refused: the answers were decoded, and right."""
-    timed_controls = [
-        t
-        for r in controls
-        if r.tokens >= MIN_CONTROL_TOKENS
-        for t in [_ms_per_token(r)]
-        if t is not None
-    ]
+    timed_controls = [t for r in controls for t in [_ms_per_token(r)] if t is not None]
     timed_repeated = [t for r in repeated for t in [_ms_per_token(r)] if t is not None]
     record: dict[str, Any] = {
         "controls": len(timed_controls),
@@ -98,7 +87,7 @@ def replay_check(
             flagged=False,
             refused=False,
             reason=f"replay check not run: no {missing} could be timed "
-            f"(a control needs {MIN_CONTROL_TOKENS} tokens or more)",
+            f"(an answer needs {MIN_CONTROL_TOKENS} tokens or more)",
         )
         return record
     control_ms = statistics.median(timed_controls)
@@ -113,24 +102,21 @@ def replay_check(
         control_ms_per_token=round(control_ms, 4),
         repeated_ms_per_token=round(repeated_ms, 4),
         ratio=round(ratio, 2) if ratio != float("inf") else None,
-        # beside it, what a fresh prompt waits for its first token (no prefix cache helps it):
-        # a note for the reader, never a verdict (a prefix cache legitimately shortens TTFT)
-        control_ttft_ms=_median_ttft_ms(controls),
-        repeated_ttft_ms=_median_ttft_ms(repeated),
     )
     how = "inf" if ratio == float("inf") else f"{ratio:.1f}"
+    faster = (
+        f"answers to repeated prompts came {how}x faster per token end to end "
+        f"({repeated_ms:.3g} ms) than to a fresh prompt ({control_ms:.3g} ms, "
+        f"{_controls(len(timed_controls))})"
+    )
     if flagged and speculates:
         record["reason"] = (
-            f"answers to repeated prompts came {how}x faster per token ({repeated_ms:.3g} ms) "
-            f"than to a fresh prompt ({control_ms:.3g} ms, {_controls(len(timed_controls))}) "
-            "with speculative decoding on: speculation drawn from earlier answers speeds "
-            "repeated prompts, so this speed holds for repeated prompts only"
+            f"{faster} with speculative decoding on: speculation drawn from earlier answers "
+            "speeds repeated prompts, so this speed holds for repeated prompts only"
         )
     elif flagged:
         record["reason"] = (
-            f"answers to repeated prompts came {how}x faster per token ({repeated_ms:.3g} ms) "
-            f"than to a fresh prompt ({control_ms:.3g} ms, {_controls(len(timed_controls))}): "
-            "replayed from a cache, not decoded; its speed is not the engine's"
+            f"{faster}: replayed from a cache, not decoded; its speed is not the engine's"
         )
     else:
         record["reason"] = (
