@@ -195,11 +195,12 @@ def test_run_benchmark_counts_every_failure():
             return await run_benchmark(client, "m", workload, dialect=VLLM_DIALECT)
 
     result = asyncio.run(go())
-    # warm-up 1, then repeat 1: single 2, its fresh-prompt control 1 and load 6; the 5th
-    # and 10th requests are 503s, so the benchmark stops after that repeat (no point measuring
-    # on) and counts exactly two failures of ten
+    # warm-up 1, then repeat 1: single 2, its fresh-prompt control 1 (sent, but no benchmark
+    # request) and load 6; the 5th and 10th requests are 503s, both under load, so the
+    # benchmark stops after that repeat (no point measuring on) and counts exactly two
+    # failures of nine
     assert calls["n"] == 1 + 2 + 1 + 6
-    assert result.total_requests == 10
+    assert result.total_requests == 9
     assert result.failed_requests == 2
     assert len(result.repeats) == 1
     assert all("503" in e for e in result.errors)

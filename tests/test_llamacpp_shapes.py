@@ -188,7 +188,7 @@ def test_a_server_that_drops_kept_alive_connections_loses_no_request(fake_server
 
     gate_retries, bench, client_retries = asyncio.run(go(True))
     assert bench.failed_requests == 0, bench.errors
-    assert bench.total_requests == 1 + 2 + 1 + 8  # warm-up, single, control, load
+    assert bench.total_requests == 1 + 2 + 8  # warm-up, single, load (not the control)
     assert gate_retries >= 1 and bench.transport_retries >= 1
     assert client_retries == gate_retries + bench.transport_retries
     assert bench_summary(bench)["transport_retries"] == bench.transport_retries
@@ -198,7 +198,7 @@ def test_a_server_that_drops_kept_alive_connections_loses_no_request(fake_server
 
 
 def test_a_failed_request_is_counted_and_shown(tmp_path: Path) -> None:
-    """One benchmark request of 63 answers 500: within the 2% a trial tolerates, so the trial
+    """One benchmark request of 62 answers 500: within the 2% a trial tolerates, so the trial
     completes and its benchmark stops at that round; ``show`` and the report say so."""
     path = write_fake_spec(
         tmp_path,
@@ -214,13 +214,13 @@ def test_a_failed_request_is_counted_and_shown(tmp_path: Path) -> None:
     trial = study.trials[0]
     assert trial.state == TrialState.COMPLETE, trial.user_attrs.get(names.FAIL_DETAIL)
     bench = trial.user_attrs[names.BENCH]
-    assert bench["failed_requests"] == 1 and bench["total_requests"] == 63
+    assert bench["failed_requests"] == 1 and bench["total_requests"] == 62
     assert bench["errors"][0].startswith("http 500") and bench["stopped_by"] == "request_errors"
     shown = CliRunner().invoke(app, ["show", "--spec", str(path)])
     assert shown.exit_code == 0, shown.output
     said = " ".join(shown.output.split())
-    assert "trial 0: 1 of 63 benchmark requests failed (first: http 500" in said
+    assert "trial 0: 1 of 62 benchmark requests failed (first: http 500" in said
     assert "the benchmark stopped after that round" in said
     page = write_report(spec.default_storage(), spec.name, tmp_path / "report.html").read_text()
     assert "No trial failed" not in page
-    assert "id='failed-requests'><li>trial 0: 1 of 63 benchmark requests failed" in page
+    assert "id='failed-requests'><li>trial 0: 1 of 62 benchmark requests failed" in page

@@ -145,8 +145,9 @@ def test_one_launch_measures_every_level(tmp_path):
         result = bench(proc.url, workload)
     assert set(result.load_curve) == {"1", "4"}
     assert len(result.repeats) == 2
-    # warm-up once, then per round 1 single, its fresh-prompt control, 8 at each of 2 levels
-    assert result.total_requests == 1 + 2 * (1 + 1 + 8 + 8)
+    # warm-up once, then per round 1 single + 8 at each of the 2 levels (the round's
+    # fresh-prompt control is sent too, but is no benchmark request)
+    assert result.total_requests == 1 + 2 * (1 + 8 + 8)
     one, four = result.load_curve["1"], result.load_curve["4"]
     # 4 at once share every decode step (batch penalty 0): far more than 1.5x the throughput
     assert four["output_tokens_per_s"] > 1.5 * one["output_tokens_per_s"]

@@ -13,27 +13,31 @@ the machine, and a cached answer comes in one write.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
 from autotune import names
-from autotune.bench.loadcurve import record_curve
+from autotune.bench.loadcurve import record_curve, run_benchmark
 from autotune.bench.phase import BenchResult, RequestRecord
 from autotune.bench.replay import MIN_CONTROL_TOKENS, REPLAY_RATIO, control_prompt, replay_check
 from autotune.cli.app import app
 from autotune.engines.base import LaunchConfig
 from autotune.engines.command import CommandEngine
 from autotune.engines.llamacpp.engine import LlamaCppEngine
+from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.engines.vllm.engine import VllmEngine
 from autotune.gate.reference import describe_checks
-from autotune.spec.model import EngineSpec, ModelSpec
+from autotune.spec.model import EngineSpec, ModelSpec, WorkloadSpec
 from autotune.study.outcome import bench_failure
 from tests.builders import write_fake_spec
 from tests.helpers import run_baseline_then
+from tests.test_bench import client_for, stream_body
 
 SPACE = """
 parameters:
@@ -214,3 +218,35 @@ class StoredAttrs:
 
     def set_user_attr(self, key: str, value) -> None:
         self.user_attrs[key] = value
+
+
+def test_a_failed_control_is_no_request_error_and_the_check_says_why() -> None:
+    """A prompt near the model's context limit, made too long by the control's nonce line,
+    is refused by the server: the benchmark's own requests all succeeded, so the config is
+    measured as usual, and the replay check says it could not run, and why."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if "(request " in json.loads(request.content)["prompt"]:
+            return httpx.Response(400, content=b"maximum context length is 64 tokens")
+        return httpx.Response(200, content=stream_body(16))
+
+    workload = WorkloadSpec(
+        prompts=("a", "b"),
+        max_tokens=16,
+        concurrency=2,
+        num_requests=4,
+        repeats=2,
+        target_precision=0,  # exactly two rounds
+    )
+
+    async def go():
+        async with client_for(handler) as client:
+            return await run_benchmark(client, "m", workload, dialect=VLLM_DIALECT)
+
+    result = asyncio.run(go())
+    assert result.failed_requests == 0 and result.stopped_by == "repeats"
+    assert len(result.repeats) == 2
+    replay = result.replay
+    assert not replay["checked"] and not replay["refused"]
+    assert "the control failed: http 400" in replay["reason"]
+    assert "maximum context length" in replay["reason"]

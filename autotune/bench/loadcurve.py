@@ -288,12 +288,15 @@ async def run_benchmark(
                 single = await phase(
                     workload.single_requests, 1, f"{SINGLE_PHASE} (round {index + 1})"
                 )
-                # one fresh prompt beside them: a cache replaying repeated prompts shows
+                # one fresh prompt beside them: a cache replaying repeated prompts shows. Not a
+                # benchmark request: its failure (a prompt made too long by its nonce line) is
+                # the replay check's "not run", never the config's request error
                 which = index % len(prompts)
-                control = await phase(
+                await phase(
                     1,
                     1,
                     f"{CONTROL_PHASE} (round {index + 1})",
+                    keep=False,
                     asked=(
                         [control_prompt(prompts[which])],
                         lengths if isinstance(lengths, int) else lengths[which],
@@ -308,7 +311,7 @@ async def run_benchmark(
                 rounds.append(metrics)
                 if on_repeat is not None:
                     on_repeat(index, metrics)
-                if any(not r.ok for p in (single, control, *loads.values()) for r in p.records):
+                if any(not r.ok for p in (single, *loads.values()) for r in p.records):
                     stopped_by = "request_errors"  # the caller decides what failures mean
                     break
                 stopped_by = _stop_reason(workload, rounds, names, start)

@@ -282,8 +282,9 @@ async def bench_remote(
             )
         elif (bench.replay or {}).get("refused"):
             result.failure = f"replayed_answers: {bench.replay['reason']}"
-        if bench.replay is not None and not bench.replay.get("checked"):
-            result.notices.append(bench.replay["reason"])  # a check that could not run says so
+        replay = bench.replay or {}
+        if result.failure is None and replay and not replay.get("checked"):
+            result.notices.append(replay["reason"])  # a check that could not run says so
         if reference is not None and result.check is not None:
             loaded = under_load(reference, bench, spec.workload, spec.check.under_load_sample)
             result.check["under_load"] = loaded

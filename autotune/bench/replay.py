@@ -82,12 +82,17 @@ def replay_check(
     }
     if not timed_controls or not timed_repeated:
         missing = "fresh-prompt control" if not timed_controls else "single-request answer"
+        failed = next((r.error for r in controls if not r.ok), None)
+        why = (
+            f"the control failed: {failed}"
+            if failed and not timed_controls
+            else f"an answer needs {MIN_CONTROL_TOKENS} tokens or more"
+        )
         record.update(
             checked=False,
             flagged=False,
             refused=False,
-            reason=f"replay check not run: no {missing} could be timed "
-            f"(an answer needs {MIN_CONTROL_TOKENS} tokens or more)",
+            reason=f"replay check not run: no {missing} could be timed ({why})",
         )
         return record
     control_ms = statistics.median(timed_controls)
