@@ -41,6 +41,16 @@ def client_for(handler) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://test")
 
 
+def benchmark_with(handler, workload: WorkloadSpec):
+    """``run_benchmark`` of ``workload`` against ``handler`` (an httpx MockTransport's)."""
+
+    async def go():
+        async with client_for(handler) as client:
+            return await run_benchmark(client, "m", workload, dialect=VLLM_DIALECT)
+
+    return asyncio.run(go())
+
+
 def test_stream_request_counts_tokens_and_sends_greedy_fixed_length():
     seen = {}
 
@@ -190,11 +200,7 @@ def test_run_benchmark_counts_every_failure():
         repeats=2,
     )
 
-    async def go():
-        async with client_for(handler) as client:
-            return await run_benchmark(client, "m", workload, dialect=VLLM_DIALECT)
-
-    result = asyncio.run(go())
+    result = benchmark_with(handler, workload)
     # warm-up 1, then repeat 1: single 2, its fresh-prompt control 1 (sent, but no benchmark
     # request) and load 6; the 5th and 10th requests are 503s, both under load, so the
     # benchmark stops after that repeat (no point measuring on) and counts exactly two
@@ -218,11 +224,7 @@ def test_a_benchmark_measures_its_own_client_and_the_trial_records_it_as_a_trap(
         prompts=("a",), max_tokens=4, concurrency=2, num_requests=4, single_requests=1, repeats=2
     )
 
-    async def go():
-        async with client_for(handler) as client:
-            return await run_benchmark(client, "m", workload, dialect=VLLM_DIALECT)
-
-    result = asyncio.run(go())
+    result = benchmark_with(handler, workload)
     assert result.client is not None
     assert result.client["cpu_busy"] >= 0 and "flagged" in result.client
 

@@ -13,7 +13,6 @@ the machine, and a cached answer comes in one write.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -23,21 +22,20 @@ from optuna.trial import TrialState
 from typer.testing import CliRunner
 
 from autotune import names
-from autotune.bench.loadcurve import record_curve, run_benchmark
+from autotune.bench.loadcurve import record_curve
 from autotune.bench.phase import BenchResult, RequestRecord
 from autotune.bench.replay import MIN_CONTROL_TOKENS, REPLAY_RATIO, control_prompt, replay_check
 from autotune.cli.app import app
 from autotune.engines.base import LaunchConfig
 from autotune.engines.command import CommandEngine
 from autotune.engines.llamacpp.engine import LlamaCppEngine
-from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.engines.vllm.engine import VllmEngine
 from autotune.gate.reference import describe_checks
 from autotune.spec.model import EngineSpec, ModelSpec, WorkloadSpec
 from autotune.study.outcome import bench_failure
 from tests.builders import write_fake_spec
 from tests.helpers import run_baseline_then
-from tests.test_bench import client_for, stream_body
+from tests.test_bench import benchmark_with, stream_body
 
 SPACE = """
 parameters:
@@ -239,11 +237,7 @@ def test_a_failed_control_is_no_request_error_and_the_check_says_why() -> None:
         target_precision=0,  # exactly two rounds
     )
 
-    async def go():
-        async with client_for(handler) as client:
-            return await run_benchmark(client, "m", workload, dialect=VLLM_DIALECT)
-
-    result = asyncio.run(go())
+    result = benchmark_with(handler, workload)
     assert result.failed_requests == 0 and result.stopped_by == "repeats"
     assert len(result.repeats) == 2
     replay = result.replay
