@@ -85,8 +85,8 @@ def _run(
             spec, url, api_key=api_key, model=model, reference=reference, metrics_map=metrics_map
         )
     )
-    for notice in result.notices:
-        console.print(f"[yellow]gate:[/] {escape(notice)}")
+    for notice in result.notices:  # the gate's limits, the count cross-check, the replay check
+        console.print(f"[yellow]note:[/] {escape(notice)}")
     if result.check is not None:
         passed = result.check["passed"] and not (result.check.get("under_load") or {}).get(
             "divergent"
