@@ -244,3 +244,21 @@ def test_a_failed_control_is_no_request_error_and_the_check_says_why() -> None:
     assert not replay["checked"] and not replay["refused"]
     assert "the control failed: http 400" in replay["reason"]
     assert "maximum context length" in replay["reason"]
+
+
+def test_a_speculating_launch_with_fast_repeated_prompts_is_measured_and_its_trap_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trial asks its engine whether the launch speculates (``Engine.speculates``) and
+    passes that to the benchmark: the same fast repeated answers are then a trap that ``show``
+    prints, not a refusal. (The command engine cannot tell; here it is told yes.)"""
+    monkeypatch.setattr(CommandEngine, "speculates", lambda self, launch: True)
+    spec = write_fake_spec(tmp_path, SPACE, name="specfast", args=ARGS, workload=WORKLOAD)
+    _, fast = run_baseline_then(spec, {"fault": "replay_cache"}).trials
+    assert fast.user_attrs.get(names.FAIL_REASON) != "replayed_answers"
+    trap = fast.user_attrs[names.TRAPS]["repeated_prompts"]
+    assert trap["flagged"] and trap["speculative"] and not trap["refused"]
+    assert trap["reason"] in fast.user_attrs[names.TRAPS]["flagged"]
+    shown = CliRunner().invoke(app, ["show", "--spec", str(spec)])
+    assert shown.exit_code == 0, shown.output
+    assert "with speculative decoding on" in " ".join(shown.output.split())

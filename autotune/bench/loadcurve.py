@@ -449,12 +449,13 @@ def record_curve(trial: Any, bench: BenchResult) -> None:
         suspect = cross_check(bench.counts, server_metrics)
         if suspect is not None:
             trial.set_user_attr(names.MEASUREMENT_SUSPECT, suspect)
-    replayed = (bench.replay or {}).get("flagged") and not bench.replay.get("refused")
-    if bench.client is not None or replayed:  # the client's own traps beside the server's
+    # repeated prompts far faster than fresh ones on a speculating launch: said, not refused
+    speculated = (bench.replay or {}).get("flagged") and not bench.replay.get("refused")
+    if bench.client is not None or speculated:  # the client's own traps beside the server's
         traps = dict((getattr(trial, "user_attrs", None) or {}).get(names.TRAPS) or {})
         if bench.client is not None:
             traps["client"] = bench.client
-        if replayed:  # repeated prompts faster than fresh ones, by speculation: said
+        if speculated:
             traps["repeated_prompts"] = bench.replay
         traps["flagged"] = [
             v["reason"] for v in traps.values() if isinstance(v, dict) and v.get("flagged")

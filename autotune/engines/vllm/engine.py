@@ -34,6 +34,7 @@ from autotune.engines.vllm.metrics import VLLM_METRICS
 from autotune.engines.vllm.profile import VllmProfiler
 from autotune.engines.vllm.version import installed_vllm_version
 from autotune.patching import APPLIED_MARKER, PatchError, discover_patches
+from autotune.space.load import flag_name
 from autotune.space.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -215,11 +216,7 @@ class VllmEngine(Engine):
 
     def speculates(self, launch: LaunchConfig) -> bool:
         """``--speculative-config`` in the launch, fixed or tuned (any spelling)."""
-        return any(
-            "--" + w[2:].split("=", 1)[0].replace("_", "-") == speculative.FLAG
-            for w in launch.argv
-            if w.startswith("--")
-        )
+        return any(flag_name(word) == speculative.FLAG for word in launch.argv)
 
     async def evidence(self, client: Any, settings: ServerSettings) -> dict[str, Any]:
         """The speculative-decoding acceptance, when the trial speculates (one GET of
