@@ -79,6 +79,15 @@ def test_a_stream_that_ignores_max_tokens_is_ended_and_failed(server: str) -> No
     assert 8 < len(record.token_times_s) <= 8 + 8 + 1
 
 
+@pytest.mark.parametrize("server", ["text_after_id"], indirect=True)
+def test_text_chunks_after_one_id_are_ended_as_a_runaway(server: str) -> None:
+    """One id, then text-only chunks for ever: the id count stays at 1, each chunk restarts
+    the no-token deadline, and the stream used to run until it was killed."""
+    record = _ask(server, 8)
+    assert not record.ok and not record.hung
+    assert "protocol violation" in (record.error or "") and "max_tokens=8" in (record.error or "")
+
+
 @pytest.mark.parametrize("server", ["keepalive"], indirect=True)
 def test_the_gates_reader_is_not_kept_alive_by_comments_either(server: str) -> None:
     """The gate and the profiler read answers with ``client.stream.sse_payloads``: after the one
@@ -159,6 +168,17 @@ def test_the_gate_ends_a_stream_that_ignores_max_tokens(server: str) -> None:
     from autotune.client.stream import StreamError
 
     with pytest.raises(StreamError, match=f"^{PROTOCOL_VIOLATION}.*max_tokens=8"):
+        _gate_ask(server, 8)
+
+
+@pytest.mark.parametrize("server", ["text_after_id", "finish_after_id"], indirect=True)
+def test_the_gate_ends_chunks_without_ids_after_one_id(server: str) -> None:
+    """The gate's cap counted ids once a stream had one: text-only or finish-only chunks after
+    it (each restarting the no-token deadline) kept a verification request open for ever."""
+    from autotune.client.bounds import PROTOCOL_VIOLATION
+    from autotune.client.stream import StreamError
+
+    with pytest.raises(StreamError, match=f"^{PROTOCOL_VIOLATION}.*max_tokens=8.*1 token id"):
         _gate_ask(server, 8)
 
 

@@ -52,7 +52,7 @@ from autotune.bench.tokens import (
     TokenCounter,
     usage_tokens,
 )
-from autotune.client.bounds import PROTOCOL_VIOLATION, runaway_cap
+from autotune.client.bounds import PROTOCOL_VIOLATION, runaway_cap, runs_away
 from autotune.client.choice import token_ids
 from autotune.client.send import TRANSPORT_ERRORS, open_raw_stream
 from autotune.client.stream import (
@@ -269,18 +269,17 @@ async def stream_request(
                     deadline.last = now
                     if progress is not None:
                         progress.last = start + now
-                    if (
-                        len(times) > cap
-                        and (
-                            streamed := streamed_tokens(
-                                tokens.ids, tokens.text, tokens.times, counter
-                            )
-                        )
-                        > cap
+                    if len(times) > cap and runs_away(
+                        streamed := streamed_tokens(tokens.ids, tokens.text, times, counter),
+                        len(tokens.chunk_times),
+                        cap,
                     ):
                         error = (
                             f"{PROTOCOL_VIOLATION}: {streamed} tokens streamed for "
                             f"max_tokens={max_tokens} (more than {cap})"
+                            if streamed > cap
+                            else f"{PROTOCOL_VIOLATION}: {len(tokens.chunk_times)} chunks with "
+                            f"text streamed for max_tokens={max_tokens} ({streamed} token(s))"
                         )
                         return _failed(prompt, error, start, tokens)
             else:  # the body ended: a last event without its newline still counts

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from autotune.client.bounds import PROTOCOL_VIOLATION, runaway_cap
+from autotune.client.bounds import PROTOCOL_VIOLATION, runaway_cap, runs_away
 from autotune.client.choice import TopCandidates, finite_logprob, token_scores
 from autotune.client.send import open_stream
 from autotune.client.stream import (
@@ -98,8 +98,8 @@ async def _stream_completion(
     margins: list[float | None] = []
     runner_ups: list[str | None] = []
     events = 0
-    # ended past this many tokens (ids where the stream has them, else a quarter of its events:
-    # a token's text may be split over events, so only a stream far past the limit is cut)
+    # ended past this many tokens (ids where the stream has them), or past a few events a token
+    # (a token's text may be split over events, so only a stream far past the limit is cut)
     cap = runaway_cap(int(body["max_tokens"]))
     try:
         async with open_stream(
@@ -130,10 +130,11 @@ async def _stream_completion(
                             raise cut_short(choice["finish_reason"], payload)
                 except (AttributeError, LookupError, TypeError, ValueError):
                     raise bad_shape(payload) from None
-                if (len(ids) if ids else events // 4) > cap:
+                if runs_away(len(ids), events, cap):
                     raise StreamError(
                         f"{PROTOCOL_VIOLATION}: the answer to {prompt!r} streamed on past "
-                        f"{cap} tokens for max_tokens={body['max_tokens']}"
+                        f"{cap} tokens for max_tokens={body['max_tokens']} ({len(ids)} token "
+                        f"id(s) in {events} events)"
                     )
     except TimeoutError:
         raise NoTokenWithin(phase, f"the request for prompt {prompt!r}", deadline_s or 0) from None

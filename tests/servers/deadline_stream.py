@@ -6,6 +6,8 @@ on its first stdout line. Modes:
 - ``keepalive``: one token, then only ``: keepalive`` SSE comments (and empty ``data:``
   events and chunks without tokens) forever: bytes arrive, tokens never do;
 - ``runaway``: ignores ``max_tokens`` and streams tokens forever, never ``[DONE]``;
+- ``text_after_id``: one token with its id, then text-only chunks (no ids) forever;
+- ``finish_after_id``: one token with its id, then finish-reason-only chunks forever;
 - ``normal``: exactly ``max_tokens`` tokens, usage, ``[DONE]``.
 """
 
@@ -41,6 +43,14 @@ async def _stream(max_tokens: int):
             yield b": keepalive\n\n"
             yield b"data:\n\n"
             yield _event({"choices": [{"index": 0, "text": ""}]})
+    elif MODE in ("text_after_id", "finish_after_id"):
+        yield _token(0)
+        extra = (
+            {"text": " z"} if MODE == "text_after_id" else {"text": "", "finish_reason": "length"}
+        )
+        while True:
+            await asyncio.sleep(0.002)
+            yield _event({"choices": [{"index": 0, **extra}]})
     elif MODE == "runaway":
         i = 0
         while True:
