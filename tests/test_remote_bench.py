@@ -254,3 +254,35 @@ def test_bench_check_against_a_server_that_refuses_the_gate(
     data = json.loads(out.read_text())
     assert data["passed"] is False and data["failure"].startswith("request_errors")
     assert "output_tokens_per_s" not in data
+
+
+def test_bench_fails_one_stream_past_max_tokens_as_a_trial_would(tmp_path, served, monkeypatch):
+    """One runaway stream in 60 requests is under the failed-request threshold, and `bench`
+    passed it where a trial fails the config (study/outcome.py): the server does not do what it
+    is asked. The JSON then carries no figures at top level, only what was measured, apart."""
+    from autotune.bench import remote
+    from autotune.bench.phase import BenchResult
+
+    async def one_runaway(*_args, **_kwargs) -> BenchResult:
+        return BenchResult(
+            metrics={"output_tokens_per_s": 300.0, "requests_per_s": 0.0},
+            spread={},
+            repeats=(),
+            total_requests=60,
+            failed_requests=1,
+            errors=("protocol violation: 25 tokens streamed for max_tokens=16 (more than 24)",),
+        )
+
+    monkeypatch.setattr(remote, "run_benchmark", one_runaway)
+    spec = write_fake_spec(tmp_path, SPACE, name="runaway")
+    out = tmp_path / "bench.json"
+    server = served()
+    result = _bench("--spec", str(spec), "--url", server.url, "--api-key", KEY, "--json", str(out))
+    assert result.exit_code == 1, (result.output, result.exception)
+    data = json.loads(out.read_text())
+    assert data["passed"] is False
+    assert data["failure"].startswith("protocol_violation: 1 of 60 requests: protocol violation")
+    assert "output_tokens_per_s" not in data and "requests_per_s" not in data
+    # measured before it failed, kept apart; a rate never measured (0.0) is absent
+    assert data["unscored_metrics"] == {"output_tokens_per_s": 300.0}
+    assert "no figures" in result.output and "│ output_tokens_per_s" not in result.output

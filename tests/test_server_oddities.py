@@ -68,8 +68,10 @@ def answer_with(
 def bench(pieces: list[bytes], content_type: str | None = SSE) -> RequestRecord:
     async def go() -> RequestRecord:
         async with answer_with(pieces, content_type) as client:
+            # two tokens asked: the variants below answer two (a "length" finish short of the
+            # tokens asked is an answer shorter than the workload's, refused)
             return await stream_request(
-                client, "m", "p", 3, dialect=VLLM_DIALECT, read_timeout_s=10.0
+                client, "m", "p", 2, dialect=VLLM_DIALECT, read_timeout_s=10.0
             )
 
     return asyncio.run(go())
@@ -179,8 +181,10 @@ def paced(pieces: list[bytes], pause_s: float) -> RequestRecord:
     async def go() -> RequestRecord:
         transport = httpx.MockTransport(handler)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            # two tokens asked: the variants below answer two (a "length" finish short of the
+            # tokens asked is an answer shorter than the workload's, refused)
             return await stream_request(
-                client, "m", "p", 3, dialect=VLLM_DIALECT, read_timeout_s=10.0
+                client, "m", "p", 2, dialect=VLLM_DIALECT, read_timeout_s=10.0
             )
 
     return asyncio.run(go())
@@ -436,3 +440,37 @@ def test_the_profiling_request_names_an_error_the_server_reports() -> None:
 
     with pytest.raises(StreamError, match="the stream carried an error: .*illegal memory"):
         asyncio.run(go())
+
+
+# --- answers of another length than asked -------------------------------------------------------
+
+
+def test_tokens_beyond_max_tokens_within_the_slack_are_not_counted() -> None:
+    """A last chunk carrying nine ids more than asked (inside the runaway slack, at no time
+    cost) made a red team's server 50 % faster: the figures count the tokens asked for only,
+    and the record says how many more came."""
+    extra = data({"choices": [{"index": 0, "text": " x" * 9, "token_ids": list(range(3, 12))}]})
+    record = bench([TWO_TOKENS + extra + DONE])
+    assert record.ok, record.error
+    assert record.output_tokens == 2 and len(record.token_times_s) == 2
+    assert (record.asked_tokens, record.uncounted_tokens) == (2, 9)
+
+
+def test_a_length_finish_short_of_the_tokens_asked_fails_the_request() -> None:
+    """finish_reason "length" after one of the two tokens asked: the server claims the length
+    limit it never reached (or its context cut the answer); its end-to-end times would be a
+    shorter workload's."""
+    record = bench([token(1, finish_reason="length") + DONE])
+    assert not record.ok
+    assert 'finish_reason "length") after 1 of the 2 tokens asked' in (record.error or "")
+
+
+def test_an_answer_that_stops_early_is_counted_as_shorter_than_asked() -> None:
+    """A server that ends at its end-of-sequence token although told to ignore it: the answer
+    is read (it is what it streamed), and the benchmark's counts say it was short."""
+    from autotune.bench.tokens import off_length
+
+    record = bench([token(1, finish_reason="stop") + DONE])
+    assert record.ok and record.output_tokens == 1
+    assert off_length([record]) == {"shorter_than_asked": 1}
+    assert off_length([bench([TWO_TOKENS + DONE])]) == {}

@@ -51,7 +51,7 @@ from autotune.bench.phase import (
 )
 from autotune.bench.replay import control_prompt, replay_check
 from autotune.bench.shape import stream_shape
-from autotune.bench.tokens import NO_TOKENIZER, TokenCounter, cross_check
+from autotune.bench.tokens import NO_TOKENIZER, TokenCounter, cross_check, off_length
 from autotune.bench.traps import ClientMeter
 from autotune.engines.dialect import RequestDialect
 from autotune.names import at_level, split_level
@@ -364,6 +364,7 @@ async def run_benchmark(
             "phases": phase_counts_,
             "counted_by": dict(sorted(counted_by.items())),
             "tokenizer": counter.describe(),
+            **({"lengths": lengths} if (lengths := off_length(all_records)) else {}),
         },
         shape=stream_shape(single_records, load_records),
         transport_retries=sum(r.transport_retries for r in all_records),

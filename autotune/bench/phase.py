@@ -42,31 +42,23 @@ from typing import Any
 import httpx
 
 from autotune import names
+from autotune.bench.answer import StreamedAnswer
 from autotune.bench.limits import streamed_tokens
 from autotune.bench.tokens import (
-    BY_EVENTS,
     BY_IDS,
     BY_TOKENIZER,
     BY_USAGE,
     NO_TOKENIZER,
     TokenCounter,
-    usage_tokens,
+    length_problem,
 )
 from autotune.client.bounds import PROTOCOL_VIOLATION, runaway_cap, runs_away
-from autotune.client.choice import token_ids
 from autotune.client.send import TRANSPORT_ERRORS, open_raw_stream
 from autotune.client.stream import (
-    CUT_SHORT,
-    DONE,
-    UNPARSED,
     ServerProgress,
-    SseReader,
     StreamError,
     TokenDeadline,
-    bad_shape,
-    chunk_error,
     completion_body,
-    cut_short,
 )
 from autotune.engines.dialect import RequestDialect
 from autotune.errors import excerpt
@@ -106,6 +98,10 @@ class RequestRecord:
     transport_retries: int = 0
     #: the benchmark phase that sent it (``single (round 1)``, ``load 8 (round 2)``, ...)
     phase: str = ""
+    #: the answer's length asked for (``max_tokens``), and the tokens streamed beyond it, never
+    #: counted in ``output_tokens`` (nobody asked for them)
+    asked_tokens: int = 0
+    uncounted_tokens: int = 0
 
     @property
     def tokens(self) -> int:
@@ -239,7 +235,7 @@ async def stream_request(
         token_ids=True,
     )
     start = time.perf_counter()
-    tokens = _Tokens(dialect)
+    tokens = StreamedAnswer(dialect)
     times = tokens.times
     clock = time.perf_counter
     try:
@@ -317,6 +313,13 @@ async def stream_request(
     else:  # no tokenizer: one time per chunk, the count the server's word (flagged suspect)
         token_times = list(chunk_times)
         n_tokens = tokens.usage if source == BY_USAGE else len(token_times)
+    problem = length_problem(source, int(n_tokens or 0), max_tokens, tokens.finish)
+    if problem is not None:
+        return _failed(prompt, problem, start, tokens)
+    beyond = max(0, int(n_tokens or 0) - max_tokens)
+    if beyond:  # within the runaway slack: the figures count only the tokens asked for
+        n_tokens = max_tokens
+        token_times = token_times[:max_tokens] if source in (BY_IDS, BY_TOKENIZER) else token_times
     return RequestRecord(
         prompt=prompt,
         ok=True,
@@ -331,120 +334,12 @@ async def stream_request(
         usage_tokens=tokens.usage,
         count_source=source,
         transport_retries=tokens.retries,
+        asked_tokens=max_tokens,
+        uncounted_tokens=beyond,
     )
 
 
-class _Tokens:
-    """What one streamed answer delivered so far: chunk times, ids, text, the usage count."""
-
-    __slots__ = (
-        "chunk_ids",
-        "chunk_times",
-        "dialect",
-        "ids",
-        "reader",
-        "retries",
-        "text",
-        "times",
-        "usage",
-    )
-
-    def __init__(self, dialect: RequestDialect) -> None:
-        self.dialect = dialect  # where a chunk carries its token ids (if it does)
-        self.times: list[float] = []  # one per id, else one per chunk (deadline messages)
-        self.chunk_times: list[float] = []  # one per chunk with content
-        self.chunk_ids: list[int] = []  # ids each of those chunks carried
-        self.ids: list[int] = []
-        self.text: list[str] = []  # one piece per chunk with content ("" for ids only)
-        self.usage: int | None = None
-        #: the stream's events (the gate reads its answers by the same rules)
-        self.reader = SseReader()
-        self.retries = 0  # times the request was sent again (``RawStream.transport_retries``)
-
-    def add(self, lines: list[bytes], now: float) -> bool:
-        """Take the complete SSE lines of one network read, arrived at ``now``; True at
-        ``[DONE]``.
-
-        Raises ``json.JSONDecodeError`` for an event that is not JSON, and
-        :class:`~autotune.client.stream.StreamError` for an answer the server reports as failed (an
-        error event, field or object, a cut-short finish reason) or a chunk whose fields are
-        not a completion's.
-        """
-        feed = self.reader.feed
-        for line in lines:
-            payload = feed(line)
-            if payload is not None and self._take(payload, now):
-                return True
-        payload = self.reader.pause()
-        return payload is not None and self._take(payload, now)
-
-    def end(self, rest: bytes, now: float) -> None:
-        """The body ended at ``now``: its last line even without a newline (``rest``), and an
-        event still waiting for its blank line."""
-        if rest and self.add([rest], now):
-            return
-        payload = self.reader.close()
-        if payload is not None:
-            self._take(payload, now)
-
-    def count(self, counter: TokenCounter) -> tuple[list[float], list[int], str]:
-        """The arrival time and tokens of each chunk that carried a token, and how they were
-        counted: ids, else the tokenizer on the text, else (no tokenizer) one per event, the
-        count then the server's usage. A chunk with no token is no arrival: one sent at once
-        (text with no ids) set the TTFT, and empty or half-token chunks cut every ITL."""
-        if self.ids:
-            per_chunk, source = list(self.chunk_ids), BY_IDS
-        elif counter.available:
-            per_chunk, source = counter.per_chunk(self.text), BY_TOKENIZER
-        else:
-            source = BY_USAGE if self.usage is not None else BY_EVENTS
-            return list(self.chunk_times), [1] * len(self.chunk_times), source
-        kept = [(t, k) for t, k in zip(self.chunk_times, per_chunk, strict=True) if k > 0]
-        return [t for t, _ in kept], [k for _, k in kept], source
-
-    def _take(self, payload: bytes, now: float) -> bool:
-        """Record one event's content and time; True at ``[DONE]``.
-
-        A chunk of k token ids is k tokens at one time; a chunk with text and no ids (a
-        dialect without them) is counted later, by the tokenizer (:meth:`count`).
-        """
-        if payload == DONE:
-            return True
-        chunk = self.reader.parsed
-        if chunk is UNPARSED:
-            chunk = json.loads(payload.decode())
-        try:
-            if chunk.__class__ is not dict or "error" in chunk or chunk.get("object") == "error":
-                problem = chunk_error(chunk, payload)
-                if problem is not None:
-                    raise problem
-            usage = chunk.get("usage")
-            if usage:
-                self.usage = usage_tokens(usage)
-            for choice in chunk.get("choices") or ():
-                new_ids = token_ids(self.dialect, choice)  # the dialect's field or logprobs'
-                piece = choice.get("text")
-                if piece and piece.__class__ is not str:
-                    raise TypeError("text is not a string")
-                if new_ids or piece:
-                    self.text.append(piece or "")
-                    self.chunk_times.append(now)
-                    self.chunk_ids.append(len(new_ids))
-                if new_ids:
-                    self.ids += new_ids
-                    self.times += [now] * len(new_ids)
-                elif piece:
-                    self.times.append(now)
-                finish = choice.get("finish_reason")
-                if finish is not None and finish in CUT_SHORT:
-                    raise cut_short(finish, payload)
-        except (AttributeError, LookupError, TypeError):
-            # a list where an object belongs, a number for text: named, not a Python error
-            raise bad_shape(payload) from None
-        return False
-
-
-def _failed(prompt: str, error: str, start: float, tokens: _Tokens) -> RequestRecord:
+def _failed(prompt: str, error: str, start: float, tokens: StreamedAnswer) -> RequestRecord:
     """A request that did not complete, with whatever token times it had (never dropped)."""
     return RequestRecord(
         prompt=prompt,
@@ -582,6 +477,7 @@ def bench_summary(result: BenchResult) -> dict[str, Any]:
         "tokenizer": result.counts.get("tokenizer"),
         "transport_retries": result.transport_retries,
         "replay_check": result.replay,
+        **({"answer_lengths": lengths} if (lengths := result.counts.get("lengths")) else {}),
     }
 
 

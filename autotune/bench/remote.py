@@ -27,7 +27,13 @@ from autotune.bench.host import HostSampler
 from autotune.bench.limits import MAX_FAILED_FRACTION
 from autotune.bench.loadcurve import run_benchmark
 from autotune.bench.phase import BenchResult, bench_summary
-from autotune.bench.tokens import TokenCounter, cross_check, suspect_line
+from autotune.bench.tokens import (
+    TokenCounter,
+    cross_check,
+    off_length_line,
+    suspect_line,
+)
+from autotune.client.bounds import PROTOCOL_VIOLATION
 from autotune.client.http import StreamingClient, connect, connections_for
 from autotune.client.stream import NoTokenWithin, StreamError
 from autotune.engines.dialect import RequestDialect
@@ -71,14 +77,23 @@ class RemoteResult:
     host: dict[str, Any] | None = None
 
     def to_json(self, spec: StudySpec) -> dict[str, Any]:
-        """Metric names as top-level keys (``output_tokens_per_s``, ...), evidence beside."""
+        """Metric names as top-level keys (``output_tokens_per_s``, ...), evidence beside. A
+        failed benchmark has no figures there (the CLI prints none either): what it measured
+        before it failed is kept apart, under ``unscored_metrics``, and a rate it never
+        measured (no token arrived) is absent, never 0."""
+        figures = {k: round(v, 4) for k, v in self.metrics.items()}
         return {
-            **{k: round(v, 4) for k, v in self.metrics.items()},
+            **(figures if self.failure is None else {}),
             "url": self.url,
             "model": self.model,
             "workload": describe(spec.workload),
             "passed": self.failure is None,
             "failure": self.failure,
+            **(
+                {"unscored_metrics": {k: v for k, v in figures.items() if v}}
+                if self.failure
+                else {}
+            ),
             "check": self.check,
             "bench": self.bench,
             "server_metrics": self.server_metrics,
@@ -273,8 +288,18 @@ async def bench_remote(
         result.measurement_suspect = cross_check(bench.counts, result.server_metrics)
         if result.measurement_suspect is not None:
             result.notices.append(suspect_line(result.measurement_suspect))
+        if bench.counts.get("lengths"):
+            answers = bench.total_requests - bench.failed_requests
+            result.notices.append(off_length_line(bench.counts["lengths"], answers))
+        # as a trial's outcome (study/outcome.py): one stream past max_tokens is the server's
+        # protocol failure whatever the fraction
+        broken = [e for e in bench.errors if e.startswith(PROTOCOL_VIOLATION)]
         if bench.hang:
             result.failure = f"hang: {bench.hang}"
+        elif broken:
+            result.failure = (
+                f"protocol_violation: {len(broken)} of {bench.total_requests} requests: {broken[0]}"
+            )
         elif bench.failed_requests > MAX_FAILED_FRACTION * max(1, bench.total_requests):
             result.failure = (
                 f"request_errors: {bench.failed_requests} of {bench.total_requests} requests "

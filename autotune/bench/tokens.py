@@ -236,6 +236,58 @@ def uncountable_detail(why_no_tokenizer: str | None) -> str:
     )
 
 
+def length_problem(source: str, counted: int, asked: int, finish: str | None) -> str | None:
+    """Why an answer is not one of the workload's, or None. Every benchmark request asks for
+    exactly ``asked`` tokens (``max_tokens``, the end-of-sequence token ignored), and an answer
+    that ends at the length limit (``finish_reason: length``) with fewer ids than that is
+    shorter than the workload: a server that says so falsely (its figures would be a shorter
+    workload's, end-to-end times halved) or a context too small for the answer. Judged by ids
+    alone, the one exact count (a tokenizer's count of the text may differ by a token)."""
+    if source == BY_IDS and finish == "length" and counted < asked:
+        return (
+            f'the answer ended at the length limit (finish_reason "length") after {counted} of '
+            f"the {asked} tokens asked: not the workload's answer (a context too small for "
+            "it, or a server that stops early)"
+        )
+    return None
+
+
+def off_length(records: Sequence[Any]) -> dict[str, int]:
+    """How many completed answers (``RequestRecord``s) were not of the length asked, empty when
+    all were: ``shorter_than_asked`` (by ids, exact; by a tokenizer, more than 10 % short: a
+    server that ends its answers early measures a shorter workload) and
+    ``longer_than_asked`` with the ``uncounted_tokens`` they streamed beyond it (never counted:
+    nobody asked for them)."""
+    done = [r for r in records if r.ok and r.asked_tokens]
+    shorter = sum(
+        1
+        for r in done
+        if (r.count_source == BY_IDS and r.output_tokens < r.asked_tokens)
+        or (r.count_source == BY_TOKENIZER and r.output_tokens < 0.9 * r.asked_tokens)
+    )
+    beyond = [r.uncounted_tokens for r in done if r.uncounted_tokens]
+    out = {"shorter_than_asked": shorter} if shorter else {}
+    if beyond:
+        out.update(longer_than_asked=len(beyond), uncounted_tokens=sum(beyond))
+    return out
+
+
+def off_length_line(lengths: Mapping[str, int], answers: int) -> str:
+    """One line for a benchmark whose answers were not all of the length asked."""
+    parts = []
+    if lengths.get("shorter_than_asked"):
+        parts.append(
+            f"{lengths['shorter_than_asked']} of {answers} answers were shorter than the "
+            "max_tokens asked (the figures are a shorter workload's)"
+        )
+    if lengths.get("longer_than_asked"):
+        parts.append(
+            f"{lengths['longer_than_asked']} streamed {lengths['uncounted_tokens']} tokens "
+            "beyond max_tokens, not counted"
+        )
+    return "answer length: " + "; ".join(parts)
+
+
 def usage_tokens(usage: dict[str, Any]) -> int | None:
     """``usage.completion_tokens``, the server's own count of the answer's tokens (a
     cross-check, never the count), if given; TypeError when it is not an integer."""

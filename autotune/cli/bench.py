@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from autotune._files import write_text_atomically
+from autotune._files import check_output_target, write_text_atomically
 from autotune.bench.remote import bench_remote, check_url, study_reference
 from autotune.cli.common import console, fail
 from autotune.cli.options import (
@@ -80,6 +80,8 @@ def _run(
 
     if json_path is not None and not json_path.parent.is_dir():
         raise SpecError(f"directory does not exist: {json_path.parent}", key="--json")
+    if json_path is not None:  # refused before the benchmark, not after it
+        check_output_target(json_path, option="--json")
     result = asyncio.run(
         bench_remote(
             spec, url, api_key=api_key, model=model, reference=reference, metrics_map=metrics_map
@@ -104,10 +106,10 @@ def _run(
                 markup=False,
                 highlight=False,
             )
-    measured = not (result.failure or "").startswith(("request_errors", "hang"))
-    if result.metrics and not measured:
-        # the figures of a benchmark whose requests failed are not the server's speed
-        console.print("[bold red]no figures:[/] the benchmark's requests failed (below)")
+    if result.metrics and result.failure:
+        # the figures of a failed benchmark (requests that failed, a runaway stream, answers
+        # replayed from a cache) are not the server's speed
+        console.print("[bold red]no figures:[/] the benchmark failed (below)")
     elif result.metrics:
         spread = result.bench.get("spread") or {}
         table = Table(title=f"{result.url} ({result.model}), workload {spec.name}")
