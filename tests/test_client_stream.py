@@ -236,6 +236,44 @@ def test_an_error_status_keeps_the_body_as_detail():
     assert not record.ok and not record.hung and record.error == "http 500: boom"
 
 
+def test_a_redirect_is_not_followed():
+    """aiohttp follows redirects by default, and the benchmark measured the server a 307 sent
+    it to, reported as the one given (the gate's httpx client refused it): a redirect is the
+    answer, a failed request, and the other server is never asked."""
+    asked_elsewhere: list[int] = []
+
+    async def elsewhere(reader, writer, _n):
+        asked_elsewhere.append(1)
+        await read_request(reader)
+        writer.write(STREAM_HEAD + chunked(event(0) + event(1) + event(2)) + b"0\r\n\r\n")
+        await writer.drain()
+
+    async def go():
+        async with raw_server(elsewhere) as target:
+
+            async def redirect(reader, writer, _n):
+                await read_request(reader)
+                location = f"{target}/v1/completions".encode()
+                writer.write(
+                    b"HTTP/1.1 307 Temporary Redirect\r\nlocation: "
+                    + location
+                    + b"\r\ncontent-length: 0\r\n\r\n"
+                )
+                await writer.drain()
+
+            async with (
+                raw_server(redirect) as url,
+                connect(url, "k", max_connections=4, timeout_s=30.0) as client,
+            ):
+                return await stream_request(
+                    client, "m", "p", 3, dialect=VLLM_DIALECT, read_timeout_s=5.0
+                )
+
+    record = asyncio.run(go())
+    assert not record.ok and (record.error or "").startswith("http 307")
+    assert not asked_elsewhere
+
+
 def test_an_error_field_mid_answer_fails_the_request_with_the_servers_words():
     """llama.cpp's server reports a failure mid-answer as an ``error:`` line, then ends the
     body as usual: the request was recorded as served, with the tokens before it."""

@@ -124,7 +124,9 @@ async def open_raw_stream(
     On a :class:`~autotune.client.http.StreamingClient` the request goes through its aiohttp session
     directly (no httpx request, response or byte-stream objects per request and per chunk);
     any other client (tests' ``httpx.MockTransport``) is read through httpx. Transport errors
-    are those in :data:`TRANSPORT_ERRORS`.
+    are those in :data:`TRANSPORT_ERRORS`. A redirect is not followed (aiohttp follows them by
+    default, httpx does not): a server that sends the benchmark elsewhere would have another
+    server's speed reported as its own, so its 3xx is the answer, a failed request.
     """
     if not isinstance(client, StreamingClient):
         response, retries = await _send_streaming(client, path, body)
@@ -143,7 +145,11 @@ async def open_raw_stream(
     retries = 0
     try:
         answer = await client.aiohttp_session().post(
-            url, json=body, headers=client.raw_headers, timeout=_RAW_TIMEOUT
+            url,
+            json=body,
+            headers=client.raw_headers,
+            timeout=_RAW_TIMEOUT,
+            allow_redirects=False,
         )
     except aiohttp.ClientConnectionError:
         # Nothing was received (seen: a keep-alive connection the server had closed,
@@ -152,7 +158,13 @@ async def open_raw_stream(
         answer = (
             await _fresh(client)
             .aiohttp_session()
-            .post(url, json=body, headers=client.raw_headers, timeout=_RAW_TIMEOUT)
+            .post(
+                url,
+                json=body,
+                headers=client.raw_headers,
+                timeout=_RAW_TIMEOUT,
+                allow_redirects=False,
+            )
         )
     try:
         yield RawStream(
