@@ -91,6 +91,8 @@ TWO_TOKENS = token(1) + token(2)
 VARIANTS = {
     "no space after data:": TWO_TOKENS.replace(b"data: ", b"data:") + DONE,
     "CRLF line endings": (TWO_TOKENS + DONE).replace(b"\n", b"\r\n"),
+    # the SSE standard's third line ending: read as one long line, "bad stream chunk"
+    "CR-only line endings": (TWO_TOKENS + DONE).replace(b"\n", b"\r"),
     "comments and event names": b": keep-alive\n\n"
     + b"event: completion\n"
     + token(1)
@@ -128,6 +130,14 @@ VARIANTS = {
 }
 
 
+#: variants whose line endings are also read one byte at a time
+SPLIT_BYTEWISE = (
+    "CRLF line endings",
+    "CR-only line endings",
+    "the same with CRLF and an empty data line inside",
+)
+
+
 @pytest.mark.parametrize("body", VARIANTS.values(), ids=VARIANTS.keys())
 def test_legitimate_stream_variants_are_read_as_their_answer(body: bytes) -> None:
     record = bench([body])
@@ -135,6 +145,21 @@ def test_legitimate_stream_variants_are_read_as_their_answer(body: bytes) -> Non
     assert (record.token_ids, record.text, record.output_tokens) == ((1, 2), " t1 t2", 2)
     completion = gate([body])
     assert (completion.token_ids, completion.text) == ((1, 2), " t1 t2")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [VARIANTS[k] for k in SPLIT_BYTEWISE],
+    ids=[f"{k}, a byte a read" for k in SPLIT_BYTEWISE],
+)
+def test_line_endings_split_between_reads_are_read_as_their_answer(body: bytes) -> None:
+    """Every byte its own network read: a CRLF whose CR ends one read and LF starts the next
+    is one line ending, not two (a second would end a data field over several lines early)."""
+    pieces = [body[i : i + 1] for i in range(len(body))]
+    record = bench(pieces)
+    assert record.ok, record.error
+    assert (record.token_ids, record.text) == ((1, 2), " t1 t2")
+    assert gate(pieces).token_ids == (1, 2)
 
 
 def test_an_empty_data_field_is_no_event() -> None:

@@ -55,6 +55,7 @@ from autotune.bench.tokens import (
 from autotune.client.bounds import PROTOCOL_VIOLATION, runaway_cap, runs_away
 from autotune.client.send import TRANSPORT_ERRORS, open_raw_stream
 from autotune.client.stream import (
+    LineSplitter,
     ServerProgress,
     StreamError,
     TokenDeadline,
@@ -253,13 +254,12 @@ async def stream_request(
                 detail = excerpt((await stream.read()).decode("utf-8", "replace"))
                 error = f"http {stream.status}: {detail}"
                 return _failed(prompt, error, start, tokens)
-            buffer = b""
+            lines_of = LineSplitter()
             cap = runaway_cap(max_tokens)
             async for data in stream.chunks:
                 now = clock() - start
                 count = len(times)
-                *lines, buffer = (buffer + data if buffer else data).split(b"\n")
-                if tokens.add(lines, now):
+                if tokens.add(lines_of.split(data), now):
                     break
                 if len(times) != count:  # only a token resets the deadline, not any byte
                     deadline.last = now
@@ -279,7 +279,7 @@ async def stream_request(
                         )
                         return _failed(prompt, error, start, tokens)
             else:  # the body ended: a last event without its newline still counts
-                tokens.end(buffer, clock() - start)
+                tokens.end(lines_of.rest, clock() - start)
     except TimeoutError:  # our own no-token deadline (protocol.TokenDeadline)
         waited = "the first token" if not times else f"token {len(times) + 1}"
         error = f"hang: no token within {read_timeout_s:g} s (waiting for {waited})"

@@ -169,6 +169,33 @@ class _Quiet:
         self.last = 0.0
 
 
+class LineSplitter:
+    """A byte stream's lines, read by read, split at any of the SSE standard's three line
+    endings: LF, CRLF and a bare CR (a stream of CR-only lines was read as one long line, and
+    failed as "bad stream chunk"). A CRLF split between two reads is one line ending. Lines
+    come without their ending; ``rest`` holds the line not yet ended."""
+
+    __slots__ = ("cr", "rest")
+
+    def __init__(self) -> None:
+        self.rest = b""
+        self.cr = False  # the last read ended with a CR: an LF starting the next belongs to it
+
+    def split(self, data: bytes) -> list[bytes]:
+        if self.cr or b"\r" in data:  # the common case (LF only) stays one C-level split
+            data = self._lf_only(data)
+        *lines, self.rest = (self.rest + data if self.rest else data).split(b"\n")
+        return lines
+
+    def _lf_only(self, data: bytes) -> bytes:
+        if not data:
+            return data
+        if self.cr and data.startswith(b"\n"):
+            data = data[1:]
+        self.cr = data.endswith(b"\r")
+        return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+
 async def _sse_lines(
     response: httpx.Response,
     start: float,
@@ -181,10 +208,9 @@ async def _sse_lines(
 
     Raw bytes split by hand: ``aiter_lines`` decodes and re-splits text per chunk, and on a
     machine where the server and the client share two cores that client CPU time was taken from
-    the server being measured. A CR before the newline (CRLF endings) is left to the reader's
-    ``strip``.
+    the server being measured. Any of the three line endings ends a line (:class:`LineSplitter`).
     """
-    buffer = b""
+    lines_of = LineSplitter()
     chunks = response.aiter_bytes()
     while True:
         try:
@@ -208,11 +234,10 @@ async def _sse_lines(
                     data = await anext(chunks)
         except StopAsyncIteration:
             break
-        buffer += data
-        *lines, buffer = buffer.split(b"\n")
+        lines = lines_of.split(data)
         yield lines, time.perf_counter() - start
-    if buffer:
-        yield [buffer], time.perf_counter() - start
+    if lines_of.rest:
+        yield [lines_of.rest], time.perf_counter() - start
 
 
 async def await_while_served(
@@ -340,8 +365,8 @@ UNPARSED: Any = object()
 class SseReader:
     """The events of one server-sent event stream, read from its lines one at a time.
 
-    One reader for the gate (:func:`sse_payloads`) and the benchmark client (``bench.answer.StreamedAnswer``),
-    which each had a copy of these rules: a rule mended in one copy was still broken in the
+    One reader for the gate (:func:`sse_payloads`) and the benchmark client
+    (``bench.answer.StreamedAnswer``), which each had a copy of these rules: a rule mended in one copy was still broken in the
     other. Feed each complete line (without its newline) to :meth:`feed`, call :meth:`pause`
     when a network read's lines are done and :meth:`close` when the body ended; each returns
     the payload of an event it completes (stripped bytes, ``b"[DONE]"`` included) or None, and
