@@ -136,6 +136,20 @@ def test_without_a_tokenizer_the_servers_word_is_a_flagged_figure(url: str) -> N
     assert "no tokenizer" in suspect_line(suspect)
 
 
+def test_ids_that_are_not_the_texts_tokens_are_flagged(url: str) -> None:
+    """Two ids a token of text: counted by ids, every figure doubled, and usage agreed. The
+    tokenizer's count of the streamed text (after the benchmark) says so; an honest server's
+    ids are its text's tokens exactly."""
+    counter = TokenCounter.for_model(str(DEMO))
+    _honest, honest_attrs = measured(url, "honest", counter)
+    assert names.MEASUREMENT_SUSPECT not in honest_attrs
+    _liar, attrs = measured(url, "ids2x", counter)
+    suspect = attrs[names.MEASUREMENT_SUSPECT]
+    assert "text" in suspect["disagree"]
+    assert suspect["retokenized"]["ids"] == 2 * suspect["retokenized"]["text"]
+    assert "token ids for" in suspect_line(suspect)
+
+
 def test_a_metrics_counter_that_disagrees_is_flagged() -> None:
     counts = {
         "phases": {"load at 2 (round 1)": {"autotune": 100, "usage": 100}},

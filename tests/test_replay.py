@@ -154,7 +154,7 @@ def test_bench_url_refuses_a_replaying_server(tmp_path: Path, fake_server) -> No
     )
     data = json.loads(out.read_text())
     assert data["passed"] is False, result.output
-    assert data["failure"].startswith("replayed_answers: answers to repeated prompts came")
+    assert data["failure"].startswith("replayed_answers: answers to repeated prompts alone came")
     assert data["bench"]["replay_check"]["flagged"] is True
 
 
@@ -262,3 +262,38 @@ def test_a_speculating_launch_with_fast_repeated_prompts_is_measured_and_its_tra
     shown = CliRunner().invoke(app, ["show", "--spec", str(spec)])
     assert shown.exit_code == 0, shown.output
     assert "with speculative decoding on" in " ".join(shown.output.split())
+
+
+def test_bench_url_refuses_a_server_that_replays_only_under_load(tmp_path: Path, fake_server):
+    """A cache that replays only while other requests are in flight answered the single
+    requests and their control honestly, and the load phases (the headline) from memory: the
+    control sent among each load phase's requests shows it."""
+    spec = write_fake_spec(tmp_path, SPACE, name="busyurl", args=ARGS, workload=WORKLOAD)
+    server = fake_server(*ARGS, "--fault", "replay_when_busy", model="served", api_key="k")
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "--spec", str(spec), "--url", server.url, "--api-key", "k", "--json", str(out)],
+        env={"AUTOTUNE_API_KEY": ""},
+    )
+    data = json.loads(out.read_text())
+    assert data["passed"] is False, result.output
+    check = data["bench"]["replay_check"]
+    assert check["ratio"] < REPLAY_RATIO  # alone, it was decoded
+    assert check["under_load"]["flagged"] is True
+    assert data["failure"].startswith("replayed_answers: answers to repeated prompts under load")
+
+
+def test_an_honest_server_passes_alone_and_under_load(tmp_path: Path, fake_server) -> None:
+    spec = write_fake_spec(tmp_path, SPACE, name="honesturl", args=ARGS, workload=WORKLOAD)
+    server = fake_server(*ARGS, model="served", api_key="k")
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "--spec", str(spec), "--url", server.url, "--api-key", "k", "--json", str(out)],
+        env={"AUTOTUNE_API_KEY": ""},
+    )
+    assert result.exit_code == 0, result.output
+    check = json.loads(out.read_text())["bench"]["replay_check"]
+    assert check["checked"] and not check["flagged"]
+    assert check["under_load"]["controls"] >= 1 and not check["under_load"]["flagged"]

@@ -30,6 +30,8 @@ minutes at GLM-5 scale). So after one warm-up, one launch answers:
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -51,7 +53,13 @@ from autotune.bench.phase import (
 )
 from autotune.bench.replay import control_prompt, replay_check
 from autotune.bench.shape import stream_shape
-from autotune.bench.tokens import NO_TOKENIZER, TokenCounter, cross_check, off_length
+from autotune.bench.tokens import (
+    NO_TOKENIZER,
+    TokenCounter,
+    cross_check,
+    off_length,
+    retokenized,
+)
 from autotune.bench.traps import ClientMeter
 from autotune.engines.dialect import RequestDialect
 from autotune.names import at_level, split_level
@@ -228,6 +236,7 @@ async def run_benchmark(
     rounds: list[dict[str, float]] = []
     samples: list[RequestRecord] = []
     controls: list[RequestRecord] = []
+    load_controls: list[RequestRecord] = []
     lengths = workload.output_tokens or workload.max_tokens
 
     async def phase(
@@ -237,8 +246,14 @@ async def run_benchmark(
         *,
         keep: bool = True,
         asked: tuple[Sequence[str], int | Sequence[int]] | None = None,
+        with_control: bool = False,
     ):
         phase_prompts, phase_lengths = asked or (prompts, lengths)
+        control = None
+        if with_control:  # one request, at a random place, is a fresh prompt (bench/replay.py)
+            phase_prompts, phase_lengths, control = _with_control(
+                phase_prompts, phase_lengths, requests
+            )
         if phase_hook is not None:  # server-side evidence around each phase (server/metrics.py)
             await phase_hook(name, "start")
         result = await run_phase(
@@ -256,13 +271,15 @@ async def run_benchmark(
         )
         if phase_hook is not None:
             await phase_hook(name, "end")
+        if control is not None:
+            result = _split_control(result, control, load_controls)
         counted = phase_counts(result.records)
         if counted is not None:
             phase_counts_[name] = counted
         if name.startswith(CONTROL_PHASE):  # timed only: no reference holds its answer
             controls.extend(result.records)
         elif name != WARM_UP:  # every answer whose numbers are reported is judged (samples)
-            samples.extend(r for r in result.records if r.ok)
+            samples.extend(r for r in result.records if r.ok and r.prompt != control)
         if keep:
             all_records.extend(result.records)
             if name.startswith(SINGLE_PHASE):
@@ -305,7 +322,10 @@ async def run_benchmark(
                 loads: dict[int, PhaseResult] = {}
                 for level in levels:
                     loads[level] = await phase(
-                        workload.num_requests, level, f"{LOAD_PHASE} {level} (round {index + 1})"
+                        workload.num_requests,
+                        level,
+                        f"{LOAD_PHASE} {level} (round {index + 1})",
+                        with_control=workload.num_requests > 1,
                     )
                 metrics = _round_metrics(single, loads, main)
                 rounds.append(metrics)
@@ -365,11 +385,50 @@ async def run_benchmark(
             "counted_by": dict(sorted(counted_by.items())),
             "tokenizer": counter.describe(),
             **({"lengths": lengths} if (lengths := off_length(all_records)) else {}),
+            **({"retokenized": ids} if (ids := retokenized(all_records, counter)) else {}),
         },
         shape=stream_shape(single_records, load_records),
         transport_retries=sum(r.transport_retries for r in all_records),
-        replay=replay_check(single_records, controls, speculates=speculates) if rounds else None,
+        replay=replay_check(
+            single_records,
+            controls,
+            speculates=speculates,
+            load_repeated=[r for r in load_records if r.prompt in prompts],
+            load_controls=load_controls,
+        )
+        if rounds
+        else None,
     )
+
+
+def _with_control(
+    prompts: Sequence[str], lengths: int | Sequence[int], requests: int
+) -> tuple[list[str], int | list[int], str]:
+    """The phase's prompts and lengths request by request, one of them (drawn at random, never
+    a fixed place a server could pass by) a fresh-prompt control of the same length."""
+    asked = [prompts[i % len(prompts)] for i in range(requests)]
+    sized = (
+        lengths
+        if isinstance(lengths, int)
+        else [lengths[i % len(prompts)] for i in range(requests)]
+    )
+    at = secrets.randbelow(requests)
+    asked[at] = control_prompt(asked[at])
+    return asked, sized, asked[at]
+
+
+def _split_control(result: PhaseResult, control: str, into: list[RequestRecord]) -> PhaseResult:
+    """The load phase's control answer goes to ``into`` (timed, never judged: no reference
+    holds it). Answered, it stays among the phase's answers (it did the same work as the others
+    beside it, so the figures are the same); failed (a prompt near the context limit made too
+    long by its nonce line), it is no request error of the config."""
+    mine = [r for r in result.records if r.prompt == control]
+    into.extend(mine)
+    failed = {id(r) for r in mine if not r.ok and not r.hung}
+    if not failed:
+        return result
+    kept = tuple(r for r in result.records if id(r) not in failed)
+    return dataclasses.replace(result, records=kept)
 
 
 def _round_metrics(

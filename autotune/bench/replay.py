@@ -61,71 +61,118 @@ def _controls(n: int) -> str:
     return f"{n} control" if n == 1 else f"{n} controls"
 
 
+def _compare(repeated: Sequence[Any], controls: Sequence[Any]) -> dict[str, Any] | None:
+    """Median end-to-end ms per token of ``repeated`` and of ``controls``, and their ratio;
+    None when either has no answer that can be timed."""
+    timed_controls = [t for r in controls for t in [_ms_per_token(r)] if t is not None]
+    timed_repeated = [t for r in repeated for t in [_ms_per_token(r)] if t is not None]
+    if not timed_controls or not timed_repeated:
+        return None
+    control_ms = statistics.median(timed_controls)
+    repeated_ms = statistics.median(timed_repeated)
+    ratio = control_ms / repeated_ms if repeated_ms > 0 else float("inf")
+    return {
+        "controls": len(timed_controls),
+        "repeated": len(timed_repeated),
+        "control_ms_per_token": round(control_ms, 4),
+        "repeated_ms_per_token": round(repeated_ms, 4),
+        "ratio": round(ratio, 2) if ratio != float("inf") else None,
+        "flagged": ratio >= REPLAY_RATIO,
+    }
+
+
+def _faster(found: dict[str, Any], where: str) -> str:
+    how = "inf" if found["ratio"] is None else f"{found['ratio']:.1f}"
+    return (
+        f"answers to repeated prompts {where} came {how}x faster per token end to end "
+        f"({found['repeated_ms_per_token']:.3g} ms) than to a fresh prompt "
+        f"({found['control_ms_per_token']:.3g} ms, {_controls(found['controls'])})"
+    )
+
+
 def replay_check(
-    repeated: Sequence[Any], controls: Sequence[Any], *, speculates: bool = False
+    repeated: Sequence[Any],
+    controls: Sequence[Any],
+    *,
+    speculates: bool = False,
+    load_repeated: Sequence[Any] = (),
+    load_controls: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """The ``replay_check`` record of one benchmark (``RequestRecord``s of the single-request
-    phases and of the controls): ``checked`` (False, with the reason, when no control or no
-    repeated answer could be timed), ``flagged`` (at least :data:`REPLAY_RATIO`), ``refused``
-    and the figures it rests on.
+    phases and of their controls; with ``load_controls``, of the load phases and the control
+    sent among each): ``checked`` (False, with the reason, when no control or no repeated
+    answer could be timed), ``flagged`` (at least :data:`REPLAY_RATIO`, alone or under load),
+    ``refused`` and the figures it rests on (under load in ``under_load``).
+
+    Under load too, because a cache that replays only while other requests are in flight (or
+    only once an entry was asked for a few times) answered the single requests honestly and
+    the load phases, the headline's, from memory. A control there waits in the same queue as
+    the requests beside it, so an honest server's ratio stays near 1.
 
     ``speculates``: the launch decodes speculatively. Speculation drawn from earlier answers
     (llama.cpp's n-gram cache, vLLM's suffix decoding) really does make a repeated prompt
     decode faster than a new one, so there a flagged ratio is said (the speed holds for
     repeated prompts only) but not refused: the answers were decoded, and right."""
-    timed_controls = [t for r in controls for t in [_ms_per_token(r)] if t is not None]
-    timed_repeated = [t for r in repeated for t in [_ms_per_token(r)] if t is not None]
-    record: dict[str, Any] = {
-        "controls": len(timed_controls),
-        "repeated": len(timed_repeated),
-        "ratio_limit": REPLAY_RATIO,
-    }
-    if not timed_controls or not timed_repeated:
-        missing = "fresh-prompt control" if not timed_controls else "single-request answer"
-        failed = next((r.error for r in controls if not r.ok), None)
+    alone = _compare(repeated, controls)
+    loaded = _compare(load_repeated, load_controls) if load_controls else None
+    record: dict[str, Any] = {"ratio_limit": REPLAY_RATIO}
+    if alone is None and loaded is None:
+        timed = [t for r in controls for t in [_ms_per_token(r)] if t is not None]
+        timed_repeated = [t for r in repeated for t in [_ms_per_token(r)] if t is not None]
+        missing = "fresh-prompt control" if not timed else "single-request answer"
+        failed = next((r.error for r in (*controls, *load_controls) if not r.ok), None)
         why = (
             f"the control failed: {failed}"
-            if failed and not timed_controls
+            if failed and not timed
             else f"an answer needs {MIN_CONTROL_TOKENS} tokens or more"
         )
         record.update(
+            controls=len(timed),
+            repeated=len(timed_repeated),
             checked=False,
             flagged=False,
             refused=False,
             reason=f"replay check not run: no {missing} could be timed ({why})",
         )
         return record
-    control_ms = statistics.median(timed_controls)
-    repeated_ms = statistics.median(timed_repeated)
-    ratio = control_ms / repeated_ms if repeated_ms > 0 else float("inf")
-    flagged = ratio >= REPLAY_RATIO
+    main = alone if alone is not None else loaded
+    assert main is not None
+    flagged = bool(main["flagged"] or (loaded is not None and loaded["flagged"]))
     record.update(
         checked=True,
         flagged=flagged,
         refused=flagged and not speculates,
         speculative=speculates,
-        control_ms_per_token=round(control_ms, 4),
-        repeated_ms_per_token=round(repeated_ms, 4),
-        ratio=round(ratio, 2) if ratio != float("inf") else None,
+        controls=main["controls"],
+        repeated=main["repeated"],
+        control_ms_per_token=main["control_ms_per_token"],
+        repeated_ms_per_token=main["repeated_ms_per_token"],
+        ratio=main["ratio"],
     )
-    how = "inf" if ratio == float("inf") else f"{ratio:.1f}"
-    faster = (
-        f"answers to repeated prompts came {how}x faster per token end to end "
-        f"({repeated_ms:.3g} ms) than to a fresh prompt ({control_ms:.3g} ms, "
-        f"{_controls(len(timed_controls))})"
-    )
+    if load_controls:
+        record["under_load"] = loaded or {"checked": False}
+    worst = [
+        _faster(found, where)
+        for found, where in ((alone, "alone"), (loaded, "under load"))
+        if found is not None and found["flagged"]
+    ]
     if flagged and speculates:
         record["reason"] = (
-            f"{faster} with speculative decoding on: speculation drawn from earlier answers "
-            "speeds repeated prompts, so this speed holds for repeated prompts only"
+            f"{'; '.join(worst)} with speculative decoding on: speculation drawn from earlier "
+            "answers speeds repeated prompts, so this speed holds for repeated prompts only"
         )
     elif flagged:
         record["reason"] = (
-            f"{faster}: replayed from a cache, not decoded; its speed is not the engine's"
+            f"{'; '.join(worst)}: replayed from a cache, not decoded; its speed is not the engine's"
         )
     else:
-        record["reason"] = (
-            f"repeated prompts {how}x a fresh prompt's speed per token "
-            f"({_controls(len(timed_controls))})"
+        parts = [
+            f"{'inf' if found['ratio'] is None else format(found['ratio'], '.1f')}x {where} "
+            f"({_controls(found['controls'])})"
+            for found, where in ((alone, "alone"), (loaded, "under load"))
+            if found is not None
+        ]
+        record["reason"] = "repeated prompts at a fresh prompt's speed per token: " + ", ".join(
+            parts
         )
     return record

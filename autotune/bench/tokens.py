@@ -183,6 +183,9 @@ def cross_check(
     disagree = []
     if usage is not None and _off(usage, usage_own):
         disagree.append("usage")
+    text = counts.get("retokenized")
+    if text and _off(text["text"], text["ids"]):
+        disagree.append("text")
     if metric_total is not None and _off(metric_total, metric_own):
         disagree.append("metrics")
     counted_by = dict(counts.get("counted_by") or {})
@@ -197,6 +200,8 @@ def cross_check(
         "counted_by": counted_by,
         "tolerance": SUSPECT_TOLERANCE,
     }
+    if "text" in disagree:
+        record["retokenized"] = dict(text)
     if metric_total is not None and metric_own != own:
         record["autotune_in_metrics_phases"] = metric_own
     if not_own:
@@ -214,6 +219,9 @@ def suspect_line(record: Mapping[str, Any]) -> str:
     line = "measurement suspect: " + ", ".join(parts) + " output tokens"
     if record.get("disagree"):
         line += f" ({' and '.join(record['disagree'])} off by over {SUSPECT_TOLERANCE:.0%})"
+    if record.get("retokenized"):
+        ids, text = record["retokenized"]["ids"], record["retokenized"]["text"]
+        line += f"; the answers carried {ids} token ids for {text} tokens of text"
     if record.get("no_tokenizer"):
         line += f"; no tokenizer, so the count is the server's word ({record['no_tokenizer']})"
     return line
@@ -250,6 +258,21 @@ def length_problem(source: str, counted: int, asked: int, finish: str | None) ->
             "it, or a server that stops early)"
         )
     return None
+
+
+def retokenized(records: Sequence[Any], counter: TokenCounter) -> dict[str, int] | None:
+    """The token ids of the completed answers counted by ids, against the tokenizer's count of
+    their streamed text (None: no tokenizer, or no answer counted by ids). An honest server's
+    ids are its text's tokens (SmolLM2 on llama.cpp: 768 of 768 over 12 answers, multi-byte
+    text included); a server that sends two ids a token doubled every figure unseen. Counted
+    after the benchmark, never on its hot path."""
+    by_ids = [r for r in records if r.ok and r.count_source == BY_IDS]
+    if not by_ids or not counter.available:
+        return None
+    return {
+        "ids": sum(len(r.token_ids) for r in by_ids),
+        "text": sum(counter.count(r.text) for r in by_ids),
+    }
 
 
 def off_length(records: Sequence[Any]) -> dict[str, int]:

@@ -220,7 +220,13 @@ class FakeServer:
                 "InternalServerError",
             )
         replay_key = (json.dumps(body.get("prompt")), params.max_tokens)  # the text, as sent
-        if fault == "replay_cache" and params.include_usage and replay_key in self._replayed:
+        replays = fault == "replay_cache" or (
+            # replays only while other requests are in flight: the load phases, never the
+            # single-request phase beside its control
+            fault == "replay_when_busy"
+            and (self.scheduler.waiting or any(not r.cancelled for r in self.scheduler.running))
+        )
+        if replays and params.include_usage and replay_key in self._replayed:
             stored = self._replayed[replay_key]  # sent at once: nothing is decoded
             return StreamingResponse(iter(stored), media_type="text/event-stream")
         if fault == "hang" or (fault == "hang_in_bench" and params.include_usage):
@@ -243,7 +249,7 @@ class FakeServer:
         self.scheduler.submit(gen)
         if params.stream:
             chunks = self._stream(gen, params, request_id, created)
-            if fault == "replay_cache" and params.include_usage:
+            if fault in ("replay_cache", "replay_when_busy") and params.include_usage:
                 chunks = self._recorded(chunks, replay_key)
             return StreamingResponse(chunks, media_type="text/event-stream")
         events: list[TokenEvent] = []

@@ -41,6 +41,7 @@ FAULTS = (
     "wrong_late",
     "wrong_alone_in_bench",
     "replay_cache",
+    "replay_when_busy",
 )
 #: which response fields the server speaks: vLLM's (token ids, prompt_logprobs), the plain
 #: OpenAI completions API (text, logprobs, echo), llama.cpp's llama-server's (logprobs in the

@@ -90,6 +90,8 @@ Faults (``--fault NAME`` or env ``FAKE_FAULT``), each mimicking a failure real e
 * ``replay_cache``: a response cache in front of the engine: a benchmark request (streamed with
   ``stream_options.include_usage``) whose prompt and ``max_tokens`` an earlier one had gets
   that answer's chunks again at once, undecoded (right ids and text, any speed it likes).
+* ``replay_when_busy``: the same cache, replaying only while other requests are in flight:
+  the single-request phase is decoded honestly, the load phases (the headline's) are not.
 * ``stale_keepalive``: llama.cpp's llama-server's connections: every answer advertises
   ``Keep-Alive``, but a connection that carried a streamed answer is closed when the next
   request arrives on it, unanswered (a client that pools connections loses that request).

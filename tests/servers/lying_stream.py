@@ -10,7 +10,8 @@ The mode is the request's ``model`` (one process serves them all):
 * ``held``: the whole answer held for ``n * step``, then flushed 0.4 ms apart;
 * ``text4``: text only, four tokens per event, an event every ``4 * step``;
 * ``split``: text only, every token's text split over two events ``step / 2`` apart;
-* ``text``: text only, one token per event (the steady text-only reference).
+* ``text``: text only, one token per event (the steady text-only reference);
+* ``ids2x``: two token ids per event for one token of text (ids that count double).
 
 The text is the demo model's (``models/demo``) tokenization of spelled-out numbers, so its
 tokenizer counts exactly ``max_tokens`` tokens in any answer. ``GET /metrics`` carries
@@ -96,6 +97,10 @@ async def _stream(mode: str, n: int, step: float):
         for i in range(start, n):
             yield _chunk(pieces[i : i + 1], ids[i : i + 1], with_ids)
             time.sleep(FLUSH_GAP_S)  # blocking on purpose: asyncio's timer is coarser than this
+    elif mode == "ids2x":
+        for i in range(n // 2):
+            yield _chunk(pieces[i : i + 1], ids[2 * i : 2 * i + 2], True)
+            await asyncio.sleep(2 * step)
     elif mode == "text4":
         for i in range(0, n, 4):
             yield _chunk(pieces[i : i + 4], ids[i : i + 4], with_ids)
