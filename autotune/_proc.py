@@ -21,7 +21,8 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import psutil
 
@@ -378,4 +379,49 @@ def run_captured(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedP
         timeout=timeout_s,
         stdin=subprocess.DEVNULL,
         check=False,
+    )
+
+
+#: the signals that end autotune (Ctrl-C, ``kill``, a closed terminal), held back while a
+#: server is being stopped
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold back Ctrl-C, SIGTERM and SIGHUP while the block runs, then deliver them.
+
+    Stopping a server takes up to its grace period; a signal that arrived then (a second
+    Ctrl-C, ``timeout``, ``docker stop``) raised inside the wait, unwound the stop half-done and
+    left the server running for good: its trial was recorded as ended, so neither ``autotune
+    cleanup`` nor a resumed run ever looked for it. Held, the signal is raised again once the
+    server is proved gone, and does what it would have done. Only the main thread can set
+    handlers (Python runs them there); elsewhere the block runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous: dict[int, Any] = {}
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            previous[sig] = signal.signal(sig, lambda number, _frame: caught.append(number))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: a handler not set from Python, left as it is
+                signal.signal(sig, handler)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)
+
+
+def listening_addresses(port: int) -> list[str] | None:
+    """The local addresses that listen on TCP ``port`` on this machine (None: the socket
+    table could not be read)."""
+    try:
+        found = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return None
+    return sorted(
+        {c.laddr.ip for c in found if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
     )

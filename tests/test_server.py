@@ -9,6 +9,7 @@ never found), the client's transport refuses every connection instead.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -199,3 +200,46 @@ def test_never_healthy_is_a_startup_timeout(tmp_path: Path) -> None:
     assert info.value.reason == "startup_timeout"
     assert "not ready within 1 s" in str(info.value)
     assert info.value.evidence["exit_code"] is None
+
+
+def test_a_server_listening_on_every_interface_is_refused(tmp_path: Path) -> None:
+    """A program that ignores the address it is given (here: told 127.0.0.1 by the launch,
+    bound to 0.0.0.0) answered and was tuned while it served the network; it is refused at
+    readiness, by the socket table, whatever its flags said."""
+    from autotune import _proc
+
+    port = _proc.free_port()
+    argv = (sys.executable, "-m", "autotune.testing.fake_server", "--host", "0.0.0.0")
+    argv += ("--port", str(port), "--model", "toy")
+    env = {"AUTOTUNE_API_KEY": KEY, "PYTHONPATH": str(ROOT), "FAKE_FAULT": ""}
+    launch = LaunchConfig(
+        argv=argv, env=env, host="127.0.0.1", port=port, api_key=KEY, served_model="toy"
+    )
+    proc = ServerProcess(launch, tmp_path / "server.log", startup_timeout_s=30)
+    with proc, pytest.raises(CandidateError) as raised:
+        wait_ready(proc, f"http://127.0.0.1:{port}")
+    assert raised.value.reason == "startup_failed"
+    assert f"listens on 0.0.0.0 port {port}" in str(raised.value)
+    assert proc.stopped_cleanly is True
+
+
+def test_a_crash_after_readiness_is_not_blamed_on_a_startup_warning(tmp_path: Path) -> None:
+    """A harmless startup warning that mentions 'Address already in use' turned every later
+    crash into ``port_taken``, an infrastructure fault retried three times until the run
+    stopped: a server that answered on its port lost no race for it."""
+    import os
+    import signal
+
+    launch = launch_config(tmp_path)
+    warn = 'echo "WARNING: [Errno 98] Address already in use (a side port; ignored)" >&2'
+    argv = ("/bin/sh", "-c", f'{warn}; exec "$0" "$@"', *launch.argv)
+    proc = ServerProcess(
+        dataclasses.replace(launch, argv=argv), tmp_path / "server.log", startup_timeout_s=30
+    )
+    with proc:
+        wait_ready(proc, bound_url(tmp_path, proc))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc._popen.wait(timeout=30)
+        failure = proc.failure("server_crashed", "server died during the benchmark")
+    assert isinstance(failure, CandidateError) and failure.reason == "server_crashed"
+    assert "Address already in use" in proc.log_text()  # the warning was there to mislead

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 
 from autotune import _proc, names
 from autotune.engines.base import LaunchConfig
@@ -123,3 +124,55 @@ def test_cleanup_finds_a_helper_that_a_dead_run_never_recorded(tmp_path: Path) -
                     os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_signal_during_teardown_waits_until_the_server_is_gone(tmp_path: Path, monkeypatch):
+    """SIGTERM (``timeout``, ``docker stop``, a second Ctrl-C) arriving while a server is being
+    stopped raised inside the grace period: the stop was cut short, the server and its helper
+    ran on for good, and the trial was recorded as ended, so nothing looked for them again.
+    Held until the server is proved gone, the signal then does what it would have done. The
+    signal is sent from inside the stop (no timing decides the verdict)."""
+    pids_file = tmp_path / "helper-pids"
+    server = ServerProcess(
+        LaunchConfig(
+            argv=(sys.executable, str(SERVER), str(pids_file)),
+            env={},
+            host="127.0.0.1",
+            port=1,
+            api_key="k",
+            served_model="m",
+        ),
+        tmp_path / "server.log",
+        startup_timeout_s=30,
+        stop_grace_s=1.0,
+    )
+    real_stop_group = _proc.stop_group
+
+    def signalled_mid_stop(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs at the next bytecode: it had every chance to
+        return real_stop_group(*args, **kwargs)
+
+    class Terminated(Exception):
+        pass
+
+    def terminate(_number, _frame):
+        raise Terminated
+
+    server.start()
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        _wait_for(lambda: _pids(pids_file), "the helper never started")
+        _wait_for(lambda: _pids(pids_file)[0] in server.descendants_seen(), "helper never seen")
+        monkeypatch.setattr(_proc, "stop_group", signalled_mid_stop)
+        with pytest.raises(Terminated):
+            server.stop()
+        # the signal was delivered, after the stop had finished and proved the server gone
+        assert server.stopped_cleanly is True
+        assert not [pid for pid in _pids(pids_file) if _proc.process_alive(pid)]
+        assert not _proc.process_alive(server.pid)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        monkeypatch.setattr(_proc, "stop_group", real_stop_group)
+        if server.stopped_cleanly is not True:
+            server.stop()

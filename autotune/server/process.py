@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import shutil
 import signal
@@ -122,6 +123,8 @@ class ServerProcess:
         #: this launch's own temp folder (None: the spec set ``TMPDIR``, or not started)
         self.tmpdir: str | None = None
         self._started_at = 0.0
+        #: the log's size when the server first answered (None: not ready yet)
+        self._ready_log_at: int | None = None
         self.stopped_cleanly: bool | None = None
         #: what teardown found: descendants seen, survivors, how they were stopped
         self.stop_record: dict[str, Any] = {}
@@ -308,9 +311,12 @@ class ServerProcess:
         cause = _safely(self.root_cause, window)
         if cause:
             evidence["root_cause"] = cause
-        if any(m in lowered for m in _PORT_TAKEN):
+        # a server that answered on its port lost no race for it, whatever a startup warning
+        # said: a crash after readiness blamed on the machine was retried, never recorded
+        if self._ready_log_at is None and any(m in lowered for m in _PORT_TAKEN):
             return InfrastructureError("port_taken", _join(detail, cause), evidence=evidence)
-        if any(m in lowered for m in _DISK_FULL):
+        since_ready = lowered if self._ready_log_at is None else self._log_since_ready().lower()
+        if any(m in since_ready for m in _DISK_FULL):
             return InfrastructureError("disk_full", _join(detail, cause), evidence=evidence)
         reason = self.classify(window)
         notes: list[str] = []
@@ -354,6 +360,8 @@ class ServerProcess:
                     # one more look now that it answers: a helper forked between this poll's
                     # first look and readiness is recorded at readiness, not a tick later
                     self._remember_children()
+                    self._check_loopback_only()
+                    self._ready_log_at = self._log_size()
                     return ServerStart(
                         pid=self.pid,
                         pgid=self.pgid,
@@ -369,6 +377,36 @@ class ServerProcess:
             "startup_timeout",
             f"not ready within {self.startup_timeout_s:.0f} s (last: {last_error or 'no answer'})",
         )
+
+    def _check_loopback_only(self) -> None:
+        """The server answers on its port: on 127.0.0.1 alone, or it is refused. A server may
+        ignore the address it was given (a command template's program that binds every
+        interface whatever ``--host`` says) and would serve the network while it is tuned."""
+        addresses = _proc.listening_addresses(self.launch.port)
+        exposed = [a for a in addresses or () if not _loopback(a)]
+        if exposed:
+            raise self.failure(
+                "startup_failed",
+                f"the server listens on {', '.join(exposed)} port {self.launch.port}, not only "
+                f"on {self.launch.host}: autotune's servers listen on 127.0.0.1 alone (does "
+                "the program take the address autotune gives it, {host}?)",
+            )
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def _log_since_ready(self, max_bytes: int = 64 * 1024) -> str:
+        """The log written after readiness (its last ``max_bytes`` at most)."""
+        start = self._ready_log_at or 0
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(max(start, self._log_size() - max_bytes))
+                return handle.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
 
     async def _first_completion(self, client: httpx.AsyncClient) -> None:
         body = {
@@ -424,9 +462,16 @@ class ServerProcess:
     # --- stop ------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop the whole group and prove it gone; a survivor is an infrastructure fault."""
+        """Stop the whole group and prove it gone; a survivor is an infrastructure fault.
+        Ctrl-C and SIGTERM wait until it is done (``_proc.signals_held``): one that cut the
+        grace period short left the server running, its trial recorded as ended."""
         if self._popen is None:
             return
+        with _proc.signals_held():
+            self._stop()
+
+    def _stop(self) -> None:
+        assert self._popen is not None
         tracker = self._tracker
         if tracker is not None:
             tracker.stop()  # no more background samples: stop_group asks for each look
@@ -491,6 +536,15 @@ def remove_tmpdir(path: str) -> bool:
         return False
     shutil.rmtree(folder, ignore_errors=True)
     return not folder.exists()
+
+
+def _loopback(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
 
 
 def _pairs(seen: dict[int, float | None]) -> list[list[float | int | None]]:
