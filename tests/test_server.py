@@ -243,3 +243,21 @@ def test_a_crash_after_readiness_is_not_blamed_on_a_startup_warning(tmp_path: Pa
         failure = proc.failure("server_crashed", "server died during the benchmark")
     assert isinstance(failure, CandidateError) and failure.reason == "server_crashed"
     assert "Address already in use" in proc.log_text()  # the warning was there to mislead
+
+
+def test_a_huge_log_is_read_by_its_start_and_its_end(tmp_path: Path) -> None:
+    """A server that logged 1.5 GB took autotune to 3.3 GB of memory, read whole at each
+    trial's end: the start (the start's parts) and the end (the latest statistics) are read,
+    the middle is said to be left out."""
+    from autotune.server import log
+
+    path = tmp_path / "server.log"
+    lines = [f"line {i:06d}\n" for i in range(30_000)]  # 12 bytes a line
+    path.write_text("".join(lines))
+    assert log.bounded(path, part_bytes=1_000_000) == "".join(lines)
+    text = log.bounded(path, part_bytes=1200)
+    assert text.startswith("line 000000\n") and text.endswith("line 029999\n")
+    assert len(text) < 3000
+    kept = [line for line in text.splitlines() if line.startswith("line ")]
+    assert 190 < len(kept) <= 200 and all(len(line) == 11 for line in kept)  # whole lines
+    assert "bytes of the log left out" in text

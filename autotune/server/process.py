@@ -49,7 +49,9 @@ from autotune import _proc
 from autotune.client.stream import NotJsonObject, parse_json_object
 from autotune.engines.base import LaunchConfig, find_root_cause
 from autotune.errors import CandidateError, InfrastructureError, excerpt
+from autotune.server import log as server_log
 from autotune.server import oom
+from autotune.server.log import LOG_TEXT_PART_BYTES
 
 #: how often /health is polled while waiting; readiness is detected within this much time
 HEALTH_POLL_S = 0.05
@@ -215,67 +217,24 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.exit_code() is None
 
-    def log_text(self) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return self.launch.redact(text)
+    def log_text(self, part_bytes: int = LOG_TEXT_PART_BYTES) -> str:
+        """The log (secrets redacted) for what reads it whole: the start's parts, patches
+        verified, the CUDA-graph stats; its first and last ``part_bytes`` at most."""
+        return self.launch.redact(server_log.bounded(self.log_path, part_bytes))
 
     def log_tail(self, lines: int = 60) -> str:
-        try:
-            with open(self.log_path, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                size = handle.tell()
-                handle.seek(max(0, size - 64 * 1024))
-                text = handle.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-        text = self.launch.redact(text)
+        text = self.launch.redact(server_log.last_bytes(self.log_path, 64 * 1024))
         return "\n".join(text.splitlines()[-lines:])
 
     def log_window(self, max_bytes: int = FAILURE_LOG_BYTES) -> str:
         """The end of the log (whole lines, API key redacted): where a failure explains itself."""
-        try:
-            with open(self.log_path, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                size = handle.tell()
-                handle.seek(max(0, size - max_bytes))
-                text = handle.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-        if size > max_bytes:
-            text = text.partition("\n")[2]  # the first line is cut
-        return self.launch.redact(text)
+        return self.launch.redact(server_log.last_bytes(self.log_path, max_bytes, whole_lines=True))
 
     def redact_log(self) -> None:
         """Rewrite the log file with the launch's secrets (the per-trial API key, secret env
         values) replaced by ``***``: the file is stored and uploaded as the trial's artifact,
-        and a server may print its key. Called at stop, when nothing writes to it any more;
-        streamed, so a log of any size is rewritten in bounded memory."""
-        secrets = [s.encode() for s in self.launch.secret_values()]
-        if not secrets:
-            return
-        keep = max(len(s) for s in secrets) - 1  # a secret may straddle two chunks
-        temp = self.log_path.with_name(self.log_path.name + ".redacting")
-        try:
-            with open(self.log_path, "rb") as src, open(temp, "wb") as dst:
-                pending = b""
-                while True:
-                    chunk = src.read(1 << 20)
-                    data = pending + chunk
-                    for secret in secrets:
-                        data = data.replace(secret, b"***")
-                    if not chunk:
-                        dst.write(data)
-                        break
-                    cut = max(0, len(data) - keep)
-                    dst.write(data[:cut])
-                    pending = data[cut:]
-            os.replace(temp, self.log_path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                temp.unlink()
+        and a server may print its key. Called at stop, when nothing writes to it any more."""
+        server_log.redact_file(self.log_path, [s.encode() for s in self.launch.secret_values()])
 
     def _remember_children(self) -> None:
         if self._tracker is not None:
@@ -361,7 +320,7 @@ class ServerProcess:
                     # first look and readiness is recorded at readiness, not a tick later
                     self._remember_children()
                     self._check_loopback_only()
-                    self._ready_log_at = self._log_size()
+                    self._ready_log_at = server_log.size(self.log_path)
                     return ServerStart(
                         pid=self.pid,
                         pgid=self.pgid,
@@ -392,21 +351,9 @@ class ServerProcess:
                 "the program take the address autotune gives it, {host}?)",
             )
 
-    def _log_size(self) -> int:
-        try:
-            return self.log_path.stat().st_size
-        except OSError:
-            return 0
-
     def _log_since_ready(self, max_bytes: int = 64 * 1024) -> str:
         """The log written after readiness (its last ``max_bytes`` at most)."""
-        start = self._ready_log_at or 0
-        try:
-            with open(self.log_path, "rb") as handle:
-                handle.seek(max(start, self._log_size() - max_bytes))
-                return handle.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return server_log.since(self.log_path, self._ready_log_at or 0, max_bytes)
 
     async def _first_completion(self, client: httpx.AsyncClient) -> None:
         body = {
