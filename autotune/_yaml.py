@@ -7,12 +7,19 @@ It also keeps the words that YAML 1.1 turns into booleans (``on``, ``off``, ``ye
 unquoted): ``choices: [auto, off]`` reads as ``["auto", False]``, and a ``False`` flag value is
 dropped from the command line without a word. Callers where a string was meant ask
 :meth:`YamlDoc.refuse_yaml11_bool`, which names the key and says how to quote it.
+
+YAML 1.1's other numbers have no such double use and are refused wherever they are written,
+naming the key and saying how to quote them: octal (``0755`` read as 493, ``010`` as 8: an
+``env`` value became "493") and base 60 (``1:2`` read as 62). So is a scalar PyYAML cannot
+construct (a date such as ``2001-13-01``, ``!!int abc``, an integer of more digits than Python
+converts to text), which raised a ValueError traceback.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +84,15 @@ class YamlDoc:
 
 _BOOL_TAG = "tag:yaml.org,2002:bool"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_STR_TAG = "tag:yaml.org,2002:str"
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+#: YAML 1.1's octal integer (PyYAML reads ``0755`` as 493); ``08`` is no octal, it stays text
+_OCTAL = re.compile(r"[-+]?0[0-7_]+")
+#: an integer in digits (decimal, ``0x``, ``0b``): one that fails to read has too many of them
+_DIGITS = re.compile(r"[-+]?(?:[0-9_]+|0[xX][0-9a-fA-F_]+|0[bB][01_]+)")
+#: a mapping key YAML cannot read or hash (``[a]: 1``): no duplicate check, safe_load refuses it
+_UNREAD = object()
 #: a lone surrogate (``"\\ud800"`` in a YAML or JSON escape): no text, no encoding can write it
 SURROGATE = re.compile("[\ud800-\udfff]")
 #: more key paths than this means aliases expand into a bomb (``&a [*b, *b, ...]``)
@@ -96,11 +112,11 @@ class _DuplicateKey(Exception):
         self.key, self.line, self.first = key, line, first
 
 
-class _NulCharacter(Exception):
+class _BadScalar(Exception):
     """A value with a NUL character: no command line, environment or file name can carry it
     (the launch raised ``ValueError: embedded null byte``, a traceback mid-study). Also a lone
     surrogate (``"\\ud800"``), which is no text: the launch and the export raised
-    ``UnicodeEncodeError``."""
+    ``UnicodeEncodeError``; and a scalar read otherwise than written (:func:`_scalar_problem`)."""
 
     def __init__(self, key: str, line: int, why: str) -> None:
         super().__init__(key)
@@ -118,9 +134,55 @@ def _bool_word(node: yaml.Node) -> bool:
 
 
 def _key_value(node: yaml.Node) -> Any:
-    """A mapping key as YAML reads it (a key YAML cannot hash already failed to load). A fresh
-    constructor each time: one kept would keep every node it ever read."""
+    """A mapping key (or a scalar) as YAML reads it. A fresh constructor each time: one kept
+    would keep every node it ever read."""
     return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+
+
+def _hashed_key(node: yaml.Node) -> Any:
+    """A mapping key as YAML reads it, or :data:`_UNREAD` for one it cannot read or hash
+    (``[a]: 1``), which ``yaml.safe_load`` then refuses with its line."""
+    try:
+        value = _key_value(node)
+        hash(value)
+    except (ValueError, KeyError, TypeError, yaml.YAMLError):
+        return _UNREAD
+    return value
+
+
+def _scalar_problem(node: yaml.ScalarNode) -> str | None:
+    """Why a scalar is not read as it is written (YAML 1.1's octal and base 60), or cannot be
+    read at all; None for the rest. Strings are what they are written as."""
+    tag, value = node.tag, node.value
+    if tag in (_STR_TAG, _MERGE_TAG):  # ``<<`` is no value: the mapping merges what it names
+        return None
+    shown = value if len(value) <= 40 else value[:40] + "..."
+    if tag == _INT_TAG and _OCTAL.fullmatch(value):
+        return (
+            f"the YAML number {value} is read as the octal {_key_value(node)} (YAML 1.1); quote "
+            f"it as '{value}' for text, or write it without the leading 0 for a decimal number"
+        )
+    if tag in (_INT_TAG, _FLOAT_TAG) and ":" in value:
+        return (
+            f"the YAML number {value} is read in base 60 as {_key_value(node)} (YAML 1.1); "
+            f"quote it as '{value}' for text"
+        )
+    try:
+        read = _key_value(node)
+        if isinstance(read, int):
+            str(read)  # Python writes (and reads) at most sys.get_int_max_str_digits() digits
+    except Exception as exc:  # noqa: BLE001 - what PyYAML raises on it, safe_load raises too
+        if tag == _INT_TAG and _DIGITS.fullmatch(value):
+            return (
+                f"the integer {shown} has more digits than can be read or written (at most "
+                f"{sys.get_int_max_str_digits():,} decimal digits)"
+            )
+        kind = tag.rsplit(":", 1)[-1]
+        problem = getattr(exc, "problem", None) or str(exc)
+        if isinstance(exc, KeyError):  # ``!!bool maybe``: no word of the tag's
+            problem = f"not a {kind}"
+        return f"the YAML value {shown} cannot be read as {kind}: {problem}"
+    return None
 
 
 def _collect_lines(
@@ -136,12 +198,15 @@ def _collect_lines(
         seen: dict[Any, int] = {}
         for key_node, value_node in node.value:
             key = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+            if isinstance(key_node, yaml.ScalarNode) and (why := _scalar_problem(key_node)):
+                raise _BadScalar(prefix or "(the document)", key_node.start_mark.line + 1, why)
             if key_node.tag != _MERGE_TAG:  # ``<<: *base`` merges; the mapping's own keys win
                 # the key as YAML reads it: ``1`` and ``0x1``, or ``on`` and ``yes``, are one key
-                value = _key_value(key_node)
-                if value in seen:
+                value = _hashed_key(key_node)
+                if value is not _UNREAD and value in seen:
                     raise _DuplicateKey(key, key_node.start_mark.line + 1, seen[value])
-                seen[value] = key_node.start_mark.line + 1
+                if value is not _UNREAD:
+                    seen[value] = key_node.start_mark.line + 1
             lines[key] = key_node.start_mark.line + 1
             if _bool_word(key_node):
                 read = key_node.value.lower() in ("yes", "on")  # PyYAML's true words
@@ -152,14 +217,16 @@ def _collect_lines(
             key = f"{prefix}[{index}]"
             lines[key] = item.start_mark.line + 1
             _collect_lines(item, key, lines, bool_words, bool_keys)
+    elif isinstance(node, yaml.ScalarNode) and (why := _scalar_problem(node)):
+        raise _BadScalar(prefix or "(the document)", node.start_mark.line + 1, why)
     elif _bool_word(node):
         bool_words[prefix] = node.value
     elif isinstance(node, yaml.ScalarNode) and "\0" in node.value:
         why = "contains a NUL character, which no command line or environment can carry"
-        raise _NulCharacter(prefix or "(the document)", node.start_mark.line + 1, why)
+        raise _BadScalar(prefix or "(the document)", node.start_mark.line + 1, why)
     elif isinstance(node, yaml.ScalarNode) and SURROGATE.search(node.value):
         why = "contains a lone surrogate (an escape such as \\ud800), which is not text"
-        raise _NulCharacter(prefix or "(the document)", node.start_mark.line + 1, why)
+        raise _BadScalar(prefix or "(the document)", node.start_mark.line + 1, why)
 
 
 def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
@@ -176,21 +243,15 @@ def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
         ) from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        if problem == "but found another document":  # PyYAML's words for a second ``---``
-            problem = "a second document begins here; one file holds one document"
-        raise SpecError(f"malformed YAML: {problem}", file=str(path), line=line) from None
+        raise _malformed(exc, path) from None
     except RecursionError:
         # PyYAML composes nested collections recursively: ``[[[[...]]]]`` a few hundred deep
         raise SpecError("the YAML is nested too deeply to read", file=str(path)) from None
     lines: dict[str, int] = {}
     bool_words: dict[str, str] = {}
     bool_keys: dict[str, dict[bool, str]] = {}
-    if node is not None:
+    if node is not None:  # before constructing: a scalar that cannot be read is named here
         try:
             _collect_lines(node, "", lines, bool_words, bool_keys)
         except (_TooLarge, RecursionError):
@@ -205,16 +266,26 @@ def load_yaml(path: str | Path, *, what: str) -> YamlDoc:
                 line=dup.line,
                 key=dup.key,
             ) from None
-        except _NulCharacter as nul:
-            raise SpecError(
-                nul.why,
-                file=str(path),
-                line=nul.line,
-                key=nul.key,
-            ) from None
+        except _BadScalar as bad:
+            raise SpecError(bad.why, file=str(path), line=bad.line, key=bad.key) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise _malformed(exc, path) from None
+    except (ValueError, KeyError, TypeError) as exc:  # a scalar inside a key such as [2001-13-01]
+        raise SpecError(f"malformed YAML: {exc}", file=str(path)) from None
     if not isinstance(data, dict):
         raise SpecError(f"{what} must be a YAML mapping", file=str(path), line=1)
     return YamlDoc(path=path, data=data, lines=lines, bool_words=bool_words, bool_keys=bool_keys)
+
+
+def _malformed(exc: yaml.YAMLError, path: Path) -> SpecError:
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    problem = getattr(exc, "problem", None) or str(exc)
+    if problem == "but found another document":  # PyYAML's words for a second ``---``
+        problem = "a second document begins here; one file holds one document"
+    return SpecError(f"malformed YAML: {problem}", file=str(path), line=line)
 
 
 def check_keys(
@@ -248,12 +319,21 @@ MAX_COUNT = 1_000_000
 MAX_SECONDS = 7 * 24 * 3600
 
 
+def finite(value: float) -> bool:
+    """Whether a number is finite, as a float: an integer over 1.8e308 is not (``math.isfinite``
+    raised OverflowError on it, a traceback)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def number(
     doc: YamlDoc, key: str, value: Any, *, positive: bool = False, integer: bool = False
 ) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise doc.error(key, f"must be a number, got {value!r}")
-    if not math.isfinite(value):  # NaN passes every comparison below
+    if not finite(value):  # NaN passes every comparison below
         raise doc.error(key, f"must be a finite number, got {value!r}")
     if integer and not float(value).is_integer():
         raise doc.error(key, f"must be an integer, got {value!r}")

@@ -46,8 +46,18 @@ class SpecError(AutotuneError):
             where += ": "
         if key:
             where += f"{key}: "
-        super().__init__(where + message)
+        super().__init__(one_line(where + message))
         self.message = message
+
+
+def one_line(text: str) -> str:
+    """``text`` with each character that is not printable written as a repr writes it
+    (``\\n``, ``\\x1b``, ``\\x00``, ``\\u2028``): an error is one line, and a key or a path
+    from the input cannot start another line on the terminal (``fake: line``) or color it
+    (an ANSI escape). The key, file and message attributes stay as given."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class PreflightError(AutotuneError):

@@ -34,6 +34,8 @@ SPEC: dict[str, Any] = fake_spec(
         sys.executable,
         "-m",
         "autotune.testing.fake_server",
+        "--host",
+        "{host}",
         "--port",
         "{port}",
         "--model",
@@ -371,7 +373,7 @@ def test_bad_input_adds_no_trial_to_an_existing_study(tmp_path: Path) -> None:
 SPACE_STR = {
     "parameters": {
         "n": {"type": "int", "low": 1, "high": 8, "target": {"flag": "--max-num-seqs"}},
-        "mode": {"type": "categorical", "choices": ["a", "b"], "target": {"flag": "--mode"}},
+        "mode": {"type": "categorical", "choices": ["a", "b"], "target": {"flag": "--run-mode"}},
         "sizes": {"type": "int_list", "choices": [[1, 2], [4]], "target": {"flag": "--sizes"}},
     }
 }
@@ -712,7 +714,7 @@ def test_api_key_on_the_command_line_is_refused(tmp_path: Path) -> None:
     command = [*SPEC["engine"]["command"], "--api-key", "{api_key}"]
     path = write(tmp_path, with_(SPEC, "engine.command", command))
     line = assert_bad_input(
-        invoke("run", "--spec", str(path)), tmp_path, f"{path}:", "engine.command[8]", "`ps`"
+        invoke("run", "--spec", str(path)), tmp_path, f"{path}:", "engine.command[10]", "`ps`"
     )
     assert "engine.env" in line  # says how to pass it instead
     path = write(tmp_path, with_(SPEC, "engine.args", ["--token={api_key}"]))
@@ -775,7 +777,15 @@ def test_command_engine_key_travels_by_env_only(tmp_path: Path) -> None:
 def test_command_engine_version_is_not_a_placeholder(tmp_path: Path) -> None:
     from autotune.engines import build_engine
 
-    command = ["{python}", "-m", "autotune.testing.fake_server", "--port", "{port}"]
+    command = [
+        "{python}",
+        "-m",
+        "autotune.testing.fake_server",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+    ]
     path = write(tmp_path, with_(SPEC, "engine.command", command))
     version = build_engine(load_spec(path)).version()
     assert "{" not in version and sys.executable in version, version
@@ -795,7 +805,8 @@ def test_export_header_launch_expands_the_key(tmp_path: Path) -> None:
     from autotune.study.export import export_values
 
     show = "import os, sys; print(os.environ['MY_SERVER_API_KEY']); print(sys.argv[1:])"
-    spec = with_(SPEC, "engine.command", [sys.executable, "-c", show, "--port", "{port}"])
+    command = [sys.executable, "-c", show, "--host", "{host}", "--port", "{port}"]
+    spec = with_(SPEC, "engine.command", command)
     spec["engine"]["env"] = {"MY_SERVER_API_KEY": "Bearer {api_key}", "PLAIN": "a b"}
     spec_path = write(tmp_path, spec)
     out = tmp_path / "out" / "best.yaml"
@@ -813,7 +824,7 @@ def test_export_header_launch_expands_the_key(tmp_path: Path) -> None:
     )
     printed = done.stdout.splitlines()
     assert printed[0] == "Bearer s3cret", done
-    assert printed[1] == str(["--port", "8000", "--max-num-seqs", "4"]), done
+    assert printed[1] == str(["--host", "127.0.0.1", "--port", "8000", "--max-num-seqs", "4"])
     assert "MY_SERVER_API_KEY=Bearer ${API_KEY}" in (tmp_path / "out" / "best.env").read_text()
 
 

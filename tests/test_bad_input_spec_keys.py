@@ -146,6 +146,11 @@ def test_engine_args_may_hold_the_value_a_tuned_flag_has_when_left_out(
     assert load_spec(write(tmp_path, kind=kind, args=args)).engine.args == tuple(args)
 
 
+#: the fake template after its ``--host {host}``, with ``{host}`` elsewhere: a template without
+#: it is refused whole (``engine.command``), before its ``--host`` word is looked at
+AFTER_HOST = (*FAKE_SERVER_COMMAND[5:], "--advertise", "{host}")
+
+
 @pytest.mark.parametrize(
     ("where", "words", "index", "needle"),
     [
@@ -155,8 +160,8 @@ def test_engine_args_may_hold_the_value_a_tuned_flag_has_when_left_out(
         ("args", ["--port", "80"], 0, "{port}"),
         ("args", ["--uds", "/tmp/x.sock"], 0, "--uds"),
         ("args", ["--bind", "[::]:8000"], 1, "every network interface"),
-        ("command", [*FAKE_SERVER_COMMAND[:4], "0.0.0.0", *FAKE_SERVER_COMMAND[5:]], 3, "{host}"),
-        ("command", [*FAKE_SERVER_COMMAND[:4], "localhost", *FAKE_SERVER_COMMAND[5:]], 3, "{host}"),
+        ("command", [*FAKE_SERVER_COMMAND[:4], "0.0.0.0", *AFTER_HOST], 3, "{host}"),
+        ("command", [*FAKE_SERVER_COMMAND[:4], "localhost", *AFTER_HOST], 3, "{host}"),
         ("command", [*FAKE_SERVER_COMMAND, "--bind", "0.0.0.0"], 10, "every network interface"),
         ("command", [*FAKE_SERVER_COMMAND, "--port", "8000"], 9, "{port}"),
         ("args", ["--model", "other"], 0, "the spec's engine command sets it"),
@@ -358,3 +363,177 @@ def test_the_fake_command_itself_still_loads(tmp_path: Path) -> None:
     spec = load_spec(write(tmp_path))
     assert spec.engine.command[0] == sys.executable
     assert yaml.safe_load((tmp_path / "spec.yaml").read_text())["engine"]["kind"] == "command"
+
+
+# --- a red team's specs: the server stays on 127.0.0.1 ----------------------------------------
+
+
+def cli_refused(tmp_path: Path, path: Path, *needles: str) -> str:
+    """``autotune run`` of ``path``: exit 2, one error line with ``needles``, no study."""
+    result = CliRunner().invoke(app, ["run", "--spec", str(path)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert not list(tmp_path.rglob("*.db")) and not list(tmp_path.rglob("*-artifacts"))
+    return lines[0]
+
+
+def test_a_command_template_without_host_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``[{python}, -m, http.server, {port}]`` validated, and the server listened on 0.0.0.0:
+    a server not told its address picks its own."""
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, command=["{python}", "-m", "http.server", "{port}"])
+    error = refused(path, "engine.command", "must contain {host}")
+    assert error.line is not None
+    cli_refused(tmp_path, path, f"{path}:", "engine.command", "{host}")
+
+
+@pytest.mark.parametrize(
+    ("kind", "target", "owned"),
+    [
+        # argparse reads --hos as --host: ["0.0.0.0", ...] opened the server to the network
+        ("command", {"flag": "--hos"}, "--host"),
+        ("vllm", {"flag": "--hos"}, "--host"),
+        ("vllm", {"flag": "--served_model"}, "--served-model-name"),
+        ("command", {"flag": "--mod"}, "--model"),  # the template's --model {served_name}
+        ("llamacpp", {"flag": "--x", "false_flag": "--por"}, "--port"),
+    ],
+)
+def test_a_tuned_flag_that_is_a_prefix_of_one_autotune_sets(
+    tmp_path: Path, kind: str, target: dict, owned: str
+) -> None:
+    domain = {"type": "bool"} if "false_flag" in target else {"type": "categorical"}
+    if "false_flag" not in target:
+        domain["choices"] = ["127.0.0.2", "10.0.0.5"]
+    path = write(tmp_path, kind=kind, space={"parameters": {"h": {**domain, "target": target}}})
+    what = "false_flag" if "false_flag" in target else "flag"
+    error = refused(path, f"parameters.h.target.{what}", f"is read as {owned} (a prefix of it)")
+    assert error.file == str(tmp_path / "space.yaml")
+
+
+@pytest.mark.parametrize(
+    ("domain", "key"),
+    [
+        # the red team's: a prefix of --host, and the address of every interface
+        ({"choices": ["0.0.0.0", "127.0.0.1"], "target": {"flag": "--hos"}}, "choices[0]"),
+        ({"choices": ["127.0.0.1", "0.0.0.0"], "target": {"flag": "--bind"}}, "choices[1]"),
+        (
+            {"choices": ["::", "127.0.0.1"], "baseline": "::", "target": {"flag": "--listen"}},
+            "choices[0]",
+        ),
+        ({"choices": ["a", "0:8000"], "target": {"flag": "--x"}}, "choices[1]"),
+        ({"choices": [1, 0], "target": {"env": "SERVER_HOST"}}, "choices[1]"),
+        (
+            {"choices": ["0x0"], "target": {"json": "--server-config", "key": "http.ip"}},
+            "choices[0]",
+        ),
+        ({"type": "int", "low": 0, "high": 3, "target": {"flag": "--bind"}}, "low"),
+    ],
+)
+def test_a_tuned_value_that_names_every_interface(tmp_path: Path, domain: dict, key: str) -> None:
+    space = {"parameters": {"h": {"type": "categorical", **domain}}}
+    refused(write(tmp_path, space=space), f"parameters.h.{key}", "every network interface")
+
+
+@pytest.mark.parametrize(
+    ("args", "index"),
+    [
+        # getaddrinfo and inet_aton read each of these as 0.0.0.0
+        (["--bind", "0"], 1),
+        (["--listen", "0x0"], 1),
+        (["--bind-address", "0.0"], 1),
+        (["--bind=0"], 0),
+        (["--x", "000.000.000.000"], 1),
+        (["--x", "0:8000"], 1),
+        (["--x", ":8000"], 1),
+        (["--x", "::ffff:0.0.0.0"], 1),
+    ],
+)
+def test_spellings_of_every_interface_in_engine_args(
+    tmp_path: Path, args: list, index: int
+) -> None:
+    refused(write(tmp_path, args=args), f"engine.args[{index}]", "every network interface")
+
+
+def test_words_that_only_look_like_an_address_are_accepted(tmp_path: Path) -> None:
+    """A zero is an address only as the value of a flag named for one (``--bind 0``)."""
+    args = ["--temperature", "0.0", "--max-loras", "0", "--x", "8000", "--listen-port", "0"]
+    space = {
+        "parameters": {
+            "t": {"type": "categorical", "choices": [0.0, "0x0"], "target": {"flag": "--t"}},
+            "n": {"type": "int", "low": 0, "high": 4, "target": {"flag": "--max-loras"}},
+            # vLLM's CPU threads, bound to core 0
+            "b": {
+                "type": "categorical",
+                "choices": ["0", "all"],
+                "target": {"env": "VLLM_CPU_OMP_THREADS_BIND"},
+            },
+        }
+    }
+    spec = load_spec(write(tmp_path, args=args, space=space))
+    assert spec.engine.args == tuple(args) and len(spec.space.parameters) == 3
+
+
+# --- YAML read otherwise than written, and keys that would break the error's one line ---------
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "words"),
+    [
+        # env: {MASK: 0755} was launched as MASK=493; 0777 as 511, 1:2 as 62
+        ("env: {MASK: 0755}", "engine.env.MASK", "the YAML number 0755 is read as the octal 493"),
+        ("args: [--cpu-mask, 0777]", "engine.args[1]", "quote it as '0777'"),
+        ("args: [--ratio, 1:2]", "engine.args[1]", "read in base 60 as 62"),
+        # ValueError: Exceeds the limit (4300 digits) for integer string conversion
+        (f"health_path: 1{'0' * 5000}", "engine.health_path", "more digits than can be read"),
+    ],
+)
+def test_yaml_numbers_not_read_as_written_in_the_spec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, section: str, key: str, words: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path)
+    path.write_text(path.read_text().replace("engine:\n", f"engine:\n  {section}\n", 1))
+    error = refused(path, key, words)
+    assert error.line == 3  # study: line 1, engine: line 2
+    cli_refused(tmp_path, path, f"{path}:3:", key)
+
+
+def test_a_quoted_octal_is_text(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    path.write_text(path.read_text().replace("engine:\n", "engine:\n  env: {MASK: '0755'}\n", 1))
+    assert load_spec(path).engine.env == {"MASK": "0755"}
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("x\\x1b[31mRED\\nfake: line", "x\\x1b[31mRED\\nfake: line"),
+        ("x\\0y", "x\\x00y"),
+        ("x\\u2028y\\u202ez", "x\\u2028y\\u202ez"),
+    ],
+)
+def test_a_key_with_control_characters_stays_on_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, shown: str
+) -> None:
+    """A key ``"x\\x1b[31mRED\\nfake: line"`` printed a raw ANSI escape and a second line that
+    read as another message; a NUL went to the terminal as is."""
+    monkeypatch.chdir(tmp_path)
+    space = f'parameters:\n  n: {{type: bool, "{name}": 1, target: {{flag: --n}}}}\n'
+    path = write(tmp_path, space=space)
+    with pytest.raises(SpecError) as caught:
+        load_spec(path)
+    text = str(caught.value)
+    assert text.isprintable() and f"parameters.n.{shown}: unknown key" in text, text
+    assert caught.value.key == f"parameters.n.{name.encode().decode('unicode_escape')}"
+    cli_refused(tmp_path, path, f"parameters.n.{shown}")
+
+
+def test_a_spec_error_is_one_printable_line() -> None:
+    error = SpecError("bad\nvalue", file="dir\x1b[2J/spec.yaml", key="a\rb", line=3)
+    assert str(error) == "dir\\x1b[2J/spec.yaml:3: a\\rb: bad\\nvalue"
+    assert (error.file, error.key, error.message) == ("dir\x1b[2J/spec.yaml", "a\rb", "bad\nvalue")

@@ -218,7 +218,7 @@ def test_conditions(tmp_path: Path, extra: str, key: str, words: str) -> None:
     text = (
         "parameters:\n"
         "  sizes: {type: int_list, choices: [[1, 2], [4]], target: {flag: --sizes}}\n"
-        "  mode: {type: categorical, choices: [a, b], target: {flag: --mode}}\n"
+        "  mode: {type: categorical, choices: [a, b], target: {flag: --run-mode}}\n"
         "  dep: {type: bool, target: {flag: --dep}, when: {mode: a}}\n"
         f"  x: {{type: bool, target: {{flag: --x}}, {extra}}}\n"
     )
@@ -573,7 +573,8 @@ def test_export_header_with_line_breaks_in_the_launch(tmp_path: Path) -> None:
     from autotune.study.export import export_values
 
     script = "import sys\nprint(repr(sys.argv[1:]))"
-    spec = with_(SPEC, "engine.command", [sys.executable, "-c", script, "--port", "{port}"])
+    command = [sys.executable, "-c", script, "--host", "{host}", "--port", "{port}"]
+    spec = with_(SPEC, "engine.command", command)
     spec["engine"]["args"] = ["--note", "it's a\u2028b"]
     path = write(tmp_path, spec)
     (tmp_path / "space.yaml").write_text(
@@ -594,7 +595,8 @@ def test_export_header_with_line_breaks_in_the_launch(tmp_path: Path) -> None:
         timeout=60,
         check=True,
     )
-    expected = ["--port", "8000", "--note", "it's a\u2028b", "--x", "x\ny: 1"]
+    address = ["--host", "127.0.0.1", "--port", "8000"]
+    expected = [*address, "--note", "it's a\u2028b", "--x", "x\ny: 1"]
     assert done.stdout.strip() == repr(expected), done
 
 
@@ -656,7 +658,7 @@ def test_two_yaml_documents_in_one_file(tmp_path: Path) -> None:
         # the server listened where autotune never looked: a startup timeout blamed on the
         # config; the fake spec's template says `--port {port}`
         ("--port", "the spec's engine command sets it (--port {port})"),
-        ("--host", "autotune gives each server its address"),
+        ("--host", "the spec's engine command sets it (--host {host})"),
         # `--model {served_name}`: the requests named another model than the server's
         ("--model", "the spec's engine command sets it (--model {served_name})"),
     ],
@@ -693,3 +695,176 @@ def test_the_flags_vllms_launch_sets_cannot_be_tuned(tmp_path: Path, flag: str) 
         "parameters.x.target.flag",
         f"{flag} cannot be tuned",
     )
+
+
+# --- a red team's search spaces: refused by load_space, one line naming the key ----------------
+
+
+def space_error(tmp: Path, text: str, key: str, *needles: str) -> SpecError:
+    """``load_space`` of ``text``: one SpecError, on one line, naming the file and ``key``."""
+    path = tmp / "space.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as caught:
+        load_space(path)
+    error = caught.value
+    assert error.file == str(path) and error.key == key, str(error)
+    assert error.line is not None and "\n" not in str(error), str(error)
+    for needle in needles:
+        assert needle in str(error), (needle, str(error))
+    return error
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "words"),
+    [
+        # vLLM reads --max_num_seqs as --max-num-seqs: one value replaced the other
+        ("{flag: --max-num-seqs}", "{flag: --max_num_seqs}", "same target as parameter 'a'"),
+        (
+            "{json: --compilation-config, key: level}",
+            "{json: --compilation_config, key: level}",
+            "same target as parameter 'a'",
+        ),
+        # two keys of one JSON flag, spelled two ways: the launch had the flag twice
+        (
+            "{json: --compilation-config, key: level}",
+            "{json: --compilation_config, key: mode}",
+            "--compilation_config is also set by parameter 'a' (as --compilation-config)",
+        ),
+        (
+            "{flag: --x, false_flag: --no-x}",
+            "{flag: --no_x}",
+            "--no_x is also set by parameter 'a' (as --no-x)",
+        ),
+    ],
+)
+def test_one_flag_spelled_two_ways(tmp_path: Path, first: str, second: str, words: str) -> None:
+    def body(target: str) -> str:
+        kind = "bool" if "json" not in target else "int, low: 1, high: 2"
+        return f"{{type: {kind}, target: {target}}}"
+
+    text = f"parameters:\n  a: {body(first)}\n  b: {body(second)}\n"
+    space_error(tmp_path, text, "parameters.b.target", words)
+
+
+def test_a_false_flag_that_is_its_flag_spelled_otherwise(tmp_path: Path) -> None:
+    """False was launched as the flag itself: both values ran with it on."""
+    text = param("{type: bool, target: {flag: --a-b, false_flag: --a_b}}")
+    space_error(tmp_path, text, "parameters.x.target.false_flag", "must differ")
+
+
+@pytest.mark.parametrize(
+    ("domain", "key", "words"),
+    [
+        # decimal.InvalidOperation: Optuna divides in 28 digits, and so did the loader
+        ("type: float, low: 0, high: 1, step: 1.0e-30", "x.step", "step 1e-30 is too fine"),
+        ("type: float, low: 0, high: 1, step: 5.0e-324", "x.step", "too fine"),
+        # OverflowError: int too large to convert to float
+        (f"type: int, low: 0, high: 1{'0' * 400}", "x.high", "finite"),
+        (f"type: int, low: 0, high: 9, baseline: 1{'0' * 400}", "x.baseline", "outside"),
+        # an integer's step is divided exactly: no rounding in the message
+        (
+            f"type: int, low: 0, high: 1{'0' * 31}, step: 3",
+            "x.step",
+            f"make high {'9' * 31} or 1{'0' * 30}2",
+        ),
+    ],
+)
+def test_numbers_past_what_floats_and_decimals_hold(
+    tmp_path: Path, domain: str, key: str, words: str
+) -> None:
+    text = param(f"{{{domain}, target: {{flag: --x}}}}")
+    space_error(tmp_path, text, f"parameters.{key}", words)
+
+
+def test_a_wide_integer_domain_with_a_step_loads(tmp_path: Path) -> None:
+    """``high: 1e31, step: 1`` raised decimal.InvalidOperation; an int divides exactly."""
+    (tmp_path / "space.yaml").write_text(
+        param(f"{{type: int, low: 0, high: 1{'0' * 31}, step: 1, target: {{flag: --x}}}}")
+    )
+    assert load_space(tmp_path / "space.yaml").parameter("x").high == 10**31
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        # ValueError: Exceeds the limit (4300 digits) for integer string conversion
+        ("1" + "0" * 5000, "more digits than can be read or written"),
+        ("0x" + "f" * 4000, "more digits than can be read or written"),
+        # ValueError from PyYAML's constructors: a traceback
+        ("2001-13-01", "cannot be read as timestamp: month must be in 1..12"),
+        ("!!int abc", "cannot be read as int"),
+        ("!!bool maybe", "cannot be read as bool: not a bool"),
+    ],
+)
+def test_a_scalar_yaml_cannot_construct(tmp_path: Path, value: str, words: str) -> None:
+    text = param(f"{{type: categorical, choices: [a, {value}], target: {{flag: --x}}}}")
+    space_error(tmp_path, text, "parameters.x.choices[1]", words)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("010", "the YAML number 010 is read as the octal 8 (YAML 1.1); quote it as '010'"),
+        ("0755", "read as the octal 493"),
+        ("1:2", "the YAML number 1:2 is read in base 60 as 62 (YAML 1.1); quote it as '1:2'"),
+        ("1:30.5", "read in base 60 as 90.5"),
+    ],
+)
+def test_yaml11_octal_and_base_60_are_refused(tmp_path: Path, value: str, words: str) -> None:
+    """``choices: [010, 08]`` read as (8, '08'), ``1:2`` as 62: not what was written."""
+    text = param(f"{{type: categorical, choices: [08, {value}], target: {{env: MASK}}}}")
+    space_error(tmp_path, text, "parameters.x.choices[1]", words)
+
+
+def test_numbers_that_read_as_written_are_accepted(tmp_path: Path) -> None:
+    (tmp_path / "space.yaml").write_text(
+        param("{type: categorical, choices: [08, '0755', '1:2', 0, 10, 0x10], target: {env: M}}")
+    )
+    assert load_space(tmp_path / "space.yaml").parameter("x").choices == (
+        "08",
+        "0755",
+        "1:2",
+        0,
+        10,
+        16,
+    )
+
+
+def test_many_choices_are_checked_in_linear_time(tmp_path: Path) -> None:
+    """Each pair of choices was compared: 20,000 of them took 33 s to load."""
+    import time
+
+    choices = ", ".join(str(i) for i in range(20_000))
+    (tmp_path / "space.yaml").write_text(
+        param(f"{{type: categorical, choices: [{choices}], target: {{flag: --x}}}}")
+    )
+    start = time.perf_counter()
+    assert len(load_space(tmp_path / "space.yaml").parameter("x").choices) == 20_000
+    assert time.perf_counter() - start < 10
+
+
+@pytest.mark.parametrize(
+    ("choices", "words"),
+    [
+        ("[1, a, true]", "choices 1 and True are the same value"),
+        ("[16, b, 16.0]", "choices 16 and 16.0 are the same value"),
+        ("[16, c, '16']", "choices 16 and '16' are the same value"),
+        ("[0, false]", "choices 0 and False"),
+        ("[x, x]", "must be distinct"),
+    ],
+)
+def test_choices_the_engine_cannot_tell_apart(tmp_path: Path, choices: str, words: str) -> None:
+    text = param(f"{{type: categorical, choices: {choices}, target: {{flag: --x}}}}")
+    space_error(tmp_path, text, "parameters.x.choices", words)
+
+
+def test_choices_that_differ_are_accepted(tmp_path: Path) -> None:
+    (tmp_path / "space.yaml").write_text(
+        param("{type: categorical, choices: [null, 'None', 1, '1.0'], target: {env: X}}")
+    )
+    assert load_space(tmp_path / "space.yaml").parameter("x").choices == (None, "None", 1, "1.0")
+    (tmp_path / "space.yaml").write_text(
+        param("{type: int_list, choices: [[1, 2], [2, 1], [1, 2]], target: {flag: --x}}")
+    )
+    with pytest.raises(SpecError, match="must be distinct"):
+        load_space(tmp_path / "space.yaml")

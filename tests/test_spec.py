@@ -119,7 +119,13 @@ def test_spec_values_are_argv_words_never_a_shell_string(tmp_path: Path) -> None
             tmp_path,
             engine={
                 "kind": "command",
-                "command": [sys.executable, "-c", "print(1); echo $HOME > /tmp/x", "{port}"],
+                "command": [
+                    sys.executable,
+                    "-c",
+                    "print(1); echo $HOME > /tmp/x",
+                    "{host}",
+                    "{port}",
+                ],
             },
         )
     )

@@ -1,7 +1,8 @@
 """Any OpenAI-compatible server, started from a command template.
 
-``engine.command`` is a list such as ``["llama-server", "-m", "{model}", "--port", "{port}"]``;
-placeholders ``{port}``, ``{host}``, ``{model}``, ``{served_name}`` and ``{python}`` (the
+``engine.command`` is a list such as
+``["llama-server", "-m", "{model}", "--host", "{host}", "--port", "{port}"]``; placeholders
+``{port}``, ``{host}`` (both required), ``{model}``, ``{served_name}`` and ``{python}`` (the
 interpreter running autotune) are filled per trial, each inside its own argv element (no shell,
 so a value can never become a command).
 The per-trial API key never goes on the command line, where ``ps`` shows it: the server gets it
@@ -65,8 +66,18 @@ class CommandEngine(Engine):
 
     @classmethod
     def command_problem(cls, command: Sequence[str]) -> str | None:
-        if "{port}" not in " ".join(command):
+        """The template places the server where autotune looks for it: ``{port}``, and
+        ``{host}`` (127.0.0.1), without which the server picks its own address, often every
+        interface (``python -m http.server {port}`` listened on 0.0.0.0)."""
+        text = " ".join(command)
+        if "{port}" not in text:
             return "the template must contain {port}"
+        if "{host}" not in text:
+            return (
+                "the template must contain {host} (e.g. --host {host}): autotune's servers "
+                "listen on 127.0.0.1 only, and a server not told its address may listen on "
+                "every network interface"
+            )
         return None
 
     def __init__(self, engine: EngineSpec, model: ModelSpec) -> None:

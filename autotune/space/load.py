@@ -14,12 +14,13 @@ import math
 import random
 import re
 from collections.abc import Mapping
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from autotune._yaml import YamlDoc, check_keys, check_text, load_yaml
+from autotune._yaml import YamlDoc, check_keys, check_text, finite, load_yaml
 from autotune.patching import PATCH_NAME
+from autotune.space.addresses import value_address_problem
 from autotune.space.constraints import FUNCTIONS, ConstraintSyntaxError, compile_constraint
 from autotune.space.model import ENV_NAME, TYPES, Parameter, SearchSpace, Target, is_one_line
 
@@ -70,6 +71,17 @@ def flag_name(word: str) -> str | None:
     if not word.startswith("--") or word == "--":
         return None
     return "--" + word[2:].split("=", 1)[0].replace("_", "-")
+
+
+def owning_flag(name: str, owned: Mapping[str, str]) -> str | None:
+    """The flag of ``owned`` (normalised names, :func:`flag_name`) that the flag ``name`` sets:
+    itself, or one it is a prefix of (vLLM's parser, argparse, reads an unambiguous prefix such
+    as ``--hos`` as ``--host``; ``--ho`` and shorter are too short to count)."""
+    if name in owned:
+        return name
+    if len(name) > 3:
+        return next((flag for flag in owned if flag.startswith(name)), None)
+    return None
 
 
 #: The most parameters a search space may hold (a real one has a dozen; each is checked against
@@ -161,7 +173,7 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
             value = raw[bound]
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise doc.error(f"{key}.{bound}", f"must be a number, got {value!r}")
-            if not math.isfinite(value):
+            if not finite(value):
                 raise doc.error(f"{key}.{bound}", f"must be a finite number, got {value!r}")
             if ptype == "int" and not float(value).is_integer():
                 raise doc.error(f"{key}.{bound}", f"must be an integer, got {value!r}")
@@ -186,7 +198,7 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
                 raise doc.error(f"{key}.step", f"must be a positive number, got {step!r}")
             if fields["log"]:
                 raise doc.error(f"{key}.step", "step cannot be combined with log")
-            if ptype == "int" and not float(step).is_integer():
+            if ptype == "int" and not (isinstance(step, int) or step.is_integer()):
                 # int(0.5) is 0, which Optuna refused mid-study; int(1.5) silently became 1
                 raise doc.error(f"{key}.step", f"must be a whole number for type int, got {step!r}")
             fields["step"] = int(step) if ptype == "int" else step
@@ -221,19 +233,7 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
                 raise doc.error(f"{key}.choices[{index}]", problem)
             else:
                 doc.refuse_yaml11_bool(f"{key}.choices[{index}]", choice)
-        labels = [repr(c) for c in choices]
-        if len(set(labels)) != len(labels):
-            raise doc.error(f"{key}.choices", "choices must be distinct")
-        # distinct as written is not enough: Optuna stores a choice by its index, found by ==
-        # (true == 1, 16 == 16.0, so `1` was recorded and launched as `true`), and a command
-        # line or env var carries 16 and "16" as the same text
-        for i, a in enumerate(choices):
-            for b in choices[:i]:
-                if a == b or (a is not None and b is not None and str(a) == str(b)):
-                    raise doc.error(
-                        f"{key}.choices",
-                        f"choices {b!r} and {a!r} are the same value to the engine; keep one",
-                    )
+        _check_distinct(doc, f"{key}.choices", choices)
         fields["choices"] = tuple(tuple(c) if ptype == "int_list" else c for c in choices)
     elif "choices" in raw:
         raise doc.error(f"{key}.choices", f"not allowed for type {ptype}")
@@ -273,7 +273,35 @@ def _parse_parameter(doc: YamlDoc, name: str, raw: Any, earlier: list[Parameter]
         elif ptype == "int":
             base = int(base)  # 2.0 went to the engine as "--flag 2.0", which an int flag refuses
         param = Parameter(**fields, baseline=base)
+    address = value_address_problem(param)
+    if address is not None:
+        raise doc.error(f"{key}.{address[0]}", address[1])
     return param
+
+
+def _check_distinct(doc: YamlDoc, key: str, choices: list[Any]) -> None:
+    """Choices must be distinct, and distinct as written is not enough: Optuna stores a choice
+    by its index, found by == (true == 1, 16 == 16.0, so `1` was recorded and launched as
+    `true`), and a command line or env var carries 16 and "16" as the same text. One pass with
+    two dicts (by value, hashed as == compares; by text): comparing each pair took 33 s for
+    20,000 choices."""
+    if len({repr(c) for c in choices}) != len(choices):
+        raise doc.error(key, "choices must be distinct")
+    by_value: dict[Any, int] = {}
+    by_text: dict[str, int] = {}
+    for index, choice in enumerate(choices):
+        value = tuple(choice) if isinstance(choice, list) else choice  # int_list: hashable
+        text = None if choice is None else str(choice)
+        earlier = [i for i in (by_value.get(value), by_text.get(text)) if i is not None]
+        if earlier:
+            raise doc.error(
+                key,
+                f"choices {choices[min(earlier)]!r} and {choice!r} are the same value to the "
+                "engine; keep one",
+            )
+        by_value[value] = index
+        if text is not None:
+            by_text[text] = index
 
 
 def _unlaunchable(text: str, kind: str) -> str | None:
@@ -298,17 +326,33 @@ def _decimal_text(value: Decimal) -> str:
 
 def _check_step_divides(doc: YamlDoc, key: str, low: float, high: float, step: float) -> None:
     """``step`` must divide ``high - low``: Optuna otherwise lowers ``high`` to the last step
-    with a warning mid-study (``low: 1, high: 8, step: 3`` never tries 8)."""
-    d_low, d_step = Decimal(str(low)), Decimal(str(step))
-    span = Decimal(str(high)) - d_low
-    if span % d_step == 0:
-        return
-    last = d_low + (span // d_step) * d_step
+    with a warning mid-study (``low: 1, high: 8, step: 3`` never tries 8). Integers are
+    divided exactly; floats as Optuna divides them, in decimals of 28 digits, which cannot
+    count more steps than that (``step: 1.0e-30``: InvalidOperation, a traceback)."""
+    if isinstance(low, int) and isinstance(high, int) and isinstance(step, int):
+        if (high - low) % step == 0:
+            return
+        last = low + (high - low) // step * step
+        texts = [str(v) for v in (step, high - low, last, last + step)]
+    else:
+        d_low, d_step = Decimal(str(low)), Decimal(str(step))
+        span = Decimal(str(high)) - d_low
+        try:
+            if span % d_step == 0:
+                return
+            last = d_low + (span // d_step) * d_step
+        except InvalidOperation:
+            raise doc.error(
+                f"{key}.step",
+                f"step {step!r} is too fine for high - low = {_decimal_text(span)}: more steps "
+                "than Optuna can count (a number of 28 digits); use a larger step, or none",
+            ) from None
+        texts = [_decimal_text(v) for v in (d_step, span, last, last + d_step)]
+    step_text, span_text, last_text, next_text = texts
     raise doc.error(
         f"{key}.step",
-        f"step {_decimal_text(d_step)} does not divide high - low = {_decimal_text(span)}: "
-        f"the last value would be {_decimal_text(last)}; make high {_decimal_text(last)} "
-        f"or {_decimal_text(last + d_step)}",
+        f"step {step_text} does not divide high - low = {span_text}: the last value would be "
+        f"{last_text}; make high {last_text} or {next_text}",
     )
 
 
@@ -327,15 +371,24 @@ def _check_env_target(doc: YamlDoc, param: Parameter, reserved: Mapping[str, str
 
 
 def _check_flag_target(doc: YamlDoc, param: Parameter, reserved: Mapping[str, str]) -> None:
+    """A flag (or false_flag) that sets one autotune sets itself, whatever the spelling: the
+    flag (``--served_model_name`` too) or a prefix of it (``--hos`` with ``0.0.0.0`` opened the
+    server to the network), as ``engine.args`` are refused (``spec.checks``)."""
     target = param.target
     if target.kind not in ("flag", "json"):
         return
     for flag, what in ((target.name, target.kind), (target.false_flag, "false_flag")):
-        why = reserved.get(flag_name(flag) or "") if flag else None  # --served_model_name too
-        if why is not None:
+        owned = owning_flag(flag_name(flag) or "", reserved) if flag else None
+        if owned is None:
+            continue
+        key = f"parameters.{param.name}.target.{what}"
+        if owned != flag_name(flag):
             raise doc.error(
-                f"parameters.{param.name}.target.{what}", f"{flag} cannot be tuned: {why}"
+                key,
+                f"{flag} is read as {owned} (a prefix of it), which cannot be tuned: "
+                f"{reserved[owned]}",
             )
+        raise doc.error(key, f"{flag} cannot be tuned: {reserved[owned]}")
 
 
 def _check_reachable(doc: YamlDoc, param: Parameter, by_name: Mapping[str, Parameter]) -> None:
@@ -396,7 +449,7 @@ def _parse_target(doc: YamlDoc, key: str, raw: Any) -> Target:
                 f"{key}.false_flag", "must be a flag starting with '--' on a flag target"
             )
         _check_flag(doc, f"{key}.false_flag", false_flag)
-        if false_flag == name:  # false then launched as the flag itself: true
+        if flag_name(false_flag) == flag_name(name):  # false launched as the flag: true
             raise doc.error(f"{key}.false_flag", f"must differ from the flag {name}")
     return Target(kind=kind, name=name, key=json_key, false_flag=false_flag)
 
@@ -415,30 +468,40 @@ def _check_flag(doc: YamlDoc, key: str, flag: str) -> None:
 def _check_targets_unique(doc: YamlDoc, space: SearchSpace) -> None:
     """No two parameters set one thing: the same target, one command-line flag (a flag, a
     false_flag, a JSON flag: the launch had it twice, or one value replaced the other), or
-    nested keys of one JSON flag (``a`` and ``a.b``: setting ``a.b`` inside a number raised)."""
+    nested keys of one JSON flag (``a`` and ``a.b``: setting ``a.b`` inside a number raised).
+    Flags as the engine reads them (:func:`flag_name`): ``--max_num_seqs`` is
+    ``--max-num-seqs``, and one JSON flag spelled two ways went on the command line twice."""
     seen: dict[tuple, str] = {}
-    flags: dict[str, tuple[str, str | None]] = {}  # flag -> (parameter, its JSON key or None)
+    # flag -> (parameter, its JSON key or None, the flag as written)
+    flags: dict[str, tuple[str, str | None, str]] = {}
     for param in space.parameters:
         target = param.target
         key = f"parameters.{param.name}.target"
-        ident = (target.kind, target.name, target.key)
+        flagged = target.kind in ("flag", "json")
+        ident = (target.kind, flag_name(target.name) if flagged else target.name, target.key)
         if ident in seen:
             raise doc.error(key, f"same target as parameter {seen[ident]!r}")
         seen[ident] = param.name
-        if target.kind not in ("flag", "json"):
+        if not flagged:
             continue
         for flag in filter(None, (target.name, target.false_flag)):
-            other = flags.get(flag)
-            if other is not None and (other[1] is None or target.kind != "json"):
-                raise doc.error(key, f"{flag} is also set by parameter {other[0]!r}")
+            other = flags.get(flag_name(flag) or flag)
             if other is None:
-                flags[flag] = (param.name, target.key)
+                flags[flag_name(flag) or flag] = (param.name, target.key, flag)
+                continue
+            spelled = "" if other[2] == flag else f" (as {other[2]})"
+            if other[1] is None or target.kind != "json":
+                raise doc.error(key, f"{flag} is also set by parameter {other[0]!r}{spelled}")
+            if spelled:  # two keys of one JSON flag, which went on the command line twice
+                raise doc.error(
+                    key, f"{flag} is also set by parameter {other[0]!r}{spelled}: spell it one way"
+                )
         if target.kind == "json":
             for other in space.parameters:
                 if other is param or other.target.kind != "json":
                     continue
-                if other.target.name == target.name and target.key.startswith(
-                    f"{other.target.key}."
+                if flag_name(other.target.name) == flag_name(target.name) and (
+                    target.key.startswith(f"{other.target.key}.")
                 ):
                     raise doc.error(
                         key,

@@ -129,9 +129,10 @@ class Parameter:
         if self.type in ("int", "float"):
             if isinstance(value, bool) or not isinstance(value, int | float):
                 return False
-            if self.type == "int" and not float(value).is_integer():
+            if self.type == "int" and not (isinstance(value, int) or value.is_integer()):
                 return False
-            if not float(self.low) <= float(value) <= float(self.high):
+            # compared as they are: float() of an integer over 1.8e308 raised OverflowError
+            if not self.low <= value <= self.high:
                 return False
             return self.step is None or _on_grid(value, self.low, self.step)
         if self.type == "int_list":

@@ -5,7 +5,6 @@ is one :class:`~autotune.errors.SpecError` naming the file and the key (``YamlDo
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import math
 import os
 import re
@@ -19,7 +18,8 @@ from sqlalchemy.exc import NoSuchModuleError
 from autotune._yaml import YamlDoc, check_keys, number
 from autotune.errors import SpecError
 from autotune.model.roofline import get_device
-from autotune.space.load import MAX_ARG_BYTES, RESERVED_FLAGS, flag_name
+from autotune.space.addresses import any_address
+from autotune.space.load import MAX_ARG_BYTES, RESERVED_FLAGS, flag_name, owning_flag
 from autotune.space.model import Parameter, SearchSpace
 
 if TYPE_CHECKING:
@@ -59,7 +59,8 @@ def check_fixed_args(
     (``own_flags``) and those the command template sets from a placeholder. A command template
     (the ``command`` engine) places the address itself: there ``--host``/``--port`` must take
     ``{host}``/``{port}``, in ``command`` or ``args``; and a word that names every interface
-    (``0.0.0.0``, ``::``) is refused anywhere.
+    (``0.0.0.0``, ``::``, ``0:8000``, or ``0`` after ``--bind``: :mod:`autotune.space.addresses`)
+    is refused anywhere.
 
     A flag the search space tunes may stay in ``engine.args``: it is the value a launch runs
     with while its parameter is left out (null, or a ``when`` that does not hold), and a tuned
@@ -79,7 +80,8 @@ def check_fixed_args(
     for what, words in (("command", command), ("args", engine.args)):
         for index, word in enumerate(words):
             key = f"engine.{what}[{index}]"
-            if _any_address(word):
+            before = words[index - 1] if index else ""
+            if any_address(word, before if before.startswith("-") else None):
                 raise doc.error(
                     key,
                     f"{word!r} listens on every network interface: autotune's servers listen "
@@ -114,32 +116,12 @@ def _next(words: Sequence[str], index: int) -> str:
 
 
 def _owned_problem(word: str, name: str, owned: Mapping[str, str]) -> str | None:
-    if name in owned:
+    flag = owning_flag(name, owned)
+    if flag is None:
+        return None
+    if flag == name:
         return f"{word!r} sets {name}, which autotune sets itself: {owned[name]}"
-    if len(name) > 3:  # "--ho" is no flag of its own; a parser allowing prefixes reads --host
-        for flag, why in owned.items():
-            if flag.startswith(name):
-                return (
-                    f"{word!r} is read as {flag} (a prefix of it), which autotune sets "
-                    f"itself: {why}"
-                )
-    return None
-
-
-def _any_address(word: str) -> bool:
-    """``word`` (or its ``--flag=`` value, or its host in ``host:port`` or a URL) is an address
-    of every interface: ``0.0.0.0``, ``::``, ``[::]:8000``, ``http://0.0.0.0:80``."""
-    text = word.split("=", 1)[1] if word.startswith("-") and "=" in word else word
-    text = re.sub(r"^[a-z][a-z0-9+.-]*://", "", text).split("/", 1)[0]
-    bracketed = re.fullmatch(r"\[([^\]]*)\](?::\d*)?", text)
-    if bracketed:
-        text = bracketed.group(1)
-    elif text.count(":") == 1:  # IPv4 host:port (IPv6 has more colons)
-        text = text.split(":", 1)[0]
-    try:
-        return ipaddress.ip_address(text).is_unspecified
-    except ValueError:
-        return False
+    return f"{word!r} is read as {flag} (a prefix of it), which autotune sets itself: {owned[flag]}"
 
 
 #: Linux's ceiling on one launch's argv and environment together, whatever the stack limit:
