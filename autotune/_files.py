@@ -71,17 +71,22 @@ def read_bounded(path: Path, *, what: str, limit: int, key: str | None = None) -
 def _check_regular(mode: int, path: Path, what: str, key: str | None) -> None:
     if stat.S_ISREG(mode):
         return
+    raise SpecError(
+        f"{what} file must be a regular file, this is {file_kind(mode)}", file=str(path), key=key
+    )
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in the words of an error message."""
     if stat.S_ISDIR(mode):
-        kind = "a folder"
-    elif stat.S_ISFIFO(mode):
-        kind = "a FIFO"
-    elif stat.S_ISSOCK(mode):
-        kind = "a socket"
-    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        kind = "a device"
-    else:
-        kind = "not a regular file"
-    raise SpecError(f"{what} file must be a regular file, this is {kind}", file=str(path), key=key)
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
 
 
 def _size(limit: int) -> str:
@@ -103,6 +108,28 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def check_output_target(out: Path, *, option: str) -> None:
+    """Refuse (SpecError naming ``option``) an output that exists and is not a regular file.
+
+    The write renames a new file over the name, so ``-o /dev/null`` run as root replaced the
+    system's ``/dev/null`` with a regular file (and a FIFO or a socket the same way). Links are
+    followed: a symlink to a regular file is replaced as before (the link, not its target), a
+    symlink to a device is refused like the device. A name that does not exist (a dangling link
+    included) is written. Callers that write after long work (``ablate -o``, ``bench --json``)
+    call this first as well, so the refusal comes before the work.
+    """
+    try:
+        mode = os.stat(out).st_mode
+    except OSError:  # not there; or a parent that is a file, no permission: the write says why
+        return
+    if not stat.S_ISREG(mode):
+        raise SpecError(
+            f"{out} is {file_kind(mode)}, not a regular file: writing would replace it "
+            "(choose a file)",
+            key=option,
+        )
+
+
 def write_text_atomically(out: Path, text: str, *, option: str) -> Path:
     """Write ``text`` to ``out`` (parents created), or raise SpecError naming ``option``."""
     write_files_atomically({out: text}, option=option)
@@ -115,14 +142,20 @@ def write_files_atomically(files: Mapping[Path, str], *, option: str) -> None:
     Every text is written to its ``.tmp`` first; only when all are complete are they renamed
     into place. A failure on any of them leaves none of the new ones, and no old one beside a
     new one it does not belong to (what writing them one by one did when the second failed).
+    Every target is checked (:func:`check_output_target`) before the first is written, and again
+    just before the renames.
     """
+    for out in files:
+        check_output_target(out, option=option)
     tmps = {out: out.with_name(out.name + ".tmp") for out in files}
     current: Path | None = None
     try:
         for out, text in files.items():
             current = out
             out.parent.mkdir(parents=True, exist_ok=True)
-            tmps[out].write_text(text, encoding="utf-8")
+            _write_new(tmps[out], text)
+        for out in files:
+            check_output_target(out, option=option)
         for out, tmp in tmps.items():
             current = out
             os.replace(tmp, out)
@@ -135,3 +168,24 @@ def write_files_atomically(files: Mapping[Path, str], *, option: str) -> None:
         else:
             reason = exc.strerror or type(exc).__name__
         raise SpecError(f"cannot write {current}: {reason}", key=option) from None
+    except SpecError:
+        for tmp in tmps.values():
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise
+
+
+def _write_new(tmp: Path, text: str) -> None:
+    """Write ``text`` to a new regular file ``tmp``.
+
+    A ``NAME.tmp`` left by an earlier run is removed first (the name, never what a link points
+    to), and the file is created exclusively without following links: a FIFO there would block
+    the open, a symlink there would send the text into its target, and a device node there
+    would be renamed over the output.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(tmp, flags, 0o666)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -21,6 +22,7 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from autotune._files import file_kind
 from autotune.errors import SpecError
 
 HEARTBEAT_INTERVAL_S = 10
@@ -63,10 +65,18 @@ def check_url(url: str, *, key: str = "--storage", file: str | None = None) -> s
     real trials and loses every one of them when the process exits. Touches nothing."""
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError) as exc:
+        # SQLAlchemy reads the port with int(): "host:abc" and "[::1/x" raise ValueError
+        why = " (its port is not a number)" if "int()" in str(exc) else ""
         raise SpecError(
-            f"not a valid SQLAlchemy storage URL: {url!r}", key=key, file=file
+            f"not a valid SQLAlchemy storage URL{why}: {_unparsed(url)!r}", key=key, file=file
         ) from None
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise SpecError(
+            f"the storage URL's port must be 1 to 65535, got {parsed.port}: {safe_url(url)!r}",
+            key=key,
+            file=file,
+        )
     # A percent-encoded NUL (``%00``) is decoded into the database path, the host or a query
     # value, where a path lookup or the driver raised ``ValueError: embedded null byte``.
     parts = [parsed.username, parsed.password, parsed.host, parsed.database, *parsed.query]
@@ -84,12 +94,23 @@ def check_url(url: str, *, key: str = "--storage", file: str | None = None) -> s
             or parsed.query.get("mode") == "memory"
         ):
             raise SpecError(
-                f"{url!r} is an in-memory SQLite database: every trial would be lost when "
-                "autotune exits; give a file, e.g. sqlite:///studies/NAME.db",
+                f"{safe_url(url)!r} is an in-memory SQLite database: every trial would be lost "
+                "when autotune exits; give a file, e.g. sqlite:///studies/NAME.db",
                 key=key,
                 file=file,
             )
     return url
+
+
+def _unparsed(url: str) -> str:
+    """A URL SQLAlchemy cannot parse, as an error may show it: whatever stands before its last
+    ``@`` (a user name and password) is hidden, since no parser says where the password ends."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # no scheme: "bob:pw@host"
+        scheme, rest = "", url
+    if "@" not in rest:
+        return url
+    return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}"
 
 
 def resolve_url(url: str, *, key: str = "--storage", file: str | None = None) -> str:
@@ -102,6 +123,7 @@ def resolve_url(url: str, *, key: str = "--storage", file: str | None = None) ->
                 key=key,
                 file=file,
             )
+        _check_sqlite_file(Path(parsed.database), key=key, file=file)
         directory = Path(parsed.database).resolve().parent
         if not directory.is_dir():
             raise SpecError(
@@ -112,6 +134,23 @@ def resolve_url(url: str, *, key: str = "--storage", file: str | None = None) ->
                 f"directory for the SQLite study is not writable: {directory}", key=key, file=file
             )
     return url
+
+
+def _check_sqlite_file(database: Path, *, key: str, file: str | None) -> None:
+    """Refuse an SQLite path that exists and is not a regular file (links followed).
+
+    ``sqlite:////dev/null`` opened (a device reads as an empty database), printed the budget
+    and the live view, failed at the first write with "disk I/O error" and left
+    ``/dev/null-journal`` behind; a FIFO blocks the open. Refused before anything is printed.
+    """
+    try:
+        mode = os.stat(database).st_mode
+    except OSError:  # not there yet (SQLite creates it), or its folder is checked next
+        return
+    if not stat.S_ISREG(mode):
+        raise SpecError(
+            f"{database} is {file_kind(mode)}, not an SQLite database file", key=key, file=file
+        )
 
 
 def check_reachable(url: str, *, key: str = "--storage", file: str | None = None) -> None:

@@ -7,7 +7,9 @@ code 2, no traceback, and nothing written or launched.
   its artifacts and launched servers;
 * `export -o` overwrote its own .env or a file of the study (the spec, the search space, the
   workload file, the SQLite storage) with exit 0;
-* `ablate --trial 0` (the baseline: no change) launched servers to ablate nothing.
+* `ablate --trial 0` (the baseline: no change) launched servers to ablate nothing;
+* `export -o`, `report -o`, `ablate -o`, `bench --json` over a device or a FIFO replaced it with
+  a regular file (`export -o /dev/null` as root replaced the system's /dev/null).
 
 None of these tests launches a server: every study is built from stored trials.
 """
@@ -15,6 +17,8 @@ None of these tests launches a server: every study is built from stored trials.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import optuna
@@ -23,6 +27,7 @@ import yaml
 from typer.testing import CliRunner
 
 from autotune import names
+from autotune._files import write_files_atomically
 from autotune.cli.app import app
 from autotune.spec.load import load_spec
 from autotune.study.loop import open_study
@@ -336,3 +341,125 @@ def test_ablate_output_over_a_study_file_is_refused_before_any_launch(tmp_path):
     assert len(_trials(spec_path)) == trials
     assert _snapshot(tmp_path).keys() == before.keys()
     assert space.read_bytes() == before["space.yaml"]
+
+
+# --- -o over a FIFO, a device, a folder: refused, never replaced --------------------------------
+# The write renames a new file over the name: `export -o /dev/null` run as root replaced the
+# system's /dev/null with a regular file (and wrote /dev/null.env). These tests use a FIFO made
+# in tmp_path (never a system path) and a symlink to it.
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _still_a_fifo(path: Path) -> None:
+    assert stat.S_ISFIFO(os.stat(path).st_mode), f"{path} was replaced"
+
+
+@pytest.mark.parametrize("how", ["fifo", "symlink_to_fifo", "env_is_fifo", "folder"])
+def test_export_refuses_an_output_that_is_not_a_regular_file(tmp_path, how):
+    spec_path = _study(tmp_path)
+    fifo = _fifo(tmp_path / "pipe")
+    out = {
+        "fifo": fifo,
+        "symlink_to_fifo": tmp_path / "link.yaml",
+        "env_is_fifo": tmp_path / "best.yaml",
+        "folder": tmp_path / "folder",
+    }[how]
+    if how == "symlink_to_fifo":
+        out.symlink_to(fifo)
+    elif how == "env_is_fifo":
+        fifo.rename(tmp_path / "best.env")
+        fifo = tmp_path / "best.env"
+    elif how == "folder":
+        out.mkdir()
+    before = _snapshot(tmp_path)
+    ran = CliRunner().invoke(
+        app, ["export", "--spec", str(spec_path), "-o", str(out), "--allow-unconfirmed"]
+    )
+    kind = "a folder" if how == "folder" else "a FIFO"
+    _refused(ran, "--output", f"is {kind}, not a regular file")
+    assert _snapshot(tmp_path) == before  # no config, no .env, no .tmp
+    _still_a_fifo(fifo)
+    if how == "symlink_to_fifo":
+        assert out.is_symlink()
+
+
+def test_export_over_a_symlink_to_a_regular_file_still_writes(tmp_path):
+    """What the write did before the check, it still does: the link is replaced by the file."""
+    spec_path = _study(tmp_path)
+    target = tmp_path / "target.yaml"
+    target.write_text("old")
+    link = tmp_path / "best.yaml"
+    link.symlink_to(target)
+    ran = CliRunner().invoke(
+        app, ["export", "--spec", str(spec_path), "-o", str(link), "--allow-unconfirmed"]
+    )
+    assert ran.exit_code == 0, ran.output
+    assert link.is_file() and (tmp_path / "best.env").is_file()
+
+
+@pytest.mark.parametrize("symlink", [False, True])
+def test_report_refuses_an_output_that_is_a_fifo(tmp_path, symlink):
+    spec_path = _study(tmp_path)
+    fifo = _fifo(tmp_path / "pipe")
+    out = fifo
+    if symlink:
+        out = tmp_path / "report.html"
+        out.symlink_to(fifo)
+    before = _snapshot(tmp_path)
+    ran = CliRunner().invoke(app, ["report", "--spec", str(spec_path), "-o", str(out)])
+    _refused(ran, "--output", "is a FIFO, not a regular file")
+    assert _snapshot(tmp_path) == before
+    _still_a_fifo(fifo)
+
+
+def test_ablate_output_that_is_a_fifo_is_refused_before_any_launch(tmp_path):
+    spec_path = _study(tmp_path)
+    number = _stored(spec_path, "search")
+    fifo = _fifo(tmp_path / "best.env")  # the .env written beside -o best.yaml
+    trials, before = len(_trials(spec_path)), _snapshot(tmp_path)
+    ran = CliRunner().invoke(
+        app,
+        [
+            "ablate",
+            "--spec",
+            str(spec_path),
+            "--trial",
+            str(number),
+            "-o",
+            str(tmp_path / "best.yaml"),
+        ],
+    )
+    _refused(ran, "--output", "is a FIFO, not a regular file")
+    assert len(_trials(spec_path)) == trials
+    assert _snapshot(tmp_path).keys() == before.keys()
+    _still_a_fifo(fifo)
+
+
+def test_bench_json_that_is_a_fifo_is_refused_before_the_benchmark(tmp_path):
+    spec_path = write_fake_spec(tmp_path, SPACE, name="bench")
+    fifo = _fifo(tmp_path / "out.json")
+    ran = CliRunner().invoke(
+        app,
+        ["bench", "--spec", str(spec_path), "--url", "http://127.0.0.1:9", "--json", str(fifo)],
+    )
+    _refused(ran, "--json", "is a FIFO, not a regular file")
+    _still_a_fifo(fifo)
+
+
+def test_a_stale_tmp_that_is_a_fifo_or_a_symlink_is_not_written_through(tmp_path):
+    """``NAME.tmp`` left where the text goes first: a FIFO there blocked the open for ever, a
+    symlink there sent the text into its target."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "a.yaml.tmp").symlink_to(victim)
+    _fifo(tmp_path / "b.yaml.tmp")
+    write_files_atomically(
+        {tmp_path / "a.yaml": "a\n", tmp_path / "b.yaml": "b\n"}, option="--output"
+    )
+    assert victim.read_text() == "keep"
+    assert (tmp_path / "a.yaml").read_text() == "a\n" and (tmp_path / "b.yaml").read_text() == "b\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.yaml", "b.yaml", "victim"]

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from autotune._files import check_output_target
 from autotune.analysis.ablation import run_ablation
 from autotune.cli import render
 from autotune.cli.common import console, fail, open_spec
@@ -17,6 +18,7 @@ from autotune.cli.options import (
     StorageOpt,
     StudyOpt,
 )
+from autotune.engines.export_files import env_path_for
 from autotune.errors import AutotuneError
 from autotune.storage import artifact_dir_for, load_study
 from autotune.study.export import check_output, export_values
@@ -51,6 +53,8 @@ def ablate(
         artifact_dir_for(url, name, artifact_dir)
         if output is not None:  # refused before the first launch, not after the ablation
             check_output(study_spec, output, storage_url=url)
+            for target in (output, env_path_for(output)):  # not a device, a FIFO, a folder
+                check_output_target(target, option="--output")
         loaded = load_study(url, name, heartbeat=True)
         report = run_ablation(
             study_spec,

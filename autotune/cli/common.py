@@ -15,6 +15,7 @@ from autotune.cli import render
 from autotune.errors import AutotuneError, PreflightError, SpecError
 from autotune.spec.load import load_spec
 from autotune.spec.model import StudySpec
+from autotune.storage import check_study_name, resolve_url
 from autotune.study.loop import study_target
 
 console, err = render.console, render.err
@@ -44,6 +45,10 @@ def open_study_of(
     need no spec file (the study is read from its storage alone); otherwise the spec's
     (``default_spec`` when none is given)."""
     if spec_path is None and study is not None and storage is not None:
+        # each checked under its own option first: study_ref names a bad one by its whole
+        # NAME@URL argument, which would print the URL's password
+        check_study_name(study)
+        resolve_url(storage)
         ref = study_ref(f"{study}@{storage}")
         return ref.url, ref.name
     _, url, name = open_spec(spec_path or default_spec, study, storage)

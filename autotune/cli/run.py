@@ -7,6 +7,7 @@ import json
 from functools import partial
 from typing import Annotated
 
+import optuna
 import typer
 from rich.live import Live
 from rich.markup import escape
@@ -25,6 +26,7 @@ from autotune.cli.options import (
     WorkerEnvOpt,
 )
 from autotune.errors import AutotuneError, SpecError
+from autotune.search.strategy import DEFAULT_SAMPLER, SAMPLER_ATTR, check_space
 from autotune.search.strategy import check_name as check_sampler_name
 from autotune.spec.model import StudySpec
 from autotune.storage import (
@@ -128,6 +130,9 @@ def run(
         # Every name, URL and path is checked before anything is created.
         study_spec, url, name = open_spec(spec, study, storage, existing=False)
         study_names(url)  # a storage that cannot be read (not a database) is refused here
+        # the strategy this run will use (a resumed study's own without --sampler) must be
+        # able to search the space: gp refuses a domain too wide to list
+        check_space(sampler or recorded_sampler(url, name) or DEFAULT_SAMPLER, study_spec.space)
         check_artifact_dir(artifact_dir_for(url, name, artifact_dir))
         if warm_start is not None:  # before anything is written, for --parallel too
             check_warm_start_source(url, name, warm_start)
@@ -217,16 +222,27 @@ def plan_run(
 
 
 def launches_so_far(url: str, name: str) -> int:
-    """Launches study ``name`` already made; 0 when it does not exist yet (an SQLite file that
-    is not there is not created by asking)."""
+    """Launches study ``name`` already made; 0 when it does not exist yet."""
+    study = existing_study(url, name)
+    return 0 if study is None else launches_made(study.get_trials(deepcopy=False))
+
+
+def recorded_sampler(url: str, name: str) -> str | None:
+    """The strategy study ``name`` was created with; None when it does not exist yet."""
+    study = existing_study(url, name)
+    return None if study is None else study.user_attrs.get(SAMPLER_ATTR)
+
+
+def existing_study(url: str, name: str) -> optuna.Study | None:
+    """Study ``name`` when it exists, else None (an SQLite file that is not there is not
+    created by asking)."""
     database = sqlite_file(url)
     if database is not None and not database.is_file():
-        return 0
+        return None
     try:
-        study = load_study(url, name)
+        return load_study(url, name)
     except SpecError:  # no such study yet
-        return 0
-    return launches_made(study.get_trials(deepcopy=False))
+        return None
 
 
 def say_verdict(study, plan: BudgetPlan | None) -> None:

@@ -366,9 +366,10 @@ class SseReader:
     """The events of one server-sent event stream, read from its lines one at a time.
 
     One reader for the gate (:func:`sse_payloads`) and the benchmark client
-    (``bench.answer.StreamedAnswer``), which each had a copy of these rules: a rule mended in one copy was still broken in the
-    other. Feed each complete line (without its newline) to :meth:`feed`, call :meth:`pause`
-    when a network read's lines are done and :meth:`close` when the body ended; each returns
+    (``bench.answer.StreamedAnswer``), which each had a copy of these rules: a rule mended in
+    one copy was still broken in the other. Feed each complete line (without its newline) to
+    :meth:`feed`, call :meth:`pause` when a network read's lines are done and :meth:`close`
+    when the body ended; each returns
     the payload of an event it completes (stripped bytes, ``b"[DONE]"`` included) or None, and
     raises :class:`StreamError` for a failure the stream reports outside its data's JSON.
 

@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial
 from autotune import names
 from autotune.errors import SpecError
 from autotune.patching import RISKY_KINDS
-from autotune.search.gp import baseline_blind_gp
+from autotune.search.gp import baseline_blind_gp, check_gp_space
 from autotune.search.model import (
     Dim,
     Encoder,
@@ -102,6 +102,7 @@ def build_sampler(
                 "--sampler gp needs scipy and torch (pip install 'autotune[gp]' torch)",
                 key="--sampler",
             ) from None
+        check_gp_space(space)
         return baseline_blind_gp(seed)
     raise SpecError(f"unknown sampler {name!r}; one of {', '.join(SAMPLERS)}", key="--sampler")
 
@@ -566,6 +567,13 @@ def check_name(name: str) -> str:
     if name not in SAMPLERS:
         raise SpecError(f"unknown sampler {name!r}; one of {', '.join(SAMPLERS)}", key="--sampler")
     return name
+
+
+def check_space(name: str, space: SearchSpace) -> None:
+    """The search space ``--sampler NAME`` must be able to search, checked before anything is
+    created: ``gp`` refuses a discrete domain too wide to list (:func:`check_gp_space`)."""
+    if name == "gp":
+        check_gp_space(space)
 
 
 def record_sampler(study: optuna.Study, requested: str | None) -> str:

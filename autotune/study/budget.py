@@ -114,7 +114,9 @@ def plan_budget(
             )
         return BudgetPlan(trials, done_launches, left - need, confirm_top, confirm_repeats)
     share = min(trials // CONFIRM_SHARE, left - before)
-    for top in range(confirm_top, 0, -1):
+    # a candidate more than the share holds can never get its rounds: start at what could fit,
+    # not at --confirm-top (a 20-digit --confirm-top counted down one by one for ever)
+    for top in range(min(confirm_top, share), 0, -1):
         rounds = min(PLAN_MAX_ROUNDS, share // (top + 1))
         if top > 1 and rounds < ROUNDS_PER_CANDIDATE:
             continue  # rounds before candidates

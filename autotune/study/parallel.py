@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,9 @@ CONTENTION_WARNING = (
     "so their measurements are comparable with each other only roughly and not with solo runs; "
     "re-measure the winners alone before trusting absolute numbers"
 )
+#: the most ids ``--gpus``/``--cpus`` may name: far more than any machine's CPUs or GPUs (a few
+#: thousand at most), few enough that the list and its checks stay small
+MAX_IDS = 65536
 #: seconds the workers get to stop their trials cleanly after Ctrl-C before SIGTERM
 INTERRUPT_GRACE_S = 120.0
 
@@ -95,35 +99,52 @@ class WorkerDevices:
 
 
 def parse_ids(text: str, *, option: str) -> list[int]:
-    """``"0-7"``, ``"0,2,4,6"``, ``"0-3,8-11"`` -> sorted ids; duplicates are an error."""
+    """``"0-7"``, ``"0,2,4,6"``, ``"0-3,8-11"`` -> sorted ids; duplicates are an error.
+
+    At most :data:`MAX_IDS` ids: a range is counted before it is expanded, so ``0-999999999``
+    is refused at once instead of growing the list until the machine runs out of memory.
+    """
     ids: list[int] = []
+    quoted = repr(text) if len(text) <= 80 else repr(text[:77] + "...")
     for part in text.replace(" ", "").split(","):
         if not part:
             continue
-        try:
-            if "-" in part:
-                low_text, high_text = part.split("-", 1)
-                low, high = int(low_text), int(high_text)
-                if low > high or low < 0:
-                    raise ValueError
-                ids.extend(range(low, high + 1))
-            else:
-                value = int(part)
-                if value < 0:
-                    raise ValueError
-                ids.append(value)
-        except ValueError:
+        low, high = _read_part(part, quoted, option)
+        if len(ids) + (high - low + 1) > MAX_IDS:  # counted, not len(range): no overflow
             raise SpecError(
-                f"cannot read {part!r} in {text!r}: expected ids and ranges such as "
-                f"0-7, 0,2,4,6 or 0-3,8-11",
+                f"{quoted} names more than {MAX_IDS} ids; a machine has at most a few thousand "
+                "CPUs or GPUs",
                 key=option,
-            ) from None
+            )
+        ids.extend(range(low, high + 1))
     if not ids:
-        raise SpecError(f"no ids in {text!r}", key=option)
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        raise SpecError(f"no ids in {quoted}", key=option)
+    duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
     if duplicates:
-        raise SpecError(f"{text!r} names {duplicates} more than once", key=option)
+        shown = duplicates[:10]
+        more = f" and {len(duplicates) - len(shown)} more" if len(duplicates) > len(shown) else ""
+        raise SpecError(f"{quoted} names {shown}{more} more than once", key=option)
     return sorted(ids)
+
+
+def _read_part(part: str, quoted: str, option: str) -> tuple[int, int]:
+    """One id (``"4"``) or range (``"0-7"``) of the option's value (``quoted``, as shown in an
+    error): its lowest and highest id."""
+    try:
+        if "-" in part:
+            low_text, high_text = part.split("-", 1)
+            low, high = int(low_text), int(high_text)
+        else:
+            low = high = int(part)
+        if low > high or low < 0:
+            raise ValueError
+    except ValueError:
+        raise SpecError(
+            f"cannot read {part[:40]!r} in {quoted}: expected ids and ranges such as "
+            f"0-7, 0,2,4,6 or 0-3,8-11",
+            key=option,
+        ) from None
+    return low, high
 
 
 def check_device_options(
