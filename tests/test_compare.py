@@ -117,3 +117,11 @@ def test_two_studies_under_different_workloads_claim_no_gain() -> None:
     (note,) = _workload_notes(side(four), side(eight))
     assert "different workloads" in note and "no gain is claimed" in note
     assert "no workload" in _workload_notes(side(None), side(four))[0]
+
+
+def test_a_study_url_with_a_password_is_never_printed_as_typed(tmp_path) -> None:
+    spec_path = fake_spec(tmp_path / "cfg", name="cfg")
+    for url in ("postgresql://bob:s3cretpw@localhost:abc/x", "postgresql://bob:s3cretpw@[::1/x"):
+        result = CliRunner().invoke(app, ["compare", f"other@{url}", str(spec_path)])
+        assert result.exit_code == 2, result.output
+        assert "s3cretpw" not in result.output and "Traceback" not in result.output

@@ -35,7 +35,7 @@ from autotune.engines.export_files import ExportFormatError, env_path_for
 from autotune.errors import AutotuneError, SpecError
 from autotune.spec.load import load_spec
 from autotune.spec.model import StudySpec
-from autotune.storage import check_study_name, load_study, resolve_url, sqlite_file
+from autotune.storage import check_study_name, load_study, resolve_url, safe_url, sqlite_file
 from autotune.study.export import render_files
 from autotune.study.loop import RunOptions, open_study, run_study, storage_url_for
 from autotune.study.results import (
@@ -147,12 +147,14 @@ def kind_of(arg: str) -> str:
 def study_ref(arg: str) -> StudyRef:
     name, sep, url = arg.partition("@")
     if sep and "://" in url and not Path(arg).exists():
-        check_study_name(name, key=arg)
-        resolve_url(url, key=arg)
+        # named in errors and in the comparison with its password hidden, never as typed
+        shown = f"{name}@{safe_url(url)}"
+        check_study_name(name, key=shown)
+        resolve_url(url, key=shown)
         database = sqlite_file(url)
         if database is not None and not database.is_file():
-            raise SpecError(f"no study storage at {database}", key=arg)
-        return StudyRef(arg, url, name)
+            raise SpecError(f"no study storage at {database}", key=shown)
+        return StudyRef(shown, url, name)
 
     spec = load_spec(Path(arg))
     url = storage_url_for(spec, None)
