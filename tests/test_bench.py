@@ -51,6 +51,40 @@ def benchmark_with(handler, workload: WorkloadSpec):
     return asyncio.run(go())
 
 
+def test_a_control_refused_as_too_long_is_no_request_error_a_5xx_is():
+    """One load request a phase is a fresh-prompt control (bench/replay.py): a server that
+    refuses it as a bad request (its nonce line took a prompt past the context limit) has no
+    failed request for it; a control that fails otherwise failed as any request would."""
+    import json as json_module
+
+    def answer(status: int):
+        def handler(request):
+            prompt = json_module.loads(request.content)["prompt"]
+            if "\n(request " in prompt:
+                return httpx.Response(status, content=b"too long")
+            return httpx.Response(200, content=stream_body(4))
+
+        return handler
+
+    workload = WorkloadSpec(
+        prompts=("a", "b"),
+        max_tokens=4,
+        concurrency=2,
+        num_requests=6,
+        single_requests=2,
+        warmup_requests=0,
+        repeats=1,
+        target_precision=0.0,
+    )
+    refused = benchmark_with(answer(400), workload)
+    assert refused.failed_requests == 0 and refused.total_requests == 2 + 5
+    assert refused.replay is not None and not refused.replay["checked"]
+    assert "the control failed: http 400" in refused.replay["reason"]
+    broken = benchmark_with(answer(503), workload)
+    assert broken.failed_requests == 1 and broken.total_requests == 2 + 6
+    assert "503" in broken.errors[0]
+
+
 def test_stream_request_counts_tokens_and_sends_greedy_fixed_length():
     seen = {}
 

@@ -420,14 +420,15 @@ def _with_control(
 def _split_control(result: PhaseResult, control: str, into: list[RequestRecord]) -> PhaseResult:
     """The load phase's control answer goes to ``into`` (timed, never judged: no reference
     holds it). Answered, it stays among the phase's answers (it did the same work as the others
-    beside it, so the figures are the same); failed (a prompt near the context limit made too
-    long by its nonce line), it is no request error of the config."""
+    beside it, so the figures are the same). Refused as a bad request (a 4xx: a prompt near the
+    context limit made too long by its nonce line), it is no request error of the config; any
+    other failure (a 5xx, a broken stream, a hang) is the server's, as any request's."""
     mine = [r for r in result.records if r.prompt == control]
     into.extend(mine)
-    failed = {id(r) for r in mine if not r.ok and not r.hung}
-    if not failed:
+    refused = {id(r) for r in mine if not r.ok and (r.error or "").startswith("http 4")}
+    if not refused:
         return result
-    kept = tuple(r for r in result.records if id(r) not in failed)
+    kept = tuple(r for r in result.records if id(r) not in refused)
     return dataclasses.replace(result, records=kept)
 
 
