@@ -45,6 +45,38 @@ def test_exported_yaml_round_trips_through_vllms_config_loader(tmp_path):
     ]
 
 
+def test_fixed_args_export_as_the_trials_ran_them(tmp_path):
+    """The exported config launched another server than the trials measured: a short flag
+    (``-tp 2``) was dropped and every value int() or float() accepts became a YAML number
+    (a revision ``0123`` came back as ``123``, ``4e35`` as ``4e+35``). Read back by vLLM's own
+    parser, the file now gives the trial's values."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    spec = load_spec(ROOT / "studies" / "demo.yaml")
+    fixed = ("-tp", "2", "--revision", "4e35", "--tokenizer-revision", "0123", "--seed", "-1")
+    spec = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, args=fixed))
+    out = tmp_path / "best.yaml"
+    export_values(spec, {"max_num_seqs": 32}, out, title="test")
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--config", str(out)])
+    assert args.tensor_parallel_size == 2
+    assert (args.revision, args.tokenizer_revision) == ("4e35", "0123")
+    assert args.seed == -1 and args.max_num_seqs == 32
+
+
+def test_a_short_flag_vllm_has_no_long_name_for_is_refused_at_export(tmp_path):
+    import pytest
+
+    from autotune.errors import SpecError
+
+    spec = load_spec(ROOT / "studies" / "demo.yaml")
+    spec = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, args=("-O3",)))
+    with pytest.raises(SpecError, match="long form") as raised:
+        export_values(spec, {"max_num_seqs": 32}, tmp_path / "best.yaml", title="test")
+    assert raised.value.key == "engine.args[0]"
+    assert not (tmp_path / "best.yaml").exists()
+
+
 def test_an_export_without_environment_leaves_no_older_env_beside_it(tmp_path):
     """The header says the environment is "in the .env file beside it": an older export's
     .env must not stand there, as if it belonged to a config that needs none."""

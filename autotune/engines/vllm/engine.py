@@ -29,6 +29,7 @@ from autotune.engines.base import (
     ValidationIssue,
 )
 from autotune.engines.vllm import gguf, logs, machine, speculative, startup, validate
+from autotune.engines.vllm.config_file import SHORT_FLAGS, args_to_config
 from autotune.engines.vllm.dialect import VLLM_DIALECT
 from autotune.engines.vllm.metrics import VLLM_METRICS
 from autotune.engines.vllm.profile import VllmProfiler
@@ -53,6 +54,7 @@ class VllmEngine(Engine):
     name = "vllm"
     dialect = VLLM_DIALECT
     key_env = "VLLM_API_KEY"
+    short_flags = SHORT_FLAGS
     own_flags = {
         "--model": "autotune launches the spec's model.path",
         "--served-model-name": "autotune's requests name the spec's model.served_name",
@@ -196,7 +198,7 @@ class VllmEngine(Engine):
         }
         if self.model_spec.tokenizer:
             config["tokenizer"] = self.model_spec.tokenizer
-        config.update(_args_to_config(list(self.engine_spec.args)))
+        config.update(args_to_config(list(self.engine_spec.args)))
         for flag, value in settings.flags.items():
             if value is None or value is False:
                 continue
@@ -223,43 +225,6 @@ class VllmEngine(Engine):
         ``/metrics``; see ``speculative.py``); nothing otherwise."""
         stats = await speculative.evidence(client, settings)
         return {} if stats is None else {names.SPECULATIVE: stats}
-
-
-def _args_to_config(args: list[str]) -> dict[str, Any]:
-    """Turn ``["--max-model-len", "512", "--enforce-eager"]`` into config-file keys."""
-    config: dict[str, Any] = {}
-    index = 0
-    while index < len(args):
-        arg = args[index]
-        if not arg.startswith("--"):
-            index += 1
-            continue
-        key = arg[2:]
-        if "=" in key:
-            key, value = key.split("=", 1)
-            config[key] = _scalar(value)
-            index += 1
-        elif index + 1 < len(args) and not args[index + 1].startswith("--"):
-            config[key] = _scalar(args[index + 1])
-            index += 2
-        else:
-            config[key] = True
-            index += 1
-    return config
-
-
-def _scalar(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    if text.startswith("{"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return text
-    return text
 
 
 def _inductor_default_env() -> dict[str, str]:
