@@ -31,7 +31,9 @@ def test_exported_yaml_round_trips_through_vllms_config_loader(tmp_path):
     assert config["enable-prefix-caching"] is False and config["enforce-eager"] is True
     assert result.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert '"attention_path": "direct_call"' in result.env["AUTOTUNE_PATCHES"]
-    assert out.with_suffix(".env").read_text().count("\n") == len(result.env)
+    env_text = out.with_suffix(".env").read_text()
+    assert env_text.count("\n") == len(result.env) + 1  # a first line: how to use it
+    assert env_text.startswith("# NAME=value lines for `docker run --env-file`")
     text = out.read_text()
     assert "# Launch:" in text and "--config" in text
     parser = make_arg_parser(FlexibleArgumentParser())

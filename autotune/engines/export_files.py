@@ -77,11 +77,20 @@ def yaml_body(config: Mapping[str, Any]) -> str:
     return yaml.safe_dump(dict(config), sort_keys=False)
 
 
+#: the first line of a non-empty ``.env`` of this format: it is not shell (a value such as
+#: ``{"a": "b"}`` or ``x; y`` runs as a command when the file is sourced), and says so
+ENV_FILE_NOTE = (
+    "# NAME=value lines for `docker run --env-file` or systemd's EnvironmentFile, not for "
+    "a shell's `source`: the config's `# Launch:` line is the quoted shell form\n"
+)
+
+
 def env_file_text(env: Mapping[str, str]) -> str:
     """``NAME=value`` lines, unquoted (the format of ``docker --env-file`` and systemd's
-    ``EnvironmentFile``); :data:`EXPORT_API_KEY` as ``${API_KEY}``."""
+    ``EnvironmentFile``) after a line that says so; :data:`EXPORT_API_KEY` as
+    ``${API_KEY}``."""
     text = "".join(f"{k}={v.replace(EXPORT_API_KEY, ENV_FILE_API_KEY)}\n" for k, v in env.items())
-    return text or NO_ENV_TEXT
+    return ENV_FILE_NOTE + text if text else NO_ENV_TEXT
 
 
 def read_yaml_export(text: str, env_text: str) -> ExportedSettings:
