@@ -188,3 +188,37 @@ def test_the_gate_ends_a_stream_kept_alive_by_comments(server: str) -> None:
 
     with pytest.raises(NoTokenWithin):
         _gate_ask(server, 8)
+
+
+def test_a_metrics_page_that_trickles_ends_within_its_total_bound() -> None:
+    """A /metrics body that sends a byte within every read timeout never ended the scrape: the
+    trial (and the cleanup after Ctrl-C) waited for ever. A scrape has a total bound."""
+    import autotune.server.metrics as metrics_module
+    from autotune.engines.vllm.metrics import VLLM_METRICS
+    from autotune.server.metrics import ServerMetricsRecorder
+
+    class Trickle(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            yield b"# TYPE vllm:x counter\n"
+            while True:
+                await asyncio.sleep(0.05)
+                yield b"#"
+
+    def handler(_request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Trickle())
+
+    async def go() -> dict:
+        async with httpx.AsyncClient(
+            transport=httpx.MockTransport(handler), base_url="http://t"
+        ) as client:
+            recorder = ServerMetricsRecorder(client, VLLM_METRICS)
+            await recorder.start()
+            return await recorder.stop()
+
+    original = metrics_module.SCRAPE_TOTAL_S
+    metrics_module.SCRAPE_TOTAL_S = 0.5
+    try:
+        record = asyncio.run(asyncio.wait_for(go(), ENDED_AT_ALL_S))
+    finally:
+        metrics_module.SCRAPE_TOTAL_S = original
+    assert record["available"] is False and "TimeoutError" in record["reason"]

@@ -35,6 +35,7 @@ from autotune.bench.tokens import (
 )
 from autotune.client.bounds import PROTOCOL_VIOLATION
 from autotune.client.http import StreamingClient, connect, connections_for
+from autotune.client.send import get_whole
 from autotune.client.stream import NoTokenWithin, StreamError
 from autotune.engines.dialect import RequestDialect
 from autotune.engines.registry import engine_class
@@ -135,8 +136,8 @@ def build_remote_client(
 async def _served_model(client: httpx.AsyncClient, url: str, wanted: str) -> str:
     """The model to ask for: ``wanted`` if the server lists it, its only model otherwise."""
     try:
-        response = await client.get("/v1/models", timeout=httpx.Timeout(10.0))
-    except httpx.HTTPError as exc:
+        response = await get_whole(client, "/v1/models", total_s=10.0)
+    except (httpx.HTTPError, TimeoutError, ValueError) as exc:
         raise SpecError(f"cannot reach {url}: {type(exc).__name__}: {exc}", key="--url") from None
     if response.status_code in (401, 403):
         raise SpecError(

@@ -34,6 +34,35 @@ from autotune.client.stream import ServerProgress, await_while_served
 _STREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=10.0, pool=None)
 
 
+#: the most bytes autotune reads of an answer it takes whole (``/metrics``, ``/health``)
+WHOLE_ANSWER_BYTES = 16 * 1024 * 1024
+
+
+async def get_whole(
+    client: httpx.AsyncClient, path: str, *, total_s: float, max_bytes: int = WHOLE_ANSWER_BYTES
+) -> httpx.Response:
+    """GET ``path`` and its whole answer within ``total_s`` seconds and ``max_bytes``, or
+    ``TimeoutError`` / ``ValueError``. A per-read timeout (httpx's) never fires on a body that
+    trickles a byte a second: a ``/metrics`` page sent that way held a trial, and the cleanup
+    after Ctrl-C, for ever."""
+    async with asyncio.timeout(total_s):
+        async with client.stream("GET", path, timeout=total_s) as response:
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise ValueError(f"GET {path}: an answer of over {max_bytes} bytes")
+    # the body is decoded already: no header may have it decoded twice
+    kept = {
+        k: v
+        for k, v in response.headers.items()
+        if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")
+    }
+    return httpx.Response(
+        response.status_code, headers=kept, content=bytes(body), request=response.request
+    )
+
+
 @contextlib.asynccontextmanager
 async def open_stream(
     client: httpx.AsyncClient,

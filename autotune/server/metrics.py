@@ -27,12 +27,14 @@ from typing import Any
 import httpx
 
 from autotune._prometheus import totals
+from autotune.client.send import get_whole
 from autotune.engines.base import MetricsMap
 
 METRICS_PATH = "/metrics"
 #: seconds between gauge samples while a benchmark runs (one small GET; vLLM's page is a few kB)
 SAMPLE_INTERVAL_S = 1.0
-_SCRAPE_TIMEOUT = httpx.Timeout(5.0)
+#: seconds one scrape may take in all (a page that trickles never ends a per-read timeout)
+SCRAPE_TOTAL_S = 5.0
 
 
 def parse(text: str) -> dict[str, float]:
@@ -80,7 +82,7 @@ class ServerMetricsRecorder:
         self._poller: asyncio.Task[None] | None = None
 
     async def _scrape(self) -> dict[str, float]:
-        response = await self.client.get(self.path, timeout=_SCRAPE_TIMEOUT)
+        response = await get_whole(self.client, self.path, total_s=SCRAPE_TOTAL_S)
         if response.status_code != 200:
             raise ValueError(f"GET {self.path} answered {response.status_code}")
         values = parse(response.text)

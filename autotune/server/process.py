@@ -46,6 +46,7 @@ from typing import Any
 import httpx
 
 from autotune import _proc
+from autotune.client.send import get_whole
 from autotune.client.stream import NotJsonObject, parse_json_object
 from autotune.engines.base import LaunchConfig, find_root_cause
 from autotune.errors import CandidateError, InfrastructureError, excerpt
@@ -311,7 +312,7 @@ class ServerProcess:
                 )
             try:
                 if not healthy:
-                    response = await client.get(self.launch.health_path, timeout=2.0)
+                    response = await get_whole(client, self.launch.health_path, total_s=5.0)
                     healthy = response.status_code == 200
                     last_error = f"/health answered {response.status_code}"
                 if healthy:
@@ -327,7 +328,7 @@ class ServerProcess:
                         startup_s=time.monotonic() - self._started_at,
                         log_path=str(self.log_path),
                     )
-            except httpx.TransportError as exc:
+            except (httpx.TransportError, TimeoutError, ValueError) as exc:
                 last_error = f"{type(exc).__name__}"
             await asyncio.sleep(HEALTH_POLL_S)
         if not self.alive():
@@ -364,9 +365,13 @@ class ServerProcess:
         }
         # The client's own timeout is the workload's request deadline: a server that accepts
         # the request and never answers is a hang after that long, not after a fixed minute.
+        # bounded in all too: an answer that trickles a byte within each read's timeout
+        # would never end it
+        total_s = max(self._started_at + self.startup_timeout_s - time.monotonic(), 1.0)
         try:
-            response = await client.post("/v1/completions", json=body)
-        except httpx.TimeoutException as exc:
+            async with asyncio.timeout(total_s):
+                response = await client.post("/v1/completions", json=body)
+        except (httpx.TimeoutException, TimeoutError) as exc:
             raise self.failure(
                 "hang",
                 f"healthy, but the first one-token completion got no "

@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from autotune._prometheus import samples
+from autotune.client.send import get_whole
 from autotune.space.settings import ServerSettings
 
 #: the JSON flag that turns speculation on (absent = no speculation, nothing to scrape)
@@ -107,9 +108,9 @@ def in_use(settings: ServerSettings) -> bool:
 async def scrape(client: httpx.AsyncClient) -> dict[str, Any]:
     """GET ``/metrics`` and parse it: the stats as a dict, or ``{"error": why}``."""
     try:
-        response = await client.get("/metrics", timeout=SCRAPE_TIMEOUT_S)
+        response = await get_whole(client, "/metrics", total_s=SCRAPE_TIMEOUT_S)
         response.raise_for_status()
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, TimeoutError, ValueError) as exc:
         return {"error": f"GET /metrics failed: {type(exc).__name__}: {exc}"[:300]}
     stats = parse_metrics(response.text)
     if stats is None:
