@@ -8,7 +8,10 @@ so a server that turns wrong after its first benchmark requests is caught.
 
 from __future__ import annotations
 
+import pytest
+
 from autotune.bench.phase import RequestRecord
+from autotune.gate import judge
 from autotune.gate.judge import comparable_answers, compare_under_load
 from autotune.gate.reference import Completion, Reference, ReferenceEntry
 
@@ -46,6 +49,35 @@ def _sample(answers: list[tuple[int, RequestRecord]]) -> list[RequestRecord]:
     return comparable_answers(_reference(), [r for _, r in answers], asked, SAMPLE)
 
 
+@pytest.fixture(autouse=True)
+def sampled(monkeypatch):
+    """These tests are about the sample drawn past :data:`judge.JUDGE_EVERY_UP_TO` answers:
+    it is set to 0 here, so that few answers are sampled too."""
+    monkeypatch.setattr(judge, "JUDGE_EVERY_UP_TO", 0)
+
+
+def test_every_answer_is_judged_by_default(monkeypatch) -> None:
+    """A red team's server wrong on every 17th answer passed: 9 of 34 answers were judged,
+    the same 9 on every launch. Judging is pure computation: every answer is judged."""
+    monkeypatch.setattr(judge, "JUDGE_EVERY_UP_TO", 4096)
+    answers = [
+        RequestRecord(
+            prompt=PROMPTS[i % len(PROMPTS)],
+            ok=True,
+            token_ids=WRONG if i % 17 == 16 else RIGHT,
+            text=" a b c d",
+        )
+        for i in range(34)
+    ]
+    asked = dict.fromkeys(PROMPTS, 4)
+    judged = comparable_answers(_reference(), answers, asked, SAMPLE)
+    assert len(judged) == 34
+    wrong = [
+        r for r in judged if compare_under_load(_reference(), r.prompt, r.token_ids, r.text)[0]
+    ]
+    assert len(wrong) == 2
+
+
 def test_a_server_right_throughout_passes_and_the_count_is_the_limit() -> None:
     sample = _sample(_answers(right_for=ROUNDS * PER_ROUND))
     assert len(sample) == SAMPLE
@@ -62,13 +94,12 @@ def test_a_server_wrong_after_its_first_12_benchmark_answers_is_caught() -> None
     assert divergent, "every sampled answer came from before the server turned wrong"
 
 
-def test_the_sample_is_stratified_over_rounds_and_prompts_and_deterministic() -> None:
+def test_the_sample_is_stratified_over_rounds_and_prompts() -> None:
     answers = _answers(right_for=0)
     sample = _sample(answers)
     round_of = {id(r): k for k, r in answers}
     assert {round_of[id(r)] for r in sample} == set(range(ROUNDS))
     assert {r.prompt for r in sample} == set(PROMPTS)
-    assert [id(r) for r in _sample(answers)] == [id(r) for r in sample]
 
 
 def test_more_rounds_than_the_sample_still_samples_every_round() -> None:

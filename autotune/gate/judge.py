@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import secrets
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -364,6 +365,10 @@ def text_divergence(ref: Completion, got: Completion) -> Divergence | None:
     )
 
 
+#: up to this many benchmark answers, every one is judged (about a second of comparisons)
+JUDGE_EVERY_UP_TO = 4096
+
+
 def comparable_answers(
     reference: Reference,
     answers: Sequence[Any],
@@ -372,16 +377,19 @@ def comparable_answers(
     *,
     rounds: int = 1,
 ) -> list[Any]:
-    """The benchmark answers (``.prompt``) the reference can judge, at most ``limit`` but never
-    fewer than one a round (``rounds``), one a phase (``.phase``: the single-request phase,
-    each load level and goodput probe of each round) and one a prompt: a server that goes
-    wrong in a late round, only when it serves one request at a time, or only on some prompts,
-    is sampled there, whatever ``check.under_load_sample`` says. Judging is pure computation,
-    so the floors cost no request.
+    """The benchmark answers (``.prompt``) the reference can judge: **every one** up to
+    :data:`JUDGE_EVERY_UP_TO` (judging is pure computation), else a sample of at most
+    ``limit`` (``check.under_load_sample``, raised to that ceiling) but never fewer than one
+    a round (``rounds``), one a phase (``.phase``: the single-request phase, each load level
+    and goodput probe of each round) and one a prompt: a server that goes wrong in a late
+    round, only when it serves one request at a time, or only on some prompts, is sampled
+    there.
 
-    Which answer stands for a window, a phase or a prompt is drawn at random (seeded by the
-    number of answers: the same benchmark gives the same sample), never the first or any
-    fixed position, which a server (or a periodic fault) would pass by being wrong elsewhere.
+    A sample of 9 of 34 answers, drawn the same way on every launch, let a red team's server
+    wrong on every 17th answer pass its trial and two confirmation launches as a confirmed
+    gain: hence every answer. Where a sample is drawn, which answer stands for a window, a
+    phase or a prompt is drawn at random, afresh on every call, never the first or any fixed
+    position, which a server (or a periodic fault) would pass by being wrong elsewhere.
 
     Only answers asked with the reference's own length compare with it: a workload prompt that
     is also a check prompt was recorded at ``check.max_tokens``, and a longer benchmark answer
@@ -394,10 +402,10 @@ def comparable_answers(
         if a.prompt in reference.entries
         and reference.max_tokens.get(a.prompt) == asked.get(a.prompt)
     ]
-    limit = max(limit, rounds)
+    limit = max(limit, rounds, JUDGE_EVERY_UP_TO)
     if len(eligible) <= limit:
         return eligible
-    rng = random.Random(len(eligible))
+    rng = random.Random(secrets.randbits(64))
     picked = stratified(eligible, limit, rng)
     for attribute in ("phase", "prompt"):
         covered = {getattr(a, attribute, "") for a in picked}

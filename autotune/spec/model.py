@@ -53,7 +53,8 @@ class CheckSpec:
     logprob_tolerance: float | None = None
     #: floor of the derived tolerance, in nats
     tolerance_floor: float = 0.01
-    #: benchmark responses compared with the reference per trial (correctness under load)
+    #: benchmark responses compared with the reference per trial past 4096 answers (up to
+    #: that, every one: gate/judge.py JUDGE_EVERY_UP_TO)
     under_load_sample: int = 8
 
 
