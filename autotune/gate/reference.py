@@ -265,5 +265,8 @@ def describe_checks(check: dict[str, Any] | None) -> str:
     replay = check.get("replay")  # the fresh-prompt control (bench/replay.py)
     if replay:  # a flagged ratio (a speculating launch's) or a check not run says its reason
         ok = replay.get("checked") and not replay.get("flagged")
-        parts.append(f"no cache replay ({replay['reason']})" if ok else replay["reason"])
+        # the controls' answers are timed, never judged (no reference holds them): a server
+        # that knows them for new prompts and answers them at once with anything is not seen
+        seen = f"no cache replay seen, controls timed not judged ({replay['reason']})"
+        parts.append(seen if ok else replay["reason"])
     return "; ".join(parts)
