@@ -55,9 +55,19 @@ def one_line(text: str) -> str:
     (``\\n``, ``\\x1b``, ``\\x00``, ``\\u2028``): an error is one line, and a key or a path
     from the input cannot start another line on the terminal (``fake: line``) or color it
     (an ANSI escape). The key, file and message attributes stay as given."""
+    return visible(text)
+
+
+def visible(text: str, keep: str = "") -> str:
+    """``text`` with each character that is not printable, but those in ``keep``, written as
+    :func:`one_line` writes it: the one escaping of any text from outside (a server's log line,
+    a parameter value, a stored detail) shown on the terminal or the report's page. Raw, an ESC
+    from a server's log retitles, clears, colours or links the reader's terminal, and a bidi
+    control (``\\u202e``) reverses the text around it. ``keep="\\n"`` keeps a log tail's
+    lines."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
 
 
 class PreflightError(AutotuneError):

@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote_plus
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
@@ -102,12 +103,29 @@ def check_url(url: str, *, key: str = "--storage", file: str | None = None) -> s
     return url
 
 
+#: a query parameter that carries a secret, by its name (any case): libpq's ``password`` and
+#: ``sslpassword``, MySQL's ``passwd``, a key's passphrase, a token, an ODBC connection string
+#: (its ``PWD=``). Hidden wherever a URL is shown, and never put on a command line.
+_SECRET_KEY = re.compile(r"pass(?:word|wd|phrase)|pwd|secret|token|odbc_connect", re.IGNORECASE)
+#: ``_SECRET_KEY`` as a parameter of an unparsed URL's query (``?sslpassword=``, ``&PWD=``)
+_SECRET_PARAM = re.compile(rf"[?&;][^=&;]*(?:{_SECRET_KEY.pattern})[^=&;]*=", re.IGNORECASE)
+#: what a hidden query value is rendered as before it becomes ``***`` (which SQLAlchemy quotes)
+_HIDDEN = "AUTOTUNEHIDDENVALUE"
+
+
+def _secret_key(key: str) -> bool:
+    return _SECRET_KEY.search(key) is not None
+
+
 def _unparsed(url: str) -> str:
     """A URL SQLAlchemy cannot parse, as an error may show it: whatever stands before its last
-    ``@`` (a user name and password) is hidden, since no parser says where the password ends."""
+    ``@`` (a user name and password) is hidden, since no parser says where the password ends;
+    so is everything after the scheme where a query parameter names a password."""
     scheme, sep, rest = url.partition("://")
     if not sep:  # no scheme: "bob:pw@host"
         scheme, rest = "", url
+    if _SECRET_PARAM.search(unquote_plus(rest)):
+        return f"{scheme}{sep}***"
     if "@" not in rest:
         return url
     return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}"
@@ -234,9 +252,13 @@ def load_study(
 
 def safe_url(url: str) -> str:
     """The URL as a message, a page or a command line may show it: a database password stays
-    out (and a URL that cannot be parsed is never printed at all)."""
+    out, given as ``user:pass@`` or as a query parameter (``?password=``, ``?sslpassword=``,
+    which psycopg and libpq read too), and a URL that cannot be parsed is never printed."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        hidden = {key: _HIDDEN for key in parsed.query if _secret_key(key)}
+        shown = parsed.update_query_dict(hidden) if hidden else parsed
+        return shown.render_as_string(hide_password=True).replace(_HIDDEN, "***")
     except Exception:  # noqa: BLE001 - an unparsable URL was refused long before
         return "(storage URL)"
 
@@ -328,15 +350,20 @@ def study_names(url: str, *, key: str = "--storage") -> list[str] | None:
 #: where each database driver's client library reads a password from the environment
 #: (libpq: PGPASSWORD; libmysqlclient, i.e. mysqlclient: MYSQL_PWD)
 _PASSWORD_ENV = {"postgresql": "PGPASSWORD", "mysql": "MYSQL_PWD"}
+#: the query parameters the driver takes as the password itself, each overriding the URL's
+#: ``user:pass@`` and the ones before it (SQLAlchemy passes the query on as keyword arguments:
+#: libpq's ``password``; mysqlclient's ``passwd``, then its alias ``password``)
+_PASSWORD_KEYS = {"postgresql": ("password",), "mysql": ("passwd", "password")}
 
 
 def dashboard_command(url: str, artifacts: Path, port: int) -> tuple[list[str], dict[str, str]]:
     """``optuna-dashboard`` on the study's storage and artifacts, bound to 127.0.0.1: its argv
     and the environment variables to add. A process's argv is readable by every user of the
-    machine (``ps``), so the storage URL goes there without its password, and the password
-    goes to the driver's client library through the environment (PostgreSQL's libpq reads
-    ``PGPASSWORD``). A password that no client library of the URL's backend reads from the
-    environment is refused (:class:`SpecError`), never put on argv."""
+    machine (``ps``), so the storage URL goes there without its password (``user:pass@`` or
+    ``?password=``), and the password goes to the driver's client library through the
+    environment (PostgreSQL's libpq reads ``PGPASSWORD``). A secret that no client library of
+    the URL's backend reads from the environment is refused (:class:`SpecError`), never put on
+    argv."""
     exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
     safe_url, env = password_off_argv(url)
     argv = [exe, safe_url, "--host", "127.0.0.1", "--port", str(port)]
@@ -344,15 +371,19 @@ def dashboard_command(url: str, artifacts: Path, port: int) -> tuple[list[str], 
 
 
 def password_off_argv(url: str, *, who: str = "the dashboard") -> tuple[str, dict[str, str]]:
-    """``url`` without its password, and the env that carries the password instead (``who``
-    names the process that gets it, for the refusal where no env var can carry it)."""
+    """``url`` without its password and without any query parameter that carries a secret,
+    and the env that carries the password instead (``who`` names the process that gets it, for
+    the refusal where no env var can carry it). The password the driver would use is the one
+    carried: a ``?password=`` wins over ``user:pass@``, as SQLAlchemy passes it on."""
     try:
         parsed = make_url(url)
     except ArgumentError:
         return url, {}
-    if parsed.password is None:
+    secrets = [key for key in parsed.query if _secret_key(key)]
+    if parsed.password is None and not secrets:
         return url, {}
-    var = _PASSWORD_ENV.get(parsed.get_backend_name())
+    backend = parsed.get_backend_name()
+    var = _PASSWORD_ENV.get(backend)
     libpq = ("psycopg2", "psycopg", "psycopg2cffi")
     if (
         var is None
@@ -364,15 +395,35 @@ def password_off_argv(url: str, *, who: str = "the dashboard") -> tuple[str, dic
             f"{parsed.drivername} URL without putting it on its command line; use a "
             "PostgreSQL URL, or one without a password (e.g. a ~/.pgpass or socket login)"
         )
+    password = parsed.password
+    for key in secrets:
+        if key not in _PASSWORD_KEYS[backend]:
+            hint = (
+                "; put it in a connection service file (pg_service.conf) and name the service "
+                "in the URL (?service=NAME)"
+                if backend == "postgresql"
+                else ""
+            )
+            raise SpecError(
+                f"--storage: {who} cannot be given the URL's {key!r} parameter without putting "
+                f"it on its command line (no environment variable carries it){hint}"
+            )
+    for key in _PASSWORD_KEYS[backend]:
+        value = parsed.query.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):  # ?password=a&password=b
+            raise SpecError(f"--storage: the URL gives {key!r} more than once")
+        password = value
     safe = URL.create(  # URL.set(password=None) would keep the password
         parsed.drivername,
         username=parsed.username,
         host=parsed.host,
         port=parsed.port,
         database=parsed.database,
-        query=parsed.query,
+        query={k: v for k, v in parsed.query.items() if k not in secrets},
     ).render_as_string(hide_password=False)
-    return safe, {var: str(parsed.password)}
+    return safe, {var: str(password)}
 
 
 def _writable(directory: Path) -> bool:

@@ -93,3 +93,36 @@ def test_dashboard_serves_the_study(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+def test_dashboard_argv_carries_no_storage_password(tmp_path, monkeypatch):
+    """optuna-dashboard's argv is readable by every user (/proc/PID/cmdline): a password in the
+    storage URL's query (``?password=``, read by psycopg and libpq) goes to PGPASSWORD, and one
+    no environment variable carries (``?sslpassword=``) is refused before anything starts.
+    Nothing is launched: the call that would start optuna-dashboard is recorded instead."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import dashboard as command
+    from autotune.cli.app import app
+
+    spec_path = write_fake_spec(tmp_path, SPACE, name="dash")
+    calls = []
+
+    def call(argv, env):
+        calls.append((argv, env))
+        return 0
+
+    monkeypatch.setattr(command.subprocess, "call", call)
+    monkeypatch.chdir(tmp_path)  # a PostgreSQL study's artifacts are below the working directory
+    url = "postgresql+psycopg2://postgres@/rt?host=/tmp/x&password=SeCrEtPw123"
+    args = ["dashboard", "--spec", str(spec_path), "--storage", url, "--port", "0"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    [(argv, env)] = calls
+    assert not any("SeCrEtPw123" in a for a in argv), argv
+    assert "postgresql+psycopg2://postgres@/rt?host=%2Ftmp%2Fx" in argv
+    assert env["PGPASSWORD"] == "SeCrEtPw123"
+    calls.clear()
+    result = CliRunner().invoke(app, [*args[:4], url.replace("&password", "&sslpassword")])
+    assert result.exit_code == 2 and calls == []
+    assert "sslpassword" in result.output and "SeCrEtPw123" not in result.output

@@ -319,3 +319,33 @@ def test_the_report_and_show_say_what_the_measurement_was_exposed_to(study_setup
     monkeypatch.setattr(render, "console", out)
     render.print_report(url, "honest")
     assert f"trial 2: {trap}" in out.export_text()
+
+
+def test_where_the_time_went_leaves_out_a_confirmation_that_never_ran(study_setup, monkeypatch):
+    """With ``--confirm-top 0`` no confirmation ran: `show` said ``confirmation: 0.0 s (0%)``
+    and the report a row of 0.0 s, figures nobody measured. Once a confirmation trial ran,
+    its time is there."""
+    from rich.console import Console
+
+    from autotune.cli import render
+
+    _, url, study = study_setup
+    spent = {names.TIME_S: {"startup": 6.0, "gate": 2.0}}
+    study.add_trial(_trial(names.SEARCH, 20, 120.0, **spent))
+
+    def shown() -> tuple[str, str]:
+        out = Console(width=250, record=True)
+        monkeypatch.setattr(render, "console", out)
+        render.print_report(url, "honest")
+        page = build_report(study, ReportSource(url))
+        time = page[page.index("<section id='time'>") :]
+        return out.export_text(), time[: time.index("</section>")]
+
+    text, time = shown()
+    assert "where the time went:" in text and "startup: 6.0 s (75%)" in text
+    assert "confirmation" not in text
+    assert "<tr><td>startup</td>" in time and "confirmation" not in time
+    study.add_trial(_trial(names.CONFIRM, 20, 121.0, **{names.TIME_S: {"measurement": 8.0}}))
+    text, time = shown()
+    assert "confirmation: 8.0 s (50%)" in text
+    assert "<tr><td>confirmation</td><td>8.0</td><td>50%</td></tr>" in time

@@ -165,3 +165,168 @@ def test_report_renders_in_headless_chromium(studies, which, tmp_path) -> None:
     if keep:  # CI keeps the screenshots as artifacts
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, Path(keep) / shot.name)
+
+
+def test_values_and_log_lines_show_their_control_characters_escaped(tmp_path) -> None:
+    """A bidi control (U+202E) in a parameter value reversed the text beside it in the trial
+    table, and a server's log line kept its raw ESC sequences on the page: every text is
+    shown with its control characters written as escapes (a log tail keeps its lines), its
+    markup as text."""
+    from autotune.report.html import build_report
+    from autotune.study.results import ReportSource
+    from tests.test_render import BIDI_VALUE, HOSTILE_VALUE, hostile_study
+
+    url = f"sqlite:///{tmp_path / 'hostile.db'}"
+    hostile_study(url)
+    page = build_report(optuna.load_study(storage=url, study_name="hostile"), ReportSource(url))
+    assert not any(c in page for c in "\x1b\x07\x9b\u202e\u2066\u2069")
+    assert "bidi=\\u202eRTL\\u2066x\\u2069" in page  # the trial table and the winner's diff
+    assert "<td>\\u202eRTL\\u2066x\\u2069 &larr; changed</td>" in page
+    assert "tag=[link=https://evil.example]L[/link]" in page  # not markup in HTML either
+    assert HOSTILE_VALUE in page and BIDI_VALUE not in page
+    tail = re.search(r"<pre class='log-tail'>(.*?)</pre>", page, re.S).group(1)
+    assert tail.startswith("a\n\\x1b]0;owned\\x07[rank0]: x[/] unbalanced")
+
+
+#: study data that plotly would draw as markup: a link, bold text
+LINK = "<a href='https://evil.example/x'>GET</a>"
+BOLD = "<b>oom</b>"
+
+
+def _markup_study(url: str) -> optuna.Study:
+    """Every figure's text from the study holds markup: a parameter's name and value, the
+    metric's name, a failure reason, a round's role, an ablated parameter."""
+    from autotune import names
+
+    study = optuna.create_study(storage=url, study_name="markup", direction="maximize")
+    metric = "<i>tps</i>"
+    study.set_metric_names([metric])
+    dist = {
+        "<b>seqs</b>": optuna.distributions.IntDistribution(1, 64),
+        "mode": optuna.distributions.CategoricalDistribution(["plain", LINK]),
+    }
+    rows = [(names.BASELINE, 1, "plain", 100.0), (names.SEARCH, 8, LINK, 130.0)]
+    rows += [(names.SEARCH, 16, "plain", 120.0), (names.SEARCH, 32, LINK, 150.0)]
+    rows += [(LINK, 32, LINK, 149.0)]  # a re-measurement round of an unknown kind
+    for role, seqs, mode, tps in rows:
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"<b>seqs</b>": seqs, "mode": mode},
+                distributions=dist,
+                value=tps,
+                user_attrs={
+                    names.CORRECT: True,
+                    names.ROLE: role,
+                    names.CHECK: {"passed": True},
+                    names.METRICS: {f"{metric}@1": tps / 2, f"{metric}@2": tps},
+                },
+                system_attrs={f"constraints:{names.CORRECTNESS_CONSTRAINT}": 0.0},
+            )
+        )
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"<b>seqs</b>": 64, "mode": "plain"},
+            distributions=dist,
+            state=optuna.trial.TrialState.FAIL,
+            user_attrs={names.ROLE: names.SEARCH, names.FAIL_REASON: BOLD},
+        )
+    )
+    change = {"parameter": LINK, "best_value": 32, "reverted_to": 1, "delta": 50.0}
+    study.set_user_attr(
+        names.ABLATION_REPORT,
+        {
+            "trial_number": 3,
+            "metric": metric,
+            "repeats": 3,
+            "direction": "maximize",
+            "best_median": 150.0,
+            "noise_band": 2.0,
+            "contributions": [{**change, "verdict": "bought", "detail": ""}],
+            "minimal_values": {LINK: 32},
+            "minimal_keeps_gain": True,
+            "minimal_median": 149.0,
+        },
+    )
+    return study
+
+
+def test_study_data_in_every_figure_is_text_not_markup(tmp_path, monkeypatch) -> None:
+    """Plotly draws a few HTML tags in titles, tick labels, legend entries, annotations and
+    hover texts: a failure reason ``<b>oom</b>`` came out bold, and a parameter's name, a
+    metric's name or a round's role ``<a href=...>`` a live link showing another text. Each
+    is escaped (``<``, ``>``, ``&``), so the value shows as it is; autotune's own ``<br>`` is
+    the only tag left in any figure."""
+    from autotune.report import html as report_html
+    from autotune.report.html import build_report
+    from autotune.report.plots import Figures
+    from autotune.study.results import ReportSource
+
+    drawn: dict[str, object] = {}
+
+    class Kept(Figures):
+        def html(self, fig, name, *, height=380):
+            drawn[name] = fig
+            return super().html(fig, name, height=height)
+
+    monkeypatch.setattr(report_html, "Figures", Kept)
+    url = f"sqlite:///{tmp_path / 'markup.db'}"
+    page = build_report(_markup_study(url), ReportSource(url))
+    assert {"best-so-far-launch", "importance", "parallel-coordinates", "ablation"} <= set(drawn)
+    assert any(name.startswith("load-") for name in drawn), sorted(drawn)
+
+    def texts(value):
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if key != "template":
+                    yield from texts(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                yield from texts(item)
+
+    for name, fig in drawn.items():
+        found = list(texts(fig.to_plotly_json()))
+        tags = [t for t in found if re.search(r"<(?!br>)", t)]
+        assert tags == [], f"{name}: {tags}"
+    every = "\n".join(t for fig in drawn.values() for t in texts(fig.to_plotly_json()))
+    for shown in ("&lt;b&gt;oom&lt;/b&gt;", "&lt;i&gt;tps&lt;/i&gt;", "&lt;b&gt;seqs&lt;/b&gt;"):
+        assert shown in every
+    assert "&lt;a href='https://evil.example/x'&gt;GET&lt;/a&gt;" in every
+    if not CHROMIUM.exists():
+        return
+    # drawn: no link (or bold text) anywhere in a figure, and the values read as they are
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser import CHROMIUM_ARGS
+
+    out = tmp_path / "markup.html"
+    out.write_text(page, encoding="utf-8")
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=str(CHROMIUM),
+            args=CHROMIUM_ARGS,
+            headless=True,
+        )
+        try:
+            tab = context.new_page()
+            tab.goto(out.resolve().as_uri(), wait_until="load")
+            tab.wait_for_function(
+                "() => [...document.querySelectorAll('.plot .js-plotly-plot')]"
+                ".every(d => d.querySelector('.main-svg'))",
+                timeout=30_000,
+            )
+            links = tab.evaluate("() => document.querySelectorAll('.plot svg a').length")
+            bold = tab.evaluate(
+                "() => [...document.querySelectorAll('.plot svg tspan')]"
+                ".filter(t => t.style.fontWeight === 'bold').length"
+            )
+            svg_text = tab.evaluate(
+                "() => [...document.querySelectorAll('.plot svg text')]"
+                ".map(t => t.textContent).join('\\n')"
+            )
+        finally:
+            context.close()
+    assert links == 0 and bold == 0
+    assert BOLD in svg_text and "<i>tps</i>" in svg_text and "<b>seqs</b>" in svg_text

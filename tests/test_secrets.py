@@ -4,10 +4,12 @@ SIGTERM is named as SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,15 @@ from autotune.engines.base import LaunchConfig, looks_secret
 from autotune.errors import SpecError
 from autotune.server.process import ServerProcess
 from autotune.storage import dashboard_command
+from autotune.study.parallel import DevicePlanSpec
+from tests.builders import write_fake_spec
+from tests.helpers import needs_pg
+
+#: a study space for the --parallel tests (the fake server's engine)
+SPACE = """
+parameters:
+  max_num_seqs: {type: categorical, choices: [2, 32], target: {flag: --max-num-seqs}}
+"""
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-trial-4f9c2e1b7a"
@@ -120,6 +131,92 @@ def test_the_dashboard_gets_no_password_on_argv(tmp_path: Path) -> None:
     assert "sqlite:///x.db" in argv and env == {}
     with pytest.raises(SpecError, match="--storage"):
         dashboard_command("postgresql+pg8000://u:pw@h/db", tmp_path, 8080)
+
+
+def test_the_dashboard_gets_no_query_password_on_argv(tmp_path: Path) -> None:
+    """psycopg and libpq read ``?password=`` too: it leaves argv for PGPASSWORD, winning over
+    ``user:pass@`` as it does in the driver; the rest of the query (the socket) stays."""
+    url = "postgresql+psycopg2://postgres@/rt?host=/tmp/x&password=SeCrEtPw123"
+    argv, env = dashboard_command(url, tmp_path, 8080)
+    assert not any("SeCrEtPw123" in a for a in argv)
+    assert "postgresql+psycopg2://postgres@/rt?host=%2Ftmp%2Fx" in argv
+    assert env == {"PGPASSWORD": "SeCrEtPw123"}
+    argv, env = dashboard_command("postgresql://u:old@h/db?password=SeCrEtPw123", tmp_path, 1)
+    assert "postgresql://u@h/db" in argv and env == {"PGPASSWORD": "SeCrEtPw123"}
+    argv, env = dashboard_command("mysql+mysqldb://u@h/db?passwd=SeCrEtPw123", tmp_path, 1)
+    assert "mysql+mysqldb://u@h/db" in argv and env == {"MYSQL_PWD": "SeCrEtPw123"}
+    # no environment variable carries these: refused, never put on argv
+    for refused in (
+        "postgresql+psycopg2://u@h/db?sslpassword=SeCrEtPw123",
+        "postgresql+psycopg2://u@h/db?PASSWORD=SeCrEtPw123",
+        "postgresql+psycopg2://u@h/db?password=SeCrEtPw123&password=2",
+        "postgresql+pg8000://u@h/db?password=SeCrEtPw123",
+    ):
+        with pytest.raises(SpecError, match="--storage") as caught:
+            dashboard_command(refused, tmp_path, 8080)
+        assert "SeCrEtPw123" not in str(caught.value)
+
+
+@needs_pg
+def test_a_parallel_worker_gets_no_query_password_on_argv(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``--parallel`` worker's argv is readable by every user: ``?password=`` goes to its
+    PGPASSWORD, and the URL it gets still reaches the database (its socket kept). The workers
+    are recorded, not started. (The test's PostgreSQL trusts its socket: the password is
+    accepted and ignored; tests/test_multiworker.py runs real workers.)"""
+    from sqlalchemy import create_engine, text
+
+    from autotune.study import parallel
+    from autotune.study.loop import RunOptions
+
+    started: list[tuple[list[str], dict[str, str]]] = []
+
+    class Stop(Exception):
+        pass
+
+    def popen(argv, **kwargs):
+        started.append((list(argv), dict(kwargs.get("env") or {})))
+        raise Stop
+
+    monkeypatch.setattr(parallel.subprocess, "Popen", popen)
+    monkeypatch.chdir(tmp_path)  # a PostgreSQL study's artifacts are below the working directory
+    spec = write_fake_spec(tmp_path, SPACE, name=f"qpw-{uuid.uuid4().hex[:10]}")
+    options = RunOptions(trials=2, storage_url=f"{pg_url}&password=SeCrEtPw123")
+    with contextlib.suppress(Stop):
+        parallel.run_parallel(spec, options, workers=2, plan=DevicePlanSpec(), say=lambda *_: None)
+    assert started, "no worker was started"
+    argv, env = started[0]
+    assert not any("SeCrEtPw123" in a for a in argv), argv
+    assert env["PGPASSWORD"] == "SeCrEtPw123"
+    worker_url = argv[argv.index("--storage") + 1]
+    engine = create_engine(worker_url)
+    try:
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT 1")).scalar() == 1
+    finally:
+        engine.dispose()
+
+
+def test_a_parallel_run_refuses_an_sslpassword_before_anything_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No environment variable carries ``?sslpassword=``: refused before the study is opened,
+    a worker started or a folder made, and never printed."""
+    from autotune.study import parallel
+    from autotune.study.loop import RunOptions
+
+    monkeypatch.setattr(parallel.subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    monkeypatch.chdir(tmp_path)
+    spec = write_fake_spec(tmp_path, SPACE, name="sslpw")
+    before = sorted(tmp_path.rglob("*"))
+    url = "postgresql+psycopg2://postgres@/rt?host=/nonexistent&sslpassword=SeCrEtPw123"
+    with pytest.raises(SpecError, match="sslpassword") as caught:
+        parallel.run_parallel(
+            spec, RunOptions(trials=2, storage_url=url), workers=2, plan=DevicePlanSpec()
+        )
+    assert "SeCrEtPw123" not in str(caught.value)
+    assert sorted(tmp_path.rglob("*")) == before
 
 
 _TERMINATED = """

@@ -16,6 +16,7 @@ from autotune.storage import (
     load_study,
     open_storage,
     resolve_url,
+    safe_url,
     sqlite_file,
 )
 from tests.helpers import needs_pg
@@ -48,6 +49,55 @@ def test_load_study_hides_a_database_password() -> None:
     with pytest.raises(SpecError) as caught:
         load_study("postgresql+psycopg://u:secret@127.0.0.1:1/db", "x")
     assert "secret" not in str(caught.value)
+
+
+#: psycopg2, psycopg and libpq take a password from the URL's query string too
+QUERY_PW = "postgresql+psycopg2://postgres@/rt?host=/tmp/x&password=SeCrEtPw123"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (QUERY_PW, "postgresql+psycopg2://postgres@/rt?host=%2Ftmp%2Fx&password=***"),
+        (
+            "postgresql://u:SeCrEtPw123@h/db?sslpassword=SeCrEtPw123&sslmode=require",
+            "postgresql://u:***@h/db?sslmode=require&sslpassword=***",
+        ),
+        # any case, a percent-encoded name, a value given twice
+        ("postgresql://h/db?PassWord=SeCrEtPw123", "postgresql://h/db?PassWord=***"),
+        ("postgresql://h/db?pass%77ord=SeCrEtPw123", "postgresql://h/db?password=***"),
+        ("postgresql://h/db?password=SeCrEtPw123&password=2", "postgresql://h/db?password=***"),
+        ("mysql+mysqldb://u@h/db?passwd=SeCrEtPw123", "mysql+mysqldb://u@h/db?passwd=***"),
+    ],
+)
+def test_safe_url_hides_a_password_in_the_query(url: str, shown: str) -> None:
+    assert safe_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://h:abc/db?password=SeCrEtPw123",  # the port is not a number
+        "postgresql://u@h:abc/db?x=1&SSLPASSWORD=SeCrEtPw123",
+        "postgresql://h:99999/db?password=SeCrEtPw123",  # out of range
+        "sqlite://?password=SeCrEtPw123",  # in memory
+        "postgresql://h/db?password=SeCrEtPw123%00",  # NUL
+    ],
+)
+def test_a_refused_url_never_shows_its_query_password(url: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        check_url(url)
+    assert "SeCrEtPw123" not in str(caught.value)
+
+
+@needs_pg
+def test_load_study_hides_a_query_password(pg_url: str) -> None:
+    """``autotune show --study nope --storage URL`` named the URL's ``?password=`` as typed.
+    (The test's PostgreSQL trusts its socket: the password is accepted and ignored.)"""
+    with pytest.raises(SpecError) as caught:
+        load_study(f"{pg_url}&password=SeCrEtPw123", "no-such-study")
+    assert "no study named 'no-such-study'" in str(caught.value)
+    assert "SeCrEtPw123" not in str(caught.value) and "password=***" in str(caught.value)
 
 
 @needs_pg

@@ -74,6 +74,6 @@ def ablate(
                 output,
                 title=f"minimal config from ablation of trial {report.trial_number}",
             )
-            console.print(f"minimal config -> {result.path}")
+            console.print(f"minimal config -> {render.literal(result.path)}")
     except AutotuneError as exc:
         raise fail(exc) from None

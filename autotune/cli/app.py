@@ -21,12 +21,12 @@ from autotune.cli import (
     inspect,
     profile,
     recheck,
+    render,
     report,
     run,
     show,
     validate,
 )
-from autotune.cli.common import err
 from autotune.errors import AutotuneError, SpecError
 from autotune.study.loop import quiet_optuna
 from autotune.study.termination import stop_on_termination
@@ -66,7 +66,7 @@ def main() -> None:
     try:
         app()
     except AutotuneError as exc:  # pragma: no cover - commands map their own errors
-        err.print(f"[bold red]error:[/] {exc}")
+        render.print_error(exc)
         sys.exit(2 if isinstance(exc, SpecError) else 1)
 
 

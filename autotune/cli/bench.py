@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from autotune._files import check_output_target, write_text_atomically
@@ -20,6 +19,7 @@ from autotune.cli.options import (
     StorageOpt,
     StudyOpt,
 )
+from autotune.cli.render import literal
 from autotune.engines import build_engine
 from autotune.engines.base import MetricsMap
 from autotune.errors import AutotuneError, SpecError
@@ -88,7 +88,7 @@ def _run(
         )
     )
     for notice in result.notices:  # the gate's limits, the count cross-check, the replay check
-        console.print(f"[yellow]note:[/] {escape(notice)}")
+        console.print(f"[yellow]note:[/] {literal(notice)}")
     if result.check is not None:
         passed = result.check["passed"] and not (result.check.get("under_load") or {}).get(
             "divergent"
@@ -112,7 +112,7 @@ def _run(
         console.print("[bold red]no figures:[/] the benchmark failed (below)")
     elif result.metrics:
         spread = result.bench.get("spread") or {}
-        table = Table(title=f"{result.url} ({result.model}), workload {spec.name}")
+        table = Table(title=literal(f"{result.url} ({result.model}), workload {spec.name}"))
         for col in ("metric", "value", "spread"):
             table.add_column(col)
         for name, value in sorted(result.metrics.items()):
@@ -123,16 +123,16 @@ def _run(
     if server.get("available"):
         total = server.get("total") or {}
         shown = ", ".join(f"{k} {v:g}" for k, v in sorted(total.items()))
-        console.print(f"server metrics: {escape(shown)}")
+        console.print(f"server metrics: {literal(shown)}")
         if total.get("preemptions"):
             console.print(f"[yellow]preemptions:[/] {total['preemptions']:g} during the benchmark")
     elif server:
-        console.print(f"[dim]server metrics unavailable: {escape(str(server.get('reason')))}[/]")
+        console.print(f"[dim]server metrics unavailable: {literal(str(server.get('reason')))}[/]")
     if json_path is not None:
         text = json.dumps(result.to_json(spec), indent=2, default=str) + "\n"
         write_text_atomically(json_path, text, option="--json")
-        console.print(f"wrote {json_path}")
+        console.print(f"wrote {literal(json_path)}")
     if result.failure:
-        console.print(f"[bold red]failed:[/] {escape(result.failure)}", soft_wrap=True)
+        console.print(f"[bold red]failed:[/] {literal(result.failure)}", soft_wrap=True)
         return 1
     return 0

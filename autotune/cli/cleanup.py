@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autotune.cli import render
 from autotune.cli.common import console, fail, open_spec
 from autotune.cli.options import (
     DEFAULT_SPEC,
@@ -27,4 +28,4 @@ def cleanup(
     except AutotuneError as exc:
         raise fail(exc) from None
     for line in messages or ["nothing to clean up"]:
-        console.print(line)
+        console.print(render.literal(line))

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from autotune.analysis.compare import (
@@ -26,6 +25,7 @@ from autotune.cli.options import (
     SpecOpt,
     StorageOpt,
 )
+from autotune.cli.render import literal
 from autotune.errors import AutotuneError, SpecError
 from autotune.spec.load import load_spec
 from autotune.storage import safe_url
@@ -81,10 +81,10 @@ def _run(a: str, b: str, *, spec_path: Path, storage: str | None, repeats: int) 
 def _print_studies(c: StudyComparison) -> None:
     table = Table(title="compare: best config of each study")
     table.add_column("")
-    table.add_column(f"A: {escape(c.a.ref.label)}", overflow="fold")
-    table.add_column(f"B: {escape(c.b.ref.label)}", overflow="fold")
-    table.add_row("study", escape(c.a.ref.name), escape(c.b.ref.name))
-    table.add_row("engine", escape(c.a.engine or "-"), escape(c.b.engine or "-"))
+    table.add_column(f"A: {literal(c.a.ref.label)}", overflow="fold")
+    table.add_column(f"B: {literal(c.b.ref.label)}", overflow="fold")
+    table.add_row("study", literal(c.a.ref.name), literal(c.b.ref.name))
+    table.add_row("engine", literal(c.a.engine or "-"), literal(c.b.engine or "-"))
     table.add_row("objective", ", ".join(c.a.objective), ", ".join(c.b.objective))
     table.add_row(
         "best trial",
@@ -97,20 +97,20 @@ def _print_studies(c: StudyComparison) -> None:
     for name in param_names:
         style = "yellow" if name in c.changed else ""
         table.add_row(
-            f"param {escape(name)}",
-            escape(str(c.a.params.get(name, "-"))),
-            escape(str(c.b.params.get(name, "-"))),
+            f"param {literal(name)}",
+            literal(str(c.a.params.get(name, "-"))),
+            literal(str(c.b.params.get(name, "-"))),
             style=style,
         )
     table.add_section()
     for name in dict.fromkeys([*c.a.metrics, *c.b.metrics]):
         table.add_row(
-            escape(name), _stat_text(c.a.metrics.get(name)), _stat_text(c.b.metrics.get(name))
+            literal(name), _stat_text(c.a.metrics.get(name)), _stat_text(c.b.metrics.get(name))
         )
     console.print(table)
-    console.print(f"params that differ: {', '.join(c.changed) or 'none'}")
+    console.print(f"params that differ: {literal(', '.join(c.changed) or 'none')}")
     for note in c.notes:
-        console.print(f"[yellow]{escape(note)}[/]")
+        console.print(f"[yellow]{literal(note)}[/]")
     if c.metric and not c.notes:
         console.print(f"{c.metric}: {verdict_line(c)}")
 
@@ -131,23 +131,24 @@ def _stat_text(stat: MetricStat | None) -> str:
 
 def _print_configs(c: ConfigComparison) -> None:
     for note in c.notes:
-        console.print(f"[dim]{escape(note)}[/]")
+        console.print(f"[dim]{literal(note)}[/]")
     table = Table(title=f"compare: {c.metric} ({c.direction}), interleaved rounds through the gate")
     for col in ("config", "values", "samples", "median", "failures"):
         table.add_column(col, overflow="fold")
     for r in (c.a, c.b):
         table.add_row(
-            escape(r.label),
-            escape(", ".join(f"{k}={v}" for k, v in r.values.items()) or "(engine defaults)"),
+            literal(r.label),
+            literal(", ".join(f"{k}={v}" for k, v in r.values.items()) or "(engine defaults)"),
             ", ".join(f"{x:,.1f}" for x in r.samples),
             f"{statistics.median(r.samples):,.1f}" if r.samples else "",
-            escape(", ".join(r.failures)),
+            literal(", ".join(r.failures)),
         )
     console.print(table)
     for r in (c.a, c.b):
         if r.failures and not r.samples:
             console.print(
-                f"[red]{escape(r.label)} never passed the gate[/]: {', '.join(r.failures)}"
+                f"[red]{literal(r.label)} never passed the gate[/]: "
+                f"{literal(', '.join(r.failures))}"
             )
     console.print(verdict_line(c))
-    console.print(f"[dim]trials kept in study {c.study} ({escape(safe_url(c.storage_url))})[/]")
+    console.print(f"[dim]trials kept in study {c.study} ({literal(safe_url(c.storage_url))})[/]")

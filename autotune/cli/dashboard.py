@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from autotune.cli import render
 from autotune.cli.common import console, fail, open_spec
 from autotune.cli.options import (
     DEFAULT_SPEC,
@@ -34,5 +35,5 @@ def dashboard(
         argv, env = dashboard_command(url, artifacts, port)
     except AutotuneError as exc:
         raise fail(exc) from None
-    console.print(f"optuna-dashboard on http://127.0.0.1:{port} (study {name})")
+    console.print(f"optuna-dashboard on http://127.0.0.1:{port} (study {render.literal(name)})")
     raise typer.Exit(code=subprocess.call(argv, env={**os.environ, **env}))

@@ -19,11 +19,11 @@ from rich.table import Table
 from autotune import names
 from autotune.analysis.profile import COVERAGE_BAND, sort_profiles, table_rows
 from autotune.bench.tokens import suspect_line
-from autotune.errors import PreflightError
+from autotune.errors import PreflightError, one_line
 from autotune.gate.reference import Capabilities, describe_checks
-from autotune.report.format import model_of
+from autotune.report.format import model_of, time_lines
 from autotune.server.metrics import preemption_notes
-from autotune.storage import load_study
+from autotune.storage import load_study, safe_url
 from autotune.study.results import (
     NO_CONFIRMED_WINNER,
     NOT_MEASURED_ON,
@@ -33,15 +33,24 @@ from autotune.study.results import (
     report_of,
     request_troubles,
     snapshot,
-    time_spent,
 )
 
 #: verdicts that are no failure (a screened trial is correct, only clearly slower)
 NOT_FAILED = ("correct", "running", "waiting", *NOT_MEASURED_ON)
 
-# Wide tables when the output is a file or a pipe (CI logs, `| less`), not 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 180)
-err = Console(stderr=True)
+# Wide tables when the output is a file or a pipe (CI logs, `| less`), not 80 columns. No
+# emoji codes: a ":x:" in a log line or a parameter value is text, as its brackets are.
+console = Console(width=None if sys.stdout.isatty() else 180, emoji=False)
+err = Console(stderr=True, emoji=False)
+
+
+def literal(value: object) -> str:
+    """``value`` as rich markup that prints as it is, for a table cell or a line that styles
+    its fixed parts: brackets escaped (a ``x[/]`` in a server's log raised a MarkupError, a
+    ``[link=...]`` parameter value became a hyperlink, ``[rank0]:`` vanished) and control
+    characters written as escapes (``errors.visible``: an ESC from the log reached the
+    terminal raw, a bidi control reversed the text beside it)."""
+    return escape(one_line(str(value)))
 
 
 _SAY_STYLES = {"info": "", "notice": "yellow", "warning": "bold yellow", "error": "red"}
@@ -51,14 +60,16 @@ def say(level: str, text: str) -> None:
     """A library's ``say(level, text)`` callback (``study.parallel.Say``): a worker's own line
     as is, anything else in its level's colour."""
     if level == "line":
-        console.print(text, markup=False, highlight=False)
+        console.print(one_line(text), markup=False, highlight=False)
         return
     style = _SAY_STYLES.get(level, "")
-    console.print(f"[{style}]{escape(text)}[/]" if style else escape(text))
+    console.print(f"[{style}]{literal(text)}[/]" if style else literal(text))
 
 
 def print_confirmation(data: dict) -> None:
-    table = Table(title=f"confirmation: {data['metric']}, {data['repeats']} interleaved rounds")
+    table = Table(
+        title=f"confirmation: {literal(data['metric'])}, {data['repeats']} interleaved rounds"
+    )
     for col in ("config", "samples", "median", "failures"):
         table.add_column(col)
     for c in data["candidates"]:
@@ -68,10 +79,10 @@ def print_confirmation(data: dict) -> None:
             else ""
         )
         table.add_row(
-            c["label"],
+            literal(c["label"]),
             ", ".join(f"{x:.1f}" for x in c["samples"]),
             "" if c["median"] is None else f"{c['median']:.1f}",
-            ", ".join(c["failures"]),
+            literal(", ".join(c["failures"])),
             style=style,
         )
     console.print(table)
@@ -94,12 +105,12 @@ def print_confirmation(data: dict) -> None:
     if data.get("stopped_by"):
         dropped = data.get("eliminated") or ()
         console.print(
-            f"the race stopped after {data['repeats']} rounds ({data['stopped_by']}): "
+            f"the race stopped after {data['repeats']} rounds ({literal(data['stopped_by'])}): "
             f"{data.get('launches', 0)} of {data.get('planned_launches', 0)} planned launches"
-            + (f"; dropped as clearly slower: {', '.join(dropped)}" if dropped else "")
+            + (f"; dropped as clearly slower: {literal(', '.join(dropped))}" if dropped else "")
         )
     if data.get("host_noise"):
-        console.print(f"[yellow]{escape(data['host_noise'])}[/]")
+        console.print(f"[yellow]{literal(data['host_noise'])}[/]")
 
 
 class LiveView:
@@ -123,13 +134,15 @@ class LiveView:
             "[bold]trial[/]",
             trial,
             "[bold]phase[/]",
-            self.phase,
+            literal(self.phase),
             "[bold]elapsed[/]",
             f"{time.monotonic() - self.trial_started:5.1f} s",
             "[bold]done[/]",
             f"{self.done}/{self.total}",
         )
-        table.add_row("[bold]best[/]", self.best, "[bold]last[/]", self.last, "", "", "", "")
+        table.add_row(
+            "[bold]best[/]", self.best, "[bold]last[/]", literal(self.last), "", "", "", ""
+        )
         return table
 
     def refresh(self) -> None:
@@ -157,11 +170,12 @@ class LiveView:
             )
         self.phase = "done"
         self.refresh()
-        console.print(f"trial {outcome.number} \\[{outcome.role}]: {outcome.verdict} {values}")
+        role, verdict = literal(outcome.role), literal(outcome.verdict)
+        console.print(f"trial {outcome.number} \\[{role}]: {verdict} {values}")
         if outcome.role == names.BASELINE and outcome.verdict == "correct":
             reference = study.user_attrs.get(names.REFERENCE) or {}
             for notice in gate_notices(reference.get("capabilities")):
-                console.print(f"[yellow]gate:[/] {notice}")
+                console.print(f"[yellow]gate:[/] {literal(notice)}")
 
 
 def short(value: object) -> str:
@@ -201,70 +215,42 @@ def print_report(
     study = load_study(storage_url, study_name)
     trials = snapshot(study)  # one read: a live study's new trial cannot make two disagree
     report = report_of(study, trials=trials)
-    shapes = {t.number: t.user_attrs.get(names.STREAM_SHAPE) or {} for t in trials}
-    metric_cols = {
-        "single_tokens_per_s": "tok/s (1 req)",
-        "decode_tokens_per_s": "decode tok/s",
-        "output_tokens_per_s": "out tok/s",
-        "ttft_p95_ms": "TTFT p95 ms",
-        "itl_p95_ms": "ITL p95 ms",
-    }
-    console.print(f"model: {escape(model_of(report.attrs.get(names.SPEC_PATH)))}")
-    table = Table(title=f"study {report.name} ({', '.join(report.directions)})")
-    objective = report.metric_names[0] if report.metric_names else None
-    cols = ("#", "role", "verdict", "params", *metric_cols.values(), "±95% (n)", "start s")
-    cols = (*cols, "reason")
-    for col in cols:
-        table.add_column(col, overflow="fold", ratio=4 if col in ("params", "reason") else None)
+    console.print(f"model: {literal(model_of(report.attrs.get(names.SPEC_PATH)))}")
     rows = report.rows if limit is None else report.rows[-limit:]
-    for row in rows:
-        params = " ".join(f"{k}={short(v)}" for k, v in row.params.items())
-        style = "bold green" if row.is_best else ("red" if row.verdict not in NOT_FAILED else "")
-        table.add_row(
-            f"{row.number}{' *' if row.is_best else ''}",
-            row.role,
-            row.verdict,
-            params,
-            *[metric_cell(row.metrics, c, shapes.get(row.number) or {}) for c in metric_cols],
-            interval_cell(row.ci.get(objective or ""), row.metrics.get(objective or "")),
-            f"{row.startup_s:.1f}" if row.startup_s else "",
-            row.detail[:80],
-            style=style,
-        )
-    console.print(table)
+    console.print(trials_table(report, rows, trials))
     if report.failures_by_reason:
         console.print(
             "failures by reason: "
-            + ", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items())
+            + literal(", ".join(f"{k}: {v}" for k, v in report.failures_by_reason.items()))
         )
         print_failure_details(rows)
     # failed requests of trials that completed all the same, and requests sent again
     for trouble in request_troubles(trials):
         for line in trouble.lines():
-            console.print(f"[yellow]requests:[/] {escape(line)}", soft_wrap=True)
+            console.print(f"[yellow]requests:[/] {literal(line)}", soft_wrap=True)
     for line in noisy_host_lines(trials):
-        console.print(f"[yellow]noisy host:[/] {escape(line)}", soft_wrap=True)
+        console.print(f"[yellow]noisy host:[/] {literal(line)}", soft_wrap=True)
     for line in speculation_lines(trials):  # speculative trials: acceptance
-        console.print(f"speculative decoding: {escape(line)}", soft_wrap=True)
+        console.print(f"speculative decoding: {literal(line)}", soft_wrap=True)
     for line in measurement_lines(trials, report.best):
-        console.print(f"[yellow]measurement:[/] {escape(line)}", soft_wrap=True)
+        console.print(f"[yellow]measurement:[/] {literal(line)}", soft_wrap=True)
     for note in preemption_notes(rows):
-        console.print(f"[yellow]preemptions:[/] {escape(note)}")
+        console.print(f"[yellow]preemptions:[/] {literal(note)}")
     screened = [r for r in report.rows if r.verdict == names.SCREENED]
     if screened:
         console.print(
             f"screened after one round (clearly slower than the leader, not measured on): "
             f"trial {', '.join(str(r.number) for r in screened)}"
         )
-    spent = time_spent(trials).lines()
+    spent = time_lines(trials)
     if spent:
         console.print("where the time went:")
         for line in spent:
-            console.print(f"  {escape(line)}", soft_wrap=True)
+            console.print(f"  {literal(line)}", soft_wrap=True)
     if report.reference:
-        console.print(reference_line(report.reference))
+        console.print(literal(reference_line(report.reference)))
         for notice in gate_notices(report.reference.get("capabilities")):
-            console.print(f"[yellow]gate:[/] {notice}")
+            console.print(f"[yellow]gate:[/] {literal(notice)}")
     roofline = report.attrs.get(names.ROOFLINE)
     if roofline and report.best:
         best_row = next(r for r in report.rows if r.number == report.best[0])
@@ -285,10 +271,47 @@ def print_report(
         console.print(f"best (verified correct): trial {', '.join(map(str, report.best))}")
         for number in report.best:
             checks = next(r.checks for r in report.rows if r.number == number)
-            console.print(f"  trial {number} passed: {describe_checks(checks)}")
+            console.print(f"  trial {number} passed: {literal(describe_checks(checks))}")
     else:
         console.print("no verified correct trial yet")
     return study, trials
+
+
+#: the metrics ``show``'s table has a column for, and the column's heading
+METRIC_COLUMNS = {
+    "single_tokens_per_s": "tok/s (1 req)",
+    "decode_tokens_per_s": "decode tok/s",
+    "output_tokens_per_s": "out tok/s",
+    "ttft_p95_ms": "TTFT p95 ms",
+    "itl_p95_ms": "ITL p95 ms",
+}
+
+
+def trials_table(report, rows, trials: list) -> Table:
+    """``show``'s table of ``rows``: a failed trial in red, the best in bold green. Each cell
+    from the study (role, verdict, parameter values, the reason from a server's log) is
+    :func:`literal`: its brackets and escapes are text, the row's style the only markup."""
+    shapes = {t.number: t.user_attrs.get(names.STREAM_SHAPE) or {} for t in trials}
+    table = Table(title=f"study {literal(report.name)} ({', '.join(report.directions)})")
+    objective = report.metric_names[0] if report.metric_names else ""
+    cols = ("#", "role", "verdict", "params", *METRIC_COLUMNS.values(), "±95% (n)", "start s")
+    for col in (*cols, "reason"):
+        table.add_column(col, overflow="fold", ratio=4 if col in ("params", "reason") else None)
+    for row in rows:
+        params = " ".join(f"{k}={short(v)}" for k, v in row.params.items())
+        style = "bold green" if row.is_best else ("red" if row.verdict not in NOT_FAILED else "")
+        table.add_row(
+            f"{row.number}{' *' if row.is_best else ''}",
+            literal(row.role),
+            literal(row.verdict),
+            literal(params),
+            *[metric_cell(row.metrics, c, shapes.get(row.number) or {}) for c in METRIC_COLUMNS],
+            interval_cell(row.ci.get(objective), row.metrics.get(objective)),
+            f"{row.startup_s:.1f}" if row.startup_s else "",
+            literal(row.detail[:80]),
+            style=style,
+        )
+    return table
 
 
 def metric_cell(metrics: Mapping[str, float], name: str, shape: Mapping[str, Any]) -> str:
@@ -346,7 +369,8 @@ def interval_cell(ci: list[float] | None, value: float | None) -> str:
 
 
 def print_failure_details(rows) -> None:
-    """Each failed trial's whole detail, root cause included (the table cuts it at 80)."""
+    """Each failed trial's whole detail, root cause included (the table cuts it at 80), its
+    control characters escaped: the root cause is a line of the server's log, ESCs kept."""
     failed = [r for r in rows if r.detail and r.verdict not in NOT_FAILED]
     if not failed:
         return
@@ -354,7 +378,7 @@ def print_failure_details(rows) -> None:
     for row in failed:
         detail = row.detail if len(row.detail) <= 600 else row.detail[:597] + "..."
         console.print(
-            f"  trial {row.number} {row.verdict}: {detail}",
+            one_line(f"  trial {row.number} {row.verdict}: {detail}"),
             soft_wrap=True,
             markup=False,
             highlight=False,
@@ -363,7 +387,7 @@ def print_failure_details(rows) -> None:
 
 def print_ablation(report: dict) -> None:
     table = Table(
-        title=f"ablation of trial {report['trial_number']}: {report['metric']} "
+        title=f"ablation of trial {report['trial_number']}: {literal(report['metric'])} "
         f"(best median {report['best_median']:.1f}, noise band "
         f"±{report['noise_band']:.1f}, {report['repeats']} rounds)"
     )
@@ -374,17 +398,17 @@ def print_ablation(report: dict) -> None:
         span = "" if c["delta_low"] is None else f"[{c['delta_low']:+.1f}, {c['delta_high']:+.1f}]"
         style = {"helps": "green", "needed for correctness": "yellow"}.get(c["verdict"], "dim")
         table.add_row(
-            c["parameter"],
-            str(c["best_value"]),
-            str(c["reverted_to"]),
+            literal(c["parameter"]),
+            literal(c["best_value"]),
+            literal(c["reverted_to"]),
             delta,
-            span,
-            c["verdict"] + (f" ({c['detail']})" if c["detail"] else ""),
+            literal(span),
+            literal(c["verdict"] + (f" ({c['detail']})" if c["detail"] else "")),
             style=style,
         )
     console.print(table)
     minimal = ", ".join(f"{k}={v}" for k, v in report["minimal_values"].items()) or "(baseline)"
-    console.print(f"minimal config: {minimal}")
+    console.print(f"minimal config: {literal(minimal)}")
     if report["minimal_keeps_gain"] is not None:
         console.print(
             f"minimal config measured {report['minimal_median']:.1f}: "
@@ -400,7 +424,7 @@ def print_error(exc: Exception) -> None:
     """One line, never wrapped (grep-able, copy-pastable), and the message is text, not markup:
     a key such as ``constraints[0]`` must not be read as a rich tag."""
     label = "preflight failed" if isinstance(exc, PreflightError) else "error"
-    err.print(f"[bold red]{label}:[/] {escape(str(exc))}", soft_wrap=True)
+    err.print(f"[bold red]{label}:[/] {literal(str(exc))}", soft_wrap=True)
 
 
 def say_if_baseline_is_best(study, *, trials: list | None = None) -> None:
@@ -408,7 +432,7 @@ def say_if_baseline_is_best(study, *, trials: list | None = None) -> None:
     reason = baseline_reason(study, trials=trials)
     if reason is not None:
         console.print(
-            f"[yellow]{escape(baseline_headline(reason))}[/]; "
+            f"[yellow]{literal(baseline_headline(reason))}[/]; "
             "`autotune export` writes the baseline's config"
         )
 
@@ -416,10 +440,12 @@ def say_if_baseline_is_best(study, *, trials: list | None = None) -> None:
 def print_run_summary(summary) -> None:
     """After ``run``: what cleanup did, why the run stopped (if it did), where the study is."""
     for line in summary.cleaned:
-        console.print(f"[dim]cleanup:[/] {line}")
+        console.print(f"[dim]cleanup:[/] {literal(line)}")
     if summary.stopped_because:
-        err.print(f"[bold red]stopped:[/] {summary.stopped_because}")
-    console.print(f"Study [bold]{summary.study_name}[/] in {summary.storage_url}")
+        err.print(f"[bold red]stopped:[/] {literal(summary.stopped_because)}")
+    url = summary.storage_url  # a server's URL may hold a password, a file's never does
+    where = literal(url if url.startswith("sqlite") else safe_url(url))
+    console.print(f"Study [bold]{literal(summary.study_name)}[/] in {where}")
 
 
 def print_exports(results) -> None:
@@ -429,29 +455,30 @@ def print_exports(results) -> None:
             why = result.baseline_reason
             if not why.startswith(NO_CONFIRMED_WINNER):
                 why = f"no configuration beat it: {why}"
-            what = f"the baseline (trial {result.trial_number}; {escape(why)})"
+            what = f"the baseline (trial {result.trial_number}; {literal(why)})"
         elif getattr(result, "not_confirmed", None) is not None:
-            what += f" [yellow](NOT a confirmed gain: {escape(result.not_confirmed)})[/]"
-        console.print(
-            f"{what} -> {result.path}" + (f" (+ {result.env_path})" if result.env_path else "")
-        )
-        console.print("  launch: " + " ".join(result.command))
+            what += f" [yellow](NOT a confirmed gain: {literal(result.not_confirmed)})[/]"
+        env = f" (+ {literal(result.env_path)})" if result.env_path else ""
+        console.print(f"{what} -> {literal(result.path)}{env}")
+        console.print("  launch: " + literal(" ".join(result.command)))
 
 
 def print_recheck(best, result) -> None:
     engines = f"engine {result.engine_version}"
     if result.recorded_engine_version and result.recorded_engine_version != result.engine_version:
         engines += f" (exported on {result.recorded_engine_version})"
-    console.print(f"recheck of {best} on {engines}: study {result.study_name}")
+    console.print(
+        f"recheck of {literal(best)} on {literal(engines)}: study {literal(result.study_name)}"
+    )
     style = "green" if result.ok else "red"
-    console.print(f"[{style}]{result.verdict.status}[/]: {escape(result.verdict.reason)}")
+    console.print(f"[{style}]{literal(result.verdict.status)}[/]: {literal(result.verdict.reason)}")
     if not result.ok:
         if result.guilty:
-            console.print(f"guilty parameter: {', '.join(result.guilty)}")
+            console.print(f"guilty parameter: {literal(', '.join(result.guilty))}")
         elif result.changes and result.verdict.status != "baseline_broken":
             console.print(
                 "no single change is to blame (reverting any one alone does not fix it): "
-                + ", ".join(result.changes)
+                + literal(", ".join(result.changes))
             )
 
 
@@ -461,29 +488,29 @@ def print_validation(issues) -> int:
     markup."""
     bad = 0
     for issue in issues:
-        where = f"{escape(issue.parameter)}  ({escape(issue.target)})"
+        where = f"{literal(issue.parameter)}  ({literal(issue.target)})"
         if not issue.ok:
             bad += 1
-            console.print(f"[red]ERROR[/] {where}: {escape(issue.error)}")
+            console.print(f"[red]ERROR[/] {where}: {literal(issue.error)}")
         elif issue.unchecked:
-            console.print(f"[yellow]NOT CHECKED[/] {where}: {escape(issue.unchecked)}")
+            console.print(f"[yellow]NOT CHECKED[/] {where}: {literal(issue.unchecked)}")
         else:
             console.print(f"[green]OK[/]    {where}")
     return bad
 
 
 def print_key_values(rows) -> None:
-    """Two columns, no header (``autotune inspect``)."""
+    """Two columns, no header (``autotune inspect``); a model's own names are text."""
     table = Table(show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column()
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(literal(key), literal(value))
     console.print(table)
 
 
 def print_trial_phase(number: int, phase: str) -> None:
-    console.print(f"[dim]trial {number}: {phase}[/]")
+    console.print(f"[dim]trial {number}: {literal(phase)}[/]")
 
 
 def print_profile_run(results, *, chosen_by_default: bool) -> None:
@@ -492,7 +519,7 @@ def print_profile_run(results, *, chosen_by_default: bool) -> None:
     if chosen_by_default and len(results) == 1:
         console.print("the best correct trial is the baseline itself: one profile")
     for r in results:
-        console.print(f"[dim]trial {r.trial} traces: {', '.join(r.trace_files)}[/]")
+        console.print(f"[dim]trial {r.trial} traces: {literal(', '.join(r.trace_files))}[/]")
 
 
 def print_profiles(profiles: list[dict]) -> None:
@@ -501,7 +528,7 @@ def print_profiles(profiles: list[dict]) -> None:
     for i, column in enumerate(header):
         table.add_column(column, justify="left" if i == 0 else "right")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*map(literal, row))
     console.print(table)
     low, high = COVERAGE_BAND
     for p in profiles:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from autotune.cli import render
 from autotune.cli.common import console, fail, open_study_of
 from autotune.cli.options import (
     DEFAULT_SPEC,
@@ -31,4 +32,4 @@ def report(
         path = write_report(url, name, output, spec_path=str(spec) if spec else None)
     except AutotuneError as exc:
         raise fail(exc) from None
-    console.print(f"report of study {name} -> {path}")
+    console.print(f"report of study {render.literal(name)} -> {render.literal(path)}")

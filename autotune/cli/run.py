@@ -10,7 +10,6 @@ from typing import Annotated
 import optuna
 import typer
 from rich.live import Live
-from rich.markup import escape
 
 from autotune import names
 from autotune.analysis.confirm import confirm_study
@@ -25,6 +24,7 @@ from autotune.cli.options import (
     StudyOpt,
     WorkerEnvOpt,
 )
+from autotune.cli.render import literal
 from autotune.errors import AutotuneError, SpecError
 from autotune.search.strategy import DEFAULT_SAMPLER, SAMPLER_ATTR, check_space
 from autotune.search.strategy import check_name as check_sampler_name
@@ -160,7 +160,7 @@ def run(
             quiet=True,
         )
         if plan is not None:
-            console.print(escape(plan.describe()))
+            console.print(literal(plan.describe()))
         if parallel > 1:
             devices = DevicePlanSpec(
                 gpus=gpus, gpus_per_trial=gpus_per_trial, cpus=cpus, cpus_per_trial=cpus_per_trial
@@ -183,7 +183,7 @@ def run(
                 on_phase=view.on_phase,
                 on_trial=view.on_trial,
                 extra_env=extra_env,
-                on_notice=lambda line: console.print(f"[yellow]machine:[/] {escape(line)}"),
+                on_notice=lambda line: console.print(f"[yellow]machine:[/] {literal(line)}"),
             )
         if plan is not None and plan.confirms and not summary.stopped_because:
             confirm(summary.storage_url, summary.study_name)
@@ -266,7 +266,7 @@ def say_verdict(study, plan: BudgetPlan | None) -> None:
         ratio = best[0].values[0] / base.values[0] - 1
         gain = f", {names.sign(study.metric_names[0]) * ratio:+.1%} in its single measurement"
     console.print(
-        f"[yellow]{escape(NO_CONFIRMED_WINNER)}[/] ({escape(plan.no_confirm or '')}); the best "
+        f"[yellow]{literal(NO_CONFIRMED_WINNER)}[/] ({literal(plan.no_confirm or '')}); the best "
         f"unconfirmed config is trial {best[0].number}{gain}: `autotune confirm` measures it "
         "again, `autotune export --allow-unconfirmed` writes it"
     )

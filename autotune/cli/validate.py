@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
 from autotune.cli import render
 from autotune.cli.common import console, err, fail
+from autotune.cli.render import literal
 from autotune.engines import build_engine
 from autotune.errors import AutotuneError
 from autotune.spec.load import load_spec
@@ -26,10 +26,10 @@ def validate(spec: Annotated[Path, typer.Argument(help="Study spec YAML.")]) -> 
     bad = render.print_validation(issues)
     if bad:
         err.print(
-            f"{bad} of {len(issues)} parameters invalid in {escape(str(study_spec.space.path))}"
+            f"{bad} of {len(issues)} parameters invalid in {literal(str(study_spec.space.path))}"
         )
         raise typer.Exit(code=2)
-    against = escape(f"{study_spec.engine.kind} {engine.version()}")
+    against = literal(f"{study_spec.engine.kind} {engine.version()}")
     unchecked = sum(1 for issue in issues if issue.unchecked)
     if unchecked:
         console.print(
@@ -42,4 +42,4 @@ def validate(spec: Annotated[Path, typer.Argument(help="Study spec YAML.")]) -> 
     # `autotune run` will stop at its preflight
     problem = engine.model_problem()
     if problem is not None:
-        err.print(f"note: autotune run will refuse this spec on this machine: {escape(problem)}")
+        err.print(f"note: autotune run will refuse this spec on this machine: {literal(problem)}")

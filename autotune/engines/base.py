@@ -26,6 +26,7 @@ from autotune.engines.export_files import (
     read_yaml_export,
     yaml_body,
 )
+from autotune.errors import visible
 from autotune.patching import FAILED_MARKER, PATCH_DIRS_ENV, PATCHES_ENV
 from autotune.space.settings import ServerSettings
 
@@ -538,5 +539,8 @@ def pick_root_cause(errors: Sequence[LogError]) -> str | None:
 
 
 def clip(text: str, limit: int = ROOT_CAUSE_MAX_CHARS) -> str:
-    text = " ".join(text.split())
+    """One line of at most ``limit`` characters, its control characters written as escapes (a
+    server's log line may carry terminal sequences: stored raw, they reached every terminal
+    that showed the trial)."""
+    text = visible(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,5 +1,6 @@
 """`autotune report`'s shared formatting: verdict colours, HTML escaping, and the names the
-page shows for a study's model, engine, objective and storage (password hidden).
+page shows for a study's model, engine, objective and storage (password hidden); and what
+"where the time went" shows, which `show` prints too.
 
 """
 
@@ -14,9 +15,15 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from autotune import names
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, visible
 from autotune.spec.load import load_spec
-from autotune.study.results import NOT_MEASURED_ON, ReportSource, StudyReport, TrialRow
+from autotune.study.results import (
+    NOT_MEASURED_ON,
+    ReportSource,
+    StudyReport,
+    TrialRow,
+    time_spent,
+)
 
 #: one colour per verdict, shared by every plot and the tables (failure reasons not listed
 #: here get the fallback)
@@ -136,7 +143,32 @@ def slug(text: str) -> str:
 
 
 def esc(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+    """``value`` as HTML text that shows as it is: its markup escaped, and its control
+    characters written as escapes (``errors.visible``; a log tail keeps its lines and tabs): a
+    bidi control (``\\u202e``) in a parameter value reversed the text around it in the trial
+    table, and a server's log line, stored with its ESC sequences, shows them written out."""
+    return html.escape(visible("" if value is None else str(value), keep="\n\t"), quote=True)
+
+
+def confirmation_ran(trials: Sequence[FrozenTrial]) -> bool:
+    """Whether a confirmation trial recorded its time: "where the time went" leaves the
+    confirmation out otherwise (``--confirm-top 0``), as a figure never measured, not 0.0 s."""
+    return any(
+        t.state.is_finished()
+        and t.user_attrs.get(names.ROLE) == names.CONFIRM
+        and t.user_attrs.get(names.TIME_S)
+        for t in trials
+    )
+
+
+def time_lines(trials: Sequence[FrozenTrial]) -> list[str]:
+    """``show``'s "where the time went", without a confirmation that never ran: with
+    ``--confirm-top 0`` it said ``confirmation: 0.0 s (0%)``, a figure nobody measured
+    (``TimeSpent.lines`` writes that line whatever ran)."""
+    lines = time_spent(trials).lines()
+    if confirmation_ran(trials):
+        return lines
+    return [line for line in lines if not line.startswith("confirmation: ")]
 
 
 def machine_text(machine: dict[str, Any]) -> str:

@@ -35,6 +35,7 @@ from autotune.names import split_level
 from autotune.report.format import (
     OK_VERDICTS,
     colour,
+    confirmation_ran,
     diff_table,
     doubts_html,
     engine_of,
@@ -368,14 +369,16 @@ def _failures(report: StudyReport, trials: list[FrozenTrial]) -> str:
 
 def _time_html(trials: list[FrozenTrial]) -> str:
     """Where the study's time went: each phase of the search's trials (startup with the parts
-    its engine's log stated), and the confirmation's trials apart. Nothing for a study whose
-    trials recorded no phases (made before they did)."""
+    its engine's log stated), and the confirmation's trials apart when one ran (no row of
+    0.0 s when none did). Nothing for a study whose trials recorded no phases (made before
+    they did)."""
     spent = time_spent(trials)
     if not spent.trials:
         return ""
     total = spent.total or 1.0
     rows = []
-    for phase, seconds in [*spent.phases.items(), ("confirmation", spent.confirmation)]:
+    confirmation = [("confirmation", spent.confirmation)] if confirmation_ran(trials) else []
+    for phase, seconds in [*spent.phases.items(), *confirmation]:
         rows.append(
             f"<tr><td>{esc(phase)}</td><td>{seconds:.1f}</td><td>{seconds / total:.0%}</td></tr>"
         )

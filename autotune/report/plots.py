@@ -8,6 +8,7 @@ correct. The page around them is :mod:`autotune.report.html`'s.
 from __future__ import annotations
 
 import datetime as dt
+import html
 import math
 import warnings
 from typing import Any
@@ -16,6 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune import names
+from autotune.errors import visible
 from autotune.names import split_level
 from autotune.report.format import colour, end_of, esc, iso, ramp, row_of, slug
 from autotune.study.results import StudyReport, best_trials, is_verified_feasible
@@ -122,8 +124,8 @@ def progress_section(
                             "size": 9,
                             "symbol": "circle" if name == "correct" else "circle-open",
                         },
-                        name=name,
-                        legendgroup=name,
+                        name=plotly_text(name),
+                        legendgroup=plotly_text(name),
                         text=[f"trial {trials[i].number}" for i in measured],
                     ),
                     row=1,
@@ -132,11 +134,11 @@ def progress_section(
             fig.add_trace(
                 go.Scatter(
                     x=[xs[i] for i in idx],
-                    y=[verdicts[i] for i in idx],
+                    y=[plotly_text(verdicts[i]) for i in idx],
                     mode="markers",
                     marker={"color": colour(verdicts[idx[0]]), "size": 10, "symbol": "square"},
-                    name=name,
-                    legendgroup=name,
+                    name=plotly_text(name),
+                    legendgroup=plotly_text(name),
                     showlegend=not measured,
                     text=[f"trial {trials[i].number}" for i in idx],
                 ),
@@ -155,11 +157,11 @@ def progress_section(
                 row=1,
                 col=1,
             )
-        fig.update_yaxes(title_text=metric, row=1, col=1)
+        fig.update_yaxes(title_text=plotly_text(metric), row=1, col=1)
         fig.update_xaxes(
             title_text="trial (launch order)" if axis == "launch" else "finished at", row=2, col=1
         )
-        fig.update_layout(title=f"{metric}: every trial by verdict, over {axis}")
+        fig.update_layout(title=f"{plotly_text(metric)}: every trial by verdict, over {axis}")
         out.append(figures.html(fig, f"best-so-far-{axis.replace(' ', '-')}", height=420))
     if not any(v == "correct" for v in verdicts):
         out.append("<p class='muted'>No trial was verified correct: nothing to track yet.</p>")
@@ -186,13 +188,13 @@ def importance_section(
         fig = go.Figure(
             go.Bar(
                 x=[importances[n] for n in names],
-                y=names,
+                y=[plotly_text(n) for n in names],
                 orientation="h",
                 marker={"color": "#5b7bd5"},
             )
         )
         fig.update_layout(
-            title=f"parameter importance for {metric} (PED-ANOVA over correct trials)",
+            title=f"parameter importance for {plotly_text(metric)} (PED-ANOVA over correct trials)",
             xaxis_title="importance",
         )
         out.append(figures.html(fig, "importance", height=max(260, 40 * len(names) + 120)))
@@ -252,7 +254,8 @@ class _quiet_optuna:
 def _parallel(correct: list[FrozenTrial], metric: str) -> Any:
     """Parallel coordinates drawn as SVG lines (plotly's Parcoords needs WebGL, which a
     headless or GPU-less browser may not have): one axis per parameter, values scaled to
-    0..1, categorical values spread evenly, each trial a line coloured by the objective."""
+    0..1, categorical values spread evenly, each trial a line coloured by the objective. Its
+    texts are plotly's HTML subset: a value goes through :func:`plotly_text`."""
     go = _go()
     names = sorted({n for t in correct for n in t.params})
     axes: list[tuple[str, dict[Any, float], list[str]]] = []  # name, value -> 0..1, labels
@@ -289,7 +292,8 @@ def _parallel(correct: list[FrozenTrial], metric: str) -> Any:
                 mode="lines+markers",
                 line={"color": ramp(shade), "width": 2},
                 name=f"trial {t.number}: {value:,.1f}",
-                hovertext=[f"{n} = {t.params.get(n)!r}" for n, _, _ in axes] + [f"{value:,.1f}"],
+                hovertext=[plotly_text(f"{n} = {t.params.get(n)!r}") for n, _, _ in axes]
+                + [f"{value:,.1f}"],
                 hoverinfo="text+name",
             )
         )
@@ -297,14 +301,14 @@ def _parallel(correct: list[FrozenTrial], metric: str) -> Any:
         fig.add_annotation(
             x=i,
             y=1.08,
-            text=f"{name}<br>{' / '.join(labels)[:60]}",
+            text=f"{plotly_text(name)}<br>{plotly_text(' / '.join(labels)[:60])}",
             showarrow=False,
             font={"size": 10},
         )
     fig.add_annotation(
         x=len(axes),
         y=1.08,
-        text=f"{metric}<br>{lo:,.1f} .. {hi:,.1f}",
+        text=f"{plotly_text(metric)}<br>{lo:,.1f} .. {hi:,.1f}",
         showarrow=False,
         font={"size": 10},
     )
@@ -315,6 +319,14 @@ def _parallel(correct: list[FrozenTrial], metric: str) -> Any:
         showlegend=False,
     )
     return fig
+
+
+def plotly_text(value: object) -> str:
+    """``value`` in a text of plotly's HTML subset (an axis label, a hover text): ``<``, ``>``
+    and ``&`` escaped, or a parameter value ``<a href=...>`` drew a link on the figure; its
+    control characters written as escapes, as :func:`esc` does; quotes left as they are
+    (plotly shows ``&quot;`` as it is)."""
+    return html.escape(visible(str(value)), quote=False)
 
 
 def load_curves_section(report: StudyReport, figures: Figures) -> str:
@@ -359,7 +371,11 @@ def load_curves_section(report: StudyReport, figures: Figures) -> str:
                     line={"width": 4 if number in report.best else 1.5},
                 )
             )
-        fig.update_layout(title=f"{name} by load level", xaxis_title="load level", yaxis_title=name)
+        fig.update_layout(
+            title=f"{plotly_text(name)} by load level",
+            xaxis_title="load level",
+            yaxis_title=plotly_text(name),
+        )
         out.append(figures.html(fig, f"load-{slug(name)}"))
     if goodput:
         numbers = sorted(goodput)
@@ -403,8 +419,8 @@ def pareto_section(
         )
     fig.update_layout(
         title="Pareto front over correct trials",
-        xaxis_title=f"{names[0]} ({report.directions[0]})",
-        yaxis_title=f"{names[1]} ({report.directions[1]})",
+        xaxis_title=plotly_text(f"{names[0]} ({report.directions[0]})"),
+        yaxis_title=plotly_text(f"{names[1]} ({report.directions[1]})"),
     )
     return f"<section id='pareto'><h2>Pareto front</h2>{figures.html(fig, 'pareto')}</section>"
 
@@ -422,7 +438,11 @@ def ablation_section(report: StudyReport, figures: Figures) -> str:
     measured = [c for c in data["contributions"] if c["delta"] is not None]
     rest = data["best_median"] - sum(c["delta"] for c in measured)
     sign = 1.0 if data["direction"] == "maximize" else -1.0
-    labels = ["without these changes", *[c["parameter"] for c in measured], "best config"]
+    labels = [
+        "without these changes",
+        *[plotly_text(c["parameter"]) for c in measured],
+        "best config",
+    ]
     values = [rest, *[sign * c["delta"] for c in measured], data["best_median"]]
     fig = go.Figure(
         go.Waterfall(
@@ -447,9 +467,9 @@ def ablation_section(report: StudyReport, figures: Figures) -> str:
         annotation_position="top left",
     )
     fig.update_layout(
-        title=f"ablation of trial {data['trial_number']}: {data['metric']} "
-        f"({data['repeats']} rounds per variant)",
-        yaxis_title=data["metric"],
+        title=f"ablation of trial {data['trial_number']}: {plotly_text(data['metric'])} "
+        f"({plotly_text(data['repeats'])} rounds per variant)",
+        yaxis_title=plotly_text(data["metric"]),
         showlegend=False,
     )
     rows = "".join(

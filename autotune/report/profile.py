@@ -7,12 +7,12 @@ category, and the table ``autotune show`` prints, so the page and the terminal a
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable
 from typing import Any
 
 from autotune import names
 from autotune.analysis.profile import sort_profiles, table_rows
+from autotune.report.format import esc
 
 HEAD = "<section id='step-time'><h2>Where the step time goes</h2>"
 
@@ -52,9 +52,9 @@ def section(attrs: dict[str, Any], plot: Callable[[Any, str], str]) -> str:
         barmode="stack", title="ms per output token (decode)", yaxis_title="ms / token"
     )
     header, rows = table_rows(profiles)
-    head_html = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    head_html = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
+        "<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in rows
     )
     notes = "".join(
         f"<p class='note'>trial {p['trial']}: the trace accounts for {p['coverage']:.0%} of "

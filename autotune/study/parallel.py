@@ -411,6 +411,10 @@ def run_parallel(
     check_device_targets(spec, engine)
     url = storage_url_for(spec, options.storage_url)
     check_storage(url)
+    # a worker's argv is visible to every user of the machine (ps): the storage URL goes there
+    # without its password, which the worker's database client reads from its env instead (a
+    # secret no env var carries is refused here, before the study is opened or anything made)
+    worker_url, password_env = password_off_argv(url, who="a --parallel worker")
     count = min(workers, options.trials)
     devices = build_plan(plan, count, bind_cpus=engine.cpu_binding_env)
     shares = split_trials(options.trials, count)
@@ -446,9 +450,6 @@ def run_parallel(
     log_dir = artifact_dir_for(url, name, options.artifact_dir) / "workers"
     log_dir.mkdir(parents=True, exist_ok=True)
     child_env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="160")
-    # a worker's argv is visible to every user of the machine (ps): the storage URL goes there
-    # without its password, which the worker's database client reads from its env instead
-    worker_url, password_env = password_off_argv(url, who="a --parallel worker")
     child_env.update(password_env)
 
     running: list[_Worker] = []

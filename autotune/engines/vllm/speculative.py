@@ -27,13 +27,13 @@ carry ``--speculative-config``.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
 
 from autotune._prometheus import samples
-from autotune.client.send import get_whole
 from autotune.space.settings import ServerSettings
 
 #: the JSON flag that turns speculation on (absent = no speculation, nothing to scrape)
@@ -108,7 +108,8 @@ def in_use(settings: ServerSettings) -> bool:
 async def scrape(client: httpx.AsyncClient) -> dict[str, Any]:
     """GET ``/metrics`` and parse it: the stats as a dict, or ``{"error": why}``."""
     try:
-        response = await get_whole(client, "/metrics", total_s=SCRAPE_TIMEOUT_S)
+        async with asyncio.timeout(SCRAPE_TIMEOUT_S):  # in all: a page may trickle
+            response = await client.get("/metrics", timeout=SCRAPE_TIMEOUT_S)
         response.raise_for_status()
     except (httpx.HTTPError, TimeoutError, ValueError) as exc:
         return {"error": f"GET /metrics failed: {type(exc).__name__}: {exc}"[:300]}
