@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -143,16 +144,22 @@ def test_a_server_replaying_stored_answers_is_refused_not_reported(tmp_path: Pat
     assert "replayed_answers" in shown.output
 
 
-def test_bench_url_refuses_a_replaying_server(tmp_path: Path, fake_server) -> None:
-    spec = write_fake_spec(tmp_path, SPACE, name="replayurl", args=ARGS, workload=WORKLOAD)
-    server = fake_server(*ARGS, "--fault", "replay_cache", model="served", api_key="k")
+def bench_url(tmp_path: Path, fake_server, name: str, *fault: str) -> tuple[Any, dict]:
+    """`autotune bench --url` against a fake server (with ``--fault ...`` if given): the CLI's
+    result and the JSON it wrote."""
+    spec = write_fake_spec(tmp_path, SPACE, name=name, args=ARGS, workload=WORKLOAD)
+    server = fake_server(*ARGS, *fault, model="served", api_key="k")
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(
         app,
         ["bench", "--spec", str(spec), "--url", server.url, "--api-key", "k", "--json", str(out)],
         env={"AUTOTUNE_API_KEY": ""},
     )
-    data = json.loads(out.read_text())
+    return result, json.loads(out.read_text())
+
+
+def test_bench_url_refuses_a_replaying_server(tmp_path: Path, fake_server) -> None:
+    result, data = bench_url(tmp_path, fake_server, "replayurl", "--fault", "replay_cache")
     assert data["passed"] is False, result.output
     assert data["failure"].startswith("replayed_answers: answers to repeated prompts alone came")
     assert data["bench"]["replay_check"]["flagged"] is True
@@ -268,15 +275,7 @@ def test_bench_url_refuses_a_server_that_replays_only_under_load(tmp_path: Path,
     """A cache that replays only while other requests are in flight answered the single
     requests and their control honestly, and the load phases (the headline) from memory: the
     control sent among each load phase's requests shows it."""
-    spec = write_fake_spec(tmp_path, SPACE, name="busyurl", args=ARGS, workload=WORKLOAD)
-    server = fake_server(*ARGS, "--fault", "replay_when_busy", model="served", api_key="k")
-    out = tmp_path / "bench.json"
-    result = CliRunner().invoke(
-        app,
-        ["bench", "--spec", str(spec), "--url", server.url, "--api-key", "k", "--json", str(out)],
-        env={"AUTOTUNE_API_KEY": ""},
-    )
-    data = json.loads(out.read_text())
+    result, data = bench_url(tmp_path, fake_server, "busyurl", "--fault", "replay_when_busy")
     assert data["passed"] is False, result.output
     check = data["bench"]["replay_check"]
     assert check["ratio"] < REPLAY_RATIO  # alone, it was decoded
@@ -285,15 +284,8 @@ def test_bench_url_refuses_a_server_that_replays_only_under_load(tmp_path: Path,
 
 
 def test_an_honest_server_passes_alone_and_under_load(tmp_path: Path, fake_server) -> None:
-    spec = write_fake_spec(tmp_path, SPACE, name="honesturl", args=ARGS, workload=WORKLOAD)
-    server = fake_server(*ARGS, model="served", api_key="k")
-    out = tmp_path / "bench.json"
-    result = CliRunner().invoke(
-        app,
-        ["bench", "--spec", str(spec), "--url", server.url, "--api-key", "k", "--json", str(out)],
-        env={"AUTOTUNE_API_KEY": ""},
-    )
+    result, data = bench_url(tmp_path, fake_server, "honesturl")
     assert result.exit_code == 0, result.output
-    check = json.loads(out.read_text())["bench"]["replay_check"]
+    check = data["bench"]["replay_check"]
     assert check["checked"] and not check["flagged"]
     assert check["under_load"]["controls"] >= 1 and not check["under_load"]["flagged"]

@@ -40,23 +40,25 @@ def _wait_for(predicate, what: str) -> None:
         time.sleep(0.05)
 
 
+def forking_server(tmp_path: Path, pids_file: Path, **kwargs) -> ServerProcess:
+    """A server whose helper writes its pid to ``pids_file`` and re-forks on SIGTERM."""
+    launch = LaunchConfig(
+        argv=(sys.executable, str(SERVER), str(pids_file)),
+        env={},
+        host="127.0.0.1",
+        port=1,
+        api_key="k",
+        served_model="m",
+    )
+    return ServerProcess(
+        launch, tmp_path / "server.log", startup_timeout_s=30, stop_grace_s=1.0, **kwargs
+    )
+
+
 def test_a_helper_that_reforks_on_sigterm_is_killed_and_recorded(tmp_path: Path) -> None:
     pids_file = tmp_path / "helper-pids"
     records: list[dict] = []
-    server = ServerProcess(
-        LaunchConfig(
-            argv=(sys.executable, str(SERVER), str(pids_file)),
-            env={},
-            host="127.0.0.1",
-            port=1,
-            api_key="k",
-            served_model="m",
-        ),
-        tmp_path / "server.log",
-        startup_timeout_s=30,
-        stop_grace_s=1.0,
-        on_record=records.append,
-    )
+    server = forking_server(tmp_path, pids_file, on_record=records.append)
     server.start()
     try:
         _wait_for(lambda: _pids(pids_file), "the helper never started")
@@ -133,19 +135,7 @@ def test_a_signal_during_teardown_waits_until_the_server_is_gone(tmp_path: Path,
     Held until the server is proved gone, the signal then does what it would have done. The
     signal is sent from inside the stop (no timing decides the verdict)."""
     pids_file = tmp_path / "helper-pids"
-    server = ServerProcess(
-        LaunchConfig(
-            argv=(sys.executable, str(SERVER), str(pids_file)),
-            env={},
-            host="127.0.0.1",
-            port=1,
-            api_key="k",
-            served_model="m",
-        ),
-        tmp_path / "server.log",
-        startup_timeout_s=30,
-        stop_grace_s=1.0,
-    )
+    server = forking_server(tmp_path, pids_file)
     real_stop_group = _proc.stop_group
 
     def signalled_mid_stop(*args, **kwargs):
