@@ -13,6 +13,7 @@ the machine, and a cached answer comes in one write.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -289,3 +290,21 @@ def test_an_honest_server_passes_alone_and_under_load(tmp_path: Path, fake_serve
     check = data["bench"]["replay_check"]
     assert check["checked"] and not check["flagged"]
     assert check["under_load"]["controls"] >= 1 and not check["under_load"]["flagged"]
+
+
+def test_a_part_of_the_check_that_could_not_run_says_so() -> None:
+    """Alone it ran; under load the control was refused (its nonce line took the prompt past
+    the context limit): the record and its line say the load part did not run, and why."""
+    refused = dataclasses.replace(record(16, 300.0), ok=False, error="http 400: too long")
+    check = replay_check(
+        [record(16, 320.0)] * 2,
+        [record(16, 330.0)],
+        load_repeated=[record(16, 900.0)] * 3,
+        load_controls=[refused],
+    )
+    assert check["checked"] and not check["flagged"]
+    assert check["under_load"] == {
+        "checked": False,
+        "reason": "not run (the control failed: http 400: too long)",
+    }
+    assert "under load not run (the control failed: http 400" in check["reason"]

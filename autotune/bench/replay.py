@@ -150,7 +150,13 @@ def replay_check(
         ratio=main["ratio"],
     )
     if load_controls:
-        record["under_load"] = loaded or {"checked": False}
+        failed = next((r.error for r in load_controls if not r.ok), None)
+        why = (
+            f"the control failed: {failed}"
+            if failed
+            else (f"an answer needs {MIN_CONTROL_TOKENS} tokens or more")
+        )
+        record["under_load"] = loaded or {"checked": False, "reason": f"not run ({why})"}
     worst = [
         _faster(found, where)
         for found, where in ((alone, "alone"), (loaded, "under load"))
@@ -172,6 +178,10 @@ def replay_check(
             for found, where in ((alone, "alone"), (loaded, "under load"))
             if found is not None
         ]
+        if load_controls and loaded is None:  # a part that could not run says so
+            parts.append(f"under load {record['under_load']['reason']}")
+        if alone is None:
+            parts.insert(0, "alone not run (no single-request answer or control timed)")
         record["reason"] = "repeated prompts at a fresh prompt's speed per token: " + ", ".join(
             parts
         )
