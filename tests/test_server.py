@@ -261,3 +261,16 @@ def test_a_huge_log_is_read_by_its_start_and_its_end(tmp_path: Path) -> None:
     kept = [line for line in text.splitlines() if line.startswith("line ")]
     assert 190 < len(kept) <= 200 and all(len(line) == 11 for line in kept)  # whole lines
     assert "bytes of the log left out" in text
+
+
+def test_a_listen_check_that_cannot_run_says_so(tmp_path: Path, monkeypatch) -> None:
+    """Where the socket table cannot be read, the loopback-only check is recorded as not run,
+    never as passed."""
+    from autotune import _proc
+
+    records: list[dict] = []
+    monkeypatch.setattr(_proc, "listening_addresses", lambda _port: None)
+    with server(tmp_path, on_record=records.append) as proc:
+        wait_ready(proc, bound_url(tmp_path, proc))
+    assert proc.listen_check == "not run: the socket table could not be read"
+    assert {"listen_check": proc.listen_check} in records

@@ -126,6 +126,8 @@ class ServerProcess:
         #: this launch's own temp folder (None: the spec set ``TMPDIR``, or not started)
         self.tmpdir: str | None = None
         self._started_at = 0.0
+        #: what the loopback-only check at readiness found, or why it could not run
+        self.listen_check: str | None = None
         #: the log's size when the server first answered (None: not ready yet)
         self._ready_log_at: int | None = None
         self.stopped_cleanly: bool | None = None
@@ -344,6 +346,14 @@ class ServerProcess:
         interface whatever ``--host`` says) and would serve the network while it is tuned."""
         addresses = _proc.listening_addresses(self.launch.port)
         exposed = [a for a in addresses or () if not _loopback(a)]
+        said = (
+            "not run: the socket table could not be read"
+            if addresses is None
+            else f"listens on {', '.join(addresses) or 'no address seen'}"
+        )
+        self.listen_check = said  # a check that could not run says so, in the trial's record
+        if self.on_record is not None:
+            self.on_record({"listen_check": said})
         if exposed:
             raise self.failure(
                 "startup_failed",
